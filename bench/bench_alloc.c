@@ -1,0 +1,75 @@
+// Cached alloc+free pair on the host backend: the fast path (no backend
+// call). Times batches of pairs with CLOCK_MONOTONIC and reports the median
+// and p99 over batches, per pair, for several sizes; also a "mixed" case with
+// a live set of 64 blocks so frees coalesce with neighbours.
+//
+//   ./build/bench_alloc [pairs_per_size]
+#include "nofrag.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+#define BATCH 1000
+
+int main(int argc, char **argv) {
+  long pairs = argc > 1 ? atol(argv[1]) : 2000000;
+  long batches = pairs / BATCH;
+  nf_backend_t *be;
+  nf_pool_t *p;
+  nf_config_t c;
+  nf_config_default(&c);
+  c.limit = 64 * NF_GiB;
+  if (nf_backend_host_create(&be, 64 * NF_GiB, 2 * NF_MiB) || nf_pool_create(&p, be, &c)) {
+    fprintf(stderr, "setup: %s\n", nf_last_error());
+    return 1;
+  }
+  size_t sizes[] = {512, 4096, 65536, 1 << 20, 8 << 20, 256 << 20};
+  double *t = malloc(sizeof(double) * (size_t)batches);
+  printf("%-12s %10s %10s %10s %12s\n", "size", "median_ns", "p99_ns", "mean_ns", "calls/pair");
+  for (int mixed = 0; mixed < 2; mixed++) {
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+      size_t n = sizes[k];
+      void *keep[64] = {0};
+      if (mixed) // neighbours: a live set around the block being recycled
+        for (int i = 0; i < 64; i++) keep[i] = nf_alloc(p, n / 2 + 512 * (size_t)i, NULL);
+      void *w = nf_alloc(p, n, NULL); // warm: map once
+      nf_free(p, w);
+      nf_stats_t s0, s1;
+      nf_stats_get(p, &s0);
+      for (long b = 0; b < batches; b++) {
+        double t0 = now_ns();
+        for (int i = 0; i < BATCH; i++) {
+          void *q = nf_alloc(p, n, NULL);
+          if (!q) { fprintf(stderr, "alloc failed: %s\n", nf_last_error()); return 1; }
+          nf_free(p, q);
+        }
+        t[b] = (now_ns() - t0) / BATCH;
+      }
+      nf_stats_get(p, &s1);
+      double sum = 0;
+      for (long b = 0; b < batches; b++) sum += t[b];
+      qsort(t, (size_t)batches, sizeof *t, cmp);
+      char label[32];
+      snprintf(label, sizeof label, "%s%zu", mixed ? "mixed/" : "", n);
+      printf("%-12s %10.1f %10.1f %10.1f %12.4f\n", label, t[batches / 2], t[batches * 99 / 100],
+             sum / (double)batches, (double)(s1.backend_calls - s0.backend_calls) / (double)(batches * BATCH));
+      for (int i = 0; i < 64; i++) nf_free(p, keep[i]);
+    }
+  }
+  free(t);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  return 0;
+}

@@ -1,0 +1,482 @@
+#!/usr/bin/env python3
+"""Training benchmark: PyTorch native vs expandable_segments vs nofrag.
+
+Orchestrator (run by bench/gpu/run.sh; every configuration in its own
+subprocess with a timeout, results written after each run so nothing is lost
+when one configuration fails or the time budget runs out):
+
+    python3 bench/gpu/train.py --out $OUT --budget 420 [--bisect gpt2] [--models gpt2,vit,llama]
+
+Worker (one training run; writes one JSON file):
+
+    python3 bench/gpu/train.py worker --model gpt2 --alloc nofrag --steps 20 [--cap BYTES] --json F
+
+Workloads (random init, AdamW, bf16 autocast, deterministic settings; the data
+come from a seeded CUDA generator per step, identical in every run):
+  gpt2   GPT-2 124M (transformers GPT2LMHeadModel), batch 16, seq ~ U[64, 1024] per step
+  llama  Llama-style 1.1B (hidden 2048, 16 layers, 16 heads / 4 kv heads, ffn 5632,
+         vocab 32000), gradient checkpointing, batch 4, seq ~ U[256, 2048]
+  vit    torchvision vit_b_16, batch 128, 224x224 (fixed shapes)
+
+Per run: loss per step as float.hex (bit-identity against native), peak live
+(max_memory_allocated; nofrag: live_rounded_peak, also live_peak), peak
+reserved (PyTorch reserved_bytes.all.peak; nofrag physical_peak and
+mapped_peak), median step time (synchronize around each step, warm-up steps
+skipped), backend/driver calls per steady step (nofrag: stats.backend_calls;
+PyTorch: num_device_alloc + num_device_free), and, with --bisect, the min
+capacity by bisection (PyTorch: set_per_process_memory_fraction; nofrag: its
+limit), each probe a fresh subprocess running --probe-steps steps.
+
+--dry-run simulates workers without torch/GPU (to test this script).
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+ALLOCS = ("native", "expandable", "nofrag")
+MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
+    "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150),
+    "vit": dict(batch=128, seq=None, steps=20, timeout=120),
+    "llama": dict(batch=4, seq=(256, 2048), steps=20, timeout=210),
+}
+WARMUP = 3
+SEED = 1234
+GiB = 1 << 30
+
+
+# ====================================================================== worker
+
+def worker_env(alloc):
+    env = dict(os.environ)
+    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    env["PYTHONHASHSEED"] = "0"
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env["TRANSFORMERS_VERBOSITY"] = "error"
+    env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("NOFRAG_LIB", os.path.join(ROOT, "build", "libnofrag.so"))
+    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "NOFRAG_CONF"):
+        env.pop(k, None)
+    if alloc == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return env
+
+
+def seq_lengths(model, steps):
+    """The per-step sequence lengths: the same list in every run."""
+    spec = MODELS[model]
+    if spec["seq"] is None:
+        return [0] * steps
+    rng = random.Random(SEED)
+    lo, hi = spec["seq"]
+    return [rng.randint(lo, hi) for _ in range(steps)]
+
+
+def build(model, torch):
+    if model == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        with torch.device("cuda"):
+            m = GPT2LMHeadModel(GPT2Config())
+        return m, 50257
+    if model == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(hidden_size=2048, num_hidden_layers=16, num_attention_heads=16,
+                          num_key_value_heads=4, intermediate_size=5632, vocab_size=32000,
+                          max_position_embeddings=2048)
+        with torch.device("cuda"):
+            m = LlamaForCausalLM(cfg)
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return m, 32000
+    if model == "vit":
+        import torchvision
+        with torch.device("cuda"):
+            m = torchvision.models.vit_b_16(weights=None)
+        return m, 1000
+    raise ValueError(model)
+
+
+def run_worker(a):
+    t_start = time.time()
+    res = {"model": a.model, "alloc": a.alloc, "steps": a.steps, "cap": a.cap, "status": "started"}
+
+    def dump():
+        with open(a.json, "w") as f:
+            json.dump(res, f)
+
+    dump()
+    if a.alloc == "nofrag":
+        import nofrag.torch as nft  # before torch initialises CUDA
+        conf = {"limit": str(a.cap)} if a.cap else {}
+        res["nofrag_install"] = nft.enable(**conf)
+    import torch
+    torch.manual_seed(SEED)
+    torch.cuda.manual_seed_all(SEED)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    res["torch"] = torch.__version__
+    total = torch.cuda.mem_get_info()[1]
+    res["device_total"] = total
+    if a.cap and a.alloc != "nofrag":
+        frac = min(1.0, a.cap / total)
+        torch.cuda.set_per_process_memory_fraction(float(frac), 0)
+        res["fraction"] = frac
+    nf = None
+    if a.alloc == "nofrag":
+        import nofrag
+        nf = nofrag
+    model, vocab = build(a.model, torch)
+    if nf is not None:
+        res["nofrag_config"] = _nofrag_conf()  # the pool exists once the model is on the GPU
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=False, foreach=True)
+    lens = seq_lengths(a.model, a.steps)
+    batch = MODELS[a.model]["batch"]
+    gen = torch.Generator(device="cuda")
+    losses, times, calls, live_peaks, drv = [], [], [], [], []
+    res["status"] = "running"
+    for step in range(a.steps):
+        gen.manual_seed(SEED * 1000 + step)
+        if a.model == "vit":
+            x = torch.randn(batch, 3, 224, 224, device="cuda", generator=gen)
+            y = torch.randint(0, vocab, (batch,), device="cuda", generator=gen)
+        else:
+            x = torch.randint(0, vocab, (batch, lens[step]), device="cuda", generator=gen)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            if a.model == "vit":
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            else:
+                loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.item()).hex())
+        live_peaks.append(torch.cuda.max_memory_allocated())
+        if nf is not None:
+            calls.append(nf.stats(0)["backend_calls"])
+        else:
+            ms = torch.cuda.memory_stats()
+            drv.append(ms.get("num_device_alloc", 0) + ms.get("num_device_free", 0))
+        del x, loss
+    steady = max(1, a.steps - WARMUP)
+    res.update(losses=losses, step_times=times, seq_lens=lens, live_peak_by_step=live_peaks,
+               median_step_s=statistics.median(times[WARMUP:] or times))
+    res["peak_live"] = torch.cuda.max_memory_allocated()
+    res["peak_reserved"] = torch.cuda.max_memory_reserved()
+    ms = torch.cuda.memory_stats()
+    res["num_alloc_retries"] = ms.get("num_alloc_retries", 0)
+    res["num_ooms"] = ms.get("num_ooms", 0)
+    if nf is not None:
+        s = nf.stats(0)
+        res["nofrag_stats"] = {k: v for k, v in s.items()}
+        res["peak_requested"] = s["live_peak"]
+        res["peak_mapped"] = s["mapped_peak"]
+        res["peak_physical"] = s["physical_peak"]
+        res["calls_by_step"] = calls
+        res["calls_per_steady_step"] = (calls[-1] - calls[WARMUP - 1]) / steady if a.steps > WARMUP else None
+    else:
+        res["peak_requested"] = ms.get("requested_bytes.all.peak", 0)
+        res["driver_calls_by_step"] = drv
+        res["calls_per_steady_step"] = (drv[-1] - drv[WARMUP - 1]) / steady if a.steps > WARMUP else None
+    res["wall_s"] = time.time() - t_start
+    res["status"] = "ok"
+    dump()
+
+
+def _nofrag_conf():
+    import ctypes
+    import nofrag
+    buf = ctypes.create_string_buffer(512)
+    nofrag.load().nf_torch_config_string(0, buf, 512)
+    return buf.value.decode()
+
+
+def worker_main(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True, choices=sorted(MODELS))
+    p.add_argument("--alloc", required=True, choices=ALLOCS)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--cap", type=int, default=0, help="memory cap in bytes (0: none)")
+    p.add_argument("--json", required=True)
+    p.add_argument("--dry-run", action="store_true")
+    a = p.parse_args(argv)
+    if a.dry_run:
+        return dry_worker(a)
+    try:
+        run_worker(a)
+        return 0
+    except BaseException as e:  # report OOM distinctly: bisection needs it
+        import traceback
+        try:
+            with open(a.json) as f:
+                res = json.load(f)
+        except Exception:
+            res = {"model": a.model, "alloc": a.alloc}
+        msg = f"{type(e).__name__}: {e}"
+        oom = "out of memory" in msg.lower() or type(e).__name__ == "OutOfMemoryError"
+        res.update(status="oom" if oom else "error", error=msg[:2000],
+                   traceback=traceback.format_exc()[-4000:])
+        with open(a.json, "w") as f:
+            json.dump(res, f)
+        print(msg[:500], file=sys.stderr)
+        return 3 if oom else 1
+
+
+def dry_worker(a):
+    """Fake run: native needs 1.17x live, expandable 1.004x, nofrag 1.001x."""
+    live = {"gpt2": 23.2, "vit": 9.5, "llama": 16.2}[a.model] * GiB
+    need = live * {"native": 1.17, "expandable": 1.004, "nofrag": 1.001}[a.alloc]
+    rsv = live * {"native": 1.72, "expandable": 1.07, "nofrag": 1.01}[a.alloc]
+    ok = not a.cap or a.cap >= need
+    res = {"model": a.model, "alloc": a.alloc, "steps": a.steps, "cap": a.cap, "status": "ok" if ok else "oom",
+           "losses": [(1.0 + i).hex() for i in range(a.steps)], "median_step_s": 0.17,
+           "peak_live": int(live), "peak_reserved": int(min(rsv, a.cap or rsv)),
+           "peak_requested": int(live), "calls_per_steady_step": 0.0,
+           "live_peak_by_step": [int(live)] * a.steps}
+    if a.alloc == "nofrag":
+        res.update(peak_physical=int(rsv), peak_mapped=int(rsv))
+    with open(a.json, "w") as f:
+        json.dump(res, f)
+    return 0 if ok else 3
+
+
+# ================================================================ orchestrator
+
+class Runner:
+    def __init__(self, a):
+        self.a = a
+        self.deadline = time.time() + a.budget
+        self.results = {"runs": [], "bisect": {}, "limits": None, "started": time.strftime("%F %T"),
+                        "budget_s": a.budget}
+        os.makedirs(a.out, exist_ok=True)
+        self.n = 0
+
+    def left(self):
+        return self.deadline - time.time()
+
+    def save(self):
+        with open(os.path.join(self.a.out, "results.json"), "w") as f:
+            json.dump(self.results, f, indent=1)
+        with open(os.path.join(self.a.out, "results.md"), "w") as f:
+            f.write(markdown(self.results))
+
+    def run(self, model, alloc, steps, cap=0, timeout=None):
+        """One worker subprocess; returns its result dict (status set even on crash)."""
+        timeout = min(timeout or MODELS[model]["timeout"], self.left() - 5)
+        tag = f"{model}-{alloc}" + (f"-cap{cap}" if cap else "")
+        if timeout < 20:
+            return {"model": model, "alloc": alloc, "cap": cap, "status": "skipped (time budget)"}
+        self.n += 1
+        jpath = os.path.join(self.a.out, "runs", f"{self.n:02d}-{tag}.json")
+        os.makedirs(os.path.dirname(jpath), exist_ok=True)
+        cmd = [sys.executable, os.path.abspath(__file__), "worker", "--model", model, "--alloc", alloc,
+               "--steps", str(steps), "--cap", str(int(cap)), "--json", jpath]
+        if self.a.dry_run:
+            cmd.append("--dry-run")
+        t0 = time.time()
+        log = open(jpath[:-5] + ".log", "w")
+        try:
+            rc = subprocess.run(cmd, env=worker_env(alloc), stdout=log, stderr=subprocess.STDOUT,
+                                timeout=timeout, cwd=ROOT).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        finally:
+            log.close()
+        try:
+            with open(jpath) as f:
+                res = json.load(f)
+        except Exception:
+            res = {"model": model, "alloc": alloc, "cap": cap}
+        if rc == "timeout":
+            res["status"] = f"timeout ({timeout:.0f}s)"
+        elif res.get("status") in ("started", "running", None):
+            res["status"] = f"crash (rc {rc})"
+            try:
+                with open(jpath[:-5] + ".log") as f:
+                    res["log_tail"] = f.read()[-1500:]
+            except OSError:
+                pass
+        res["rc"] = rc
+        res["elapsed_s"] = round(time.time() - t0, 1)
+        print(f"[{time.strftime('%T')}] {tag}: {res['status']} in {res['elapsed_s']}s "
+              f"(budget left {self.left():.0f}s)", flush=True)
+        return res
+
+    def uncapped(self, models):
+        for model in models:
+            for alloc in ALLOCS:
+                r = self.run(model, alloc, self.a.steps or MODELS[model]["steps"])
+                self.results["runs"].append(r)
+                self.save()
+
+    def bisect(self, model):
+        """Min capacity per allocator. Bounds from the uncapped runs: below the
+        live peak of the first --probe-steps steps is infeasible; the run's own
+        peak reserved (+2 granules) is assumed feasible. Each probe is a fresh
+        process; stops after --probes probes or on the time budget."""
+        k = self.a.probe_steps
+        out = {}
+        for alloc in ALLOCS:
+            base = next((r for r in self.results["runs"] if r.get("model") == model and r.get("alloc") == alloc
+                         and r.get("status") == "ok"), None)
+            if not base:
+                out[alloc] = {"status": "no uncapped run to start from"}
+                continue
+            live = base["live_peak_by_step"][min(k, len(base["live_peak_by_step"])) - 1]
+            hi = (base.get("peak_physical") or base["peak_reserved"]) + (4 << 20)
+            lo = live
+            probes = []
+            tol = max(self.a.tol * live, 4 << 20)
+            while hi - lo > tol and len(probes) < self.a.probes:
+                cap = (lo + hi) // 2
+                r = self.run(model, alloc, k, cap=cap, timeout=MODELS[model]["timeout"])
+                st = r.get("status", "")
+                if st.startswith("skipped"):
+                    break
+                ok = st == "ok"
+                probes.append({"cap": cap, "status": st, "median_step_s": r.get("median_step_s"),
+                               "calls_per_steady_step": r.get("calls_per_steady_step"),
+                               "loss_hex": r.get("losses"), "error": r.get("error", "")[:300]})
+                if ok:
+                    hi = cap
+                else:
+                    lo = cap
+                out[alloc] = {"live": live, "min_cap": hi, "infeasible_below": lo,
+                              "min_cap_over_live": hi / live, "probes": probes, "probe_steps": k}
+                self.results["bisect"][model] = out
+                self.save()
+            if alloc not in out:
+                out[alloc] = {"live": live, "min_cap": hi, "min_cap_over_live": hi / live, "probes": probes,
+                              "probe_steps": k, "note": "no probe run (interval within tolerance or no time)"}
+        self.results["bisect"][model] = out
+        self.save()
+
+    def limits(self):
+        t = min(150, self.left() - 5)
+        if t < 30:
+            self.results["limits"] = {"status": "skipped (time budget)"}
+            return
+        jpath = os.path.join(self.a.out, "limits.json")
+        cmd = [sys.executable, os.path.join(HERE, "limits.py"), "--json", jpath]
+        if self.a.dry_run:
+            cmd.append("--dry-run")
+        with open(os.path.join(self.a.out, "limits.log"), "w") as log:
+            try:
+                subprocess.run(cmd, env=worker_env("nofrag"), stdout=log, stderr=subprocess.STDOUT, timeout=t,
+                               cwd=ROOT)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            with open(jpath) as f:
+                self.results["limits"] = json.load(f)
+        except Exception as e:
+            self.results["limits"] = {"status": f"no result ({e})"}
+        self.save()
+
+
+# ================================================================ report
+
+def _g(x):
+    return f"{x / GiB:.3f}" if isinstance(x, (int, float)) and x else ""
+
+
+def markdown(R):
+    runs = R["runs"]
+    native = {r.get("model"): r for r in runs if r.get("alloc") == "native" and r.get("status") == "ok"}
+    lines = ["# GPU training benchmark (bench/gpu/train.py)", "",
+             f"Started {R.get('started')}; budget {R.get('budget_s')} s. Peak reserved for nofrag = physical "
+             "(granules created); mapped in its own column. Calls/step = backend calls per steady step "
+             "(nofrag) or num_device_alloc+num_device_free (PyTorch).", "",
+             "| workload | allocator | status | peak live GiB | peak reserved GiB | mapped GiB | reserved/live "
+             "| min cap/live | median step s | vs native | calls/step | loss = native |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        m, al = r.get("model"), r.get("alloc")
+        live = r.get("peak_live") or 0
+        rsv = r.get("peak_physical") or r.get("peak_reserved") or 0
+        nat = native.get(m)
+        speed = ""
+        if nat and r.get("median_step_s") and nat.get("median_step_s"):
+            speed = f"{r['median_step_s'] / nat['median_step_s']:.3f}"
+        same = ""
+        if nat and r.get("losses") and al != "native":
+            a, b = r["losses"], nat["losses"]
+            diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            same = "yes" if diff is None and len(a) == len(b) else f"no (step {diff})"
+        mc = R.get("bisect", {}).get(m, {}).get(al, {})
+        mcs = f"{mc['min_cap_over_live']:.4f}" if mc.get("min_cap_over_live") else ""
+        cps = r.get("calls_per_steady_step")
+        ratio = f"{rsv / live:.4f}" if live else ""
+        step = f"{r['median_step_s']:.4f}" if r.get("median_step_s") else ""
+        lines.append(f"| {m} | {al} | {r.get('status')} | {_g(live)} | {_g(rsv)} | {_g(r.get('peak_mapped'))} | "
+                     f"{ratio} | {mcs} | {step} | {speed} | {'' if cps is None else f'{cps:.2f}'} | {same} |")
+    for model, per in (R.get("bisect") or {}).items():
+        lines += ["", f"## Min capacity bisection: {model}", "",
+                  "| allocator | live (first k steps) GiB | min feasible cap GiB | infeasible at GiB | cap/live "
+                  "| probes | step s at min cap |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for al, b in per.items():
+            pr = b.get("probes", [])
+            at = next((p.get("median_step_s") for p in pr if p["cap"] == b.get("min_cap") and p["status"] == "ok"),
+                      None)
+            lines.append(f"| {al} | {_g(b.get('live'))} | {_g(b.get('min_cap'))} | {_g(b.get('infeasible_below'))} "
+                         f"| {b.get('min_cap_over_live', 0):.4f} | {len(pr)} | {at or ''} |"
+                         if "live" in b else f"| {al} | {b.get('status')} | | | | | |")
+    lim = R.get("limits")
+    if lim:
+        lines += ["", "## PyTorch features under the nofrag plug-in (bench/gpu/limits.py)", "",
+                  "| check | outcome | detail |", "| --- | --- | --- |"]
+        for k, v in (lim.get("checks") or {}).items():
+            det = str(v.get("detail", "")).replace("|", "/").replace("\n", " ")[:300]
+            lines.append(f"| {k} | {v.get('outcome')} | {det} |")
+        if lim.get("status"):
+            lines.append(f"\nlimits status: {lim['status']}")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        sys.exit(worker_main(sys.argv[2:]))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    p.add_argument("--budget", type=float, default=420, help="seconds for everything this script runs")
+    p.add_argument("--models", default="gpt2,vit,llama")
+    p.add_argument("--steps", type=int, default=0, help="steps per run (0: per-model default, 20)")
+    p.add_argument("--bisect", default="gpt2", help="models to bisect ('' for none)")
+    p.add_argument("--probes", type=int, default=6, help="max probes per allocator")
+    p.add_argument("--probe-steps", type=int, default=10)
+    p.add_argument("--tol", type=float, default=0.002, help="bisection tolerance, fraction of live")
+    p.add_argument("--no-limits", action="store_true")
+    p.add_argument("--dry-run", action="store_true")
+    a = p.parse_args()
+    R = Runner(a)
+    models = [m for m in a.models.split(",") if m]
+    # The GPT-2 uncapped runs first (the bisection needs them), then the
+    # feature checks (short), then the other models, then the bisection with
+    # whatever time is left.
+    first = [m for m in models if m in a.bisect.split(",")]
+    R.uncapped(first)
+    if not a.no_limits:
+        R.limits()
+    R.uncapped([m for m in models if m not in first])
+    for m in first:
+        R.bisect(m)
+    R.results["finished"] = time.strftime("%F %T")
+    R.save()
+    print(markdown(R.results))
+
+
+if __name__ == "__main__":
+    main()

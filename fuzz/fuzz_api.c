@@ -1,0 +1,85 @@
+// libFuzzer target for the allocation API: the input is a program of
+// alloc / free / bad free / record_stream / trim / set_limit operations on a
+// small host-backend pool. Every live block carries a pattern that must
+// survive every operation, and the pool's invariants must hold throughout.
+#include "nofrag.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define G (64 * 1024)
+#define SLOTS 32
+
+static void fill(void *p, size_t n, uint8_t tag) {
+  unsigned char *c = p;
+  c[0] = tag;
+  if (n > 1) c[n - 1] = (uint8_t)~tag;
+  if (n > 2) c[n / 2] = (uint8_t)(tag ^ 0x5A);
+}
+
+static int ok(const void *p, size_t n, uint8_t tag) {
+  const unsigned char *c = p;
+  return c[0] == tag && (n == 1 || c[n - 1] == (uint8_t)~tag) && (n <= 2 || c[n / 2] == (uint8_t)(tag ^ 0x5A));
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  static nf_backend_t *be;
+  if (!be && nf_backend_host_create(&be, 1ull << 30, G) != NF_OK) abort();
+  nf_config_t c;
+  nf_config_default(&c);
+  c.limit = 48 * G;
+  c.small_max = 8192;
+  c.release_threshold = 8 * G;
+  nf_pool_t *p;
+  if (nf_pool_create(&p, be, &c) != NF_OK) abort();
+  struct { void *p; size_t n; uint8_t tag; } l[SLOTS] = {{0}};
+  for (size_t i = 0; i + 4 <= size; i += 4) {
+    uint8_t op = data[i] % 8, slot = data[i + 1] % SLOTS;
+    uint16_t arg = (uint16_t)(data[i + 2] | data[i + 3] << 8);
+    nf_stream_t s = (nf_stream_t)(uintptr_t)(data[i + 1] >> 5);
+    switch (op) {
+    case 0: case 1: case 2: { // alloc: small, medium, large
+      if (l[slot].p) break;
+      size_t n = op == 0 ? arg % 8192 + 1 : op == 1 ? (size_t)arg * 16 + 1 : (size_t)arg * 64 + 1;
+      void *q = nf_alloc(p, n, s);
+      if (!q) {
+        if (nf_last_status() == NF_OK) abort();
+        break;
+      }
+      fill(q, n, data[i + 2]);
+      l[slot].p = q; l[slot].n = n; l[slot].tag = data[i + 2];
+      break;
+    }
+    case 3: case 4: // free
+      if (!l[slot].p) break;
+      if (!ok(l[slot].p, l[slot].n, l[slot].tag)) abort();
+      if (nf_free(p, l[slot].p) != NF_OK) abort();
+      l[slot].p = NULL;
+      break;
+    case 5: // bad frees: interior, unknown; must change nothing
+      if (l[slot].p && l[slot].n > 512 && nf_free(p, (char *)l[slot].p + 512) != NF_ERR_INVALID) abort();
+      if (nf_free(p, (void *)(uintptr_t)(arg * 4096 + 8)) != NF_ERR_INVALID) abort();
+      break;
+    case 6:
+      if (l[slot].p && nf_record_stream(p, l[slot].p, s) != NF_OK) abort();
+      break;
+    case 7:
+      if (arg % 2) nf_trim(p);
+      else nf_set_limit(p, (uint64_t)(arg % 64 + 8) * G);
+      break;
+    }
+    if (nf_pool_check(p) != NF_OK) abort();
+  }
+  for (int k = 0; k < SLOTS; k++)
+    if (l[k].p) {
+      if (!ok(l[k].p, l[k].n, l[k].tag)) abort();
+      nf_free(p, l[k].p);
+    }
+  nf_pool_destroy(p);
+  uint64_t gr, mp;
+  nf_backend_host_usage(be, &gr, &mp);
+  if (gr || mp) { fprintf(stderr, "left: %llu granules, %llu mappings\n", (unsigned long long)gr, (unsigned long long)mp); abort(); }
+  return 0;
+}

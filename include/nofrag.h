@@ -1,0 +1,224 @@
+//! nofrag — device memory that does not fragment.
+//!
+//! Physical memory is a pool of granules (G bytes each: 2 MiB on CUDA). Virtual
+//! address space is reserved in large ranges and carved into 512-byte aligned
+//! blocks. A virtual granule is mapped while any live block overlaps it; free
+//! mapped granules are the cache. When the pool is at its limit, granules that
+//! lie wholly inside free ranges are unmapped and re-mapped where a request
+//! needs them ("stitching"), so a request fails only when live memory really
+//! does not fit.
+//!
+//! **Guarantee.** With limit L, an allocation of s bytes succeeds whenever
+//!
+//!     (granules overlapped by live blocks) + ceil(s/G) + 1  <=  L/G
+//!
+//! whatever the history of allocations and frees (blocks freed but still in
+//! use by a stream count as live until their work completes; the allocator
+//! waits for that work before it fails).
+//!
+//! Thread safety: every function taking a pool may be called from any thread;
+//! each pool has its own lock. Errors: functions return an `nf_status_t`; the
+//! allocation functions also leave a thread-local message (`nf_last_error`).
+#ifndef NOFRAG_H
+#define NOFRAG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define NF_API __attribute__((visibility("default")))
+#else
+#define NF_API
+#endif
+
+#define NF_VERSION "0.1.0"
+
+//! Status codes. 0 is success; every other value leaves the pool unchanged.
+typedef enum nf_status_e {
+  NF_OK = 0,
+  NF_ERR_INVALID = 1,     //!< bad argument: unknown or interior pointer, double free, absurd size
+  NF_ERR_OOM = 2,         //!< live memory does not fit under the limit
+  NF_ERR_BACKEND = 3,     //!< the backend (driver, OS) failed; message carries its error
+  NF_ERR_CONFIG = 4,      //!< malformed configuration string or value
+  NF_ERR_UNSUPPORTED = 5, //!< backend or feature not available here (e.g. no CUDA driver)
+  NF_ERR_NOMEM = 6,       //!< host metadata allocation (malloc) failed
+  NF_ERR_NOT_READY = 7,   //!< an event has not completed yet (backend-level only)
+} nf_status_t;
+
+//! Physical memory tiers. Granules carry a tier; device is the default.
+typedef enum nf_tier_e { NF_TIER_DEVICE = 0, NF_TIER_HOST = 1, NF_TIER_DISK = 2 } nf_tier_t;
+
+//! Opaque stream handle (a `CUstream`/`cudaStream_t` on CUDA; any value on the
+//! host backend). NULL is the default stream.
+typedef void *nf_stream_t;
+
+typedef struct nf_pool_s nf_pool_t;
+typedef struct nf_backend_s nf_backend_t;
+
+//! Size constants for configuration.
+#define NF_KiB ((uint64_t)1 << 10)
+#define NF_MiB ((uint64_t)1 << 20)
+#define NF_GiB ((uint64_t)1 << 30)
+
+//! Pool configuration. `nf_config_default` fills defaults; `nf_config_parse`
+//! applies a string such as "limit:40GiB,reserve:8GiB,release_threshold:512MiB".
+//! A value of 0 for limit means "the backend's capacity".
+typedef struct nf_config_s {
+  uint64_t limit;             //!< max physical bytes (rounded down to granules); 0 = backend capacity
+  uint64_t reserve;           //!< physical bytes created up front at pool creation
+  uint64_t release_threshold; //!< cached (mapped, not live) bytes kept before unmapping; UINT64_MAX = never
+  uint64_t retain;            //!< unmapped physical bytes kept when releasing; above it granules go back
+  uint64_t granule;           //!< granule size; 0 = backend's granularity (host backend: settable)
+  uint64_t small_max;         //!< requests up to this size are packed apart from large ones
+  uint64_t va_chunk;          //!< virtual address space reserved at a time; 0 = 4 x limit (min 1 GiB)
+  int device;                 //!< device ordinal (CUDA backend)
+  int backend;                //!< NF_BACKEND_HOST or NF_BACKEND_CUDA (for nf_pool_create_from_config)
+  uint64_t host_capacity;     //!< host backend: simulated device capacity; 0 = 141 GiB... see docs
+} nf_config_t;
+
+#define NF_BACKEND_HOST 0
+#define NF_BACKEND_CUDA 1
+
+//! Fill `cfg` with defaults (limit 0 = capacity, release_threshold = 1/8 of
+//! the limit, small_max 1 MiB, ...). Returns NF_OK.
+NF_API nf_status_t nf_config_default(nf_config_t *cfg);
+
+//! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB
+//! (binary) or KB/MB/GB/TB (decimal) suffixes. Unknown keys or bad values
+//! return NF_ERR_CONFIG with a message in `err` (if non-NULL) and leave `cfg`
+//! unchanged. NULL or "" is valid and changes nothing.
+NF_API nf_status_t nf_config_parse(nf_config_t *cfg, const char *str, char *err, size_t errlen);
+
+//! Format `cfg` as a config string (round-trips through nf_config_parse).
+NF_API int nf_config_format(const nf_config_t *cfg, char *buf, size_t len);
+
+// ---------------------------------------------------------------- backends
+
+//! Host (CPU) backend: memfd + mmap with the same semantics as CUDA VMM.
+//! `capacity` is the simulated device size (untouched memory costs nothing);
+//! `granule` its granularity (power of two, multiple of the page size).
+NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity, uint64_t granule);
+
+//! Host backend test hook: when `manual` is non-zero, recorded events stay
+//! incomplete until nf_backend_host_complete_events() is called (or they are
+//! synchronized). Default: events complete at once.
+NF_API void nf_backend_host_set_manual_events(nf_backend_t *be, int manual);
+NF_API void nf_backend_host_complete_events(nf_backend_t *be);
+
+//! Host backend: granules currently created and mappings currently live
+//! (used by tests to prove that destroy leaves nothing behind).
+NF_API void nf_backend_host_usage(nf_backend_t *be, uint64_t *granules, uint64_t *mappings);
+
+//! CUDA backend on the driver's VMM API for `device`; libcuda.so.1 is loaded at
+//! run time. Returns NF_ERR_UNSUPPORTED with a message where no driver exists.
+NF_API nf_status_t nf_backend_cuda_create(nf_backend_t **out, int device);
+
+//! Fault injection around `inner` (which it then owns): call number
+//! `fail_at` (1-based, counting every backend call; 0 = none) fails, and each
+//! call fails with probability `p` (xorshift seeded with `seed`).
+NF_API nf_status_t nf_backend_fault_create(nf_backend_t **out, nf_backend_t *inner,
+                                           uint64_t fail_at, double p, uint64_t seed);
+//! Change the fault plan of a fault backend (e.g. to stop failing before destroy).
+NF_API void nf_backend_fault_set(nf_backend_t *be, uint64_t fail_at, double p);
+//! Number of backend calls the fault wrapper has seen and failed.
+NF_API void nf_backend_fault_counts(nf_backend_t *be, uint64_t *calls, uint64_t *failed);
+
+//! Destroy a backend the caller owns (pools never destroy the backend given to
+//! nf_pool_create).
+NF_API void nf_backend_destroy(nf_backend_t *be);
+
+// ---------------------------------------------------------------- pools
+
+//! Create a pool on `backend` (borrowed: it must outlive the pool).
+NF_API nf_status_t nf_pool_create(nf_pool_t **out, nf_backend_t *backend, const nf_config_t *cfg);
+
+//! Create a pool and its own backend from a config string (NULL: the
+//! NOFRAG_CONF environment variable). The backend is destroyed with the pool.
+NF_API nf_status_t nf_pool_create_from_string(nf_pool_t **out, const char *conf);
+
+//! Destroy the pool: all mappings, granules and address ranges go back to the
+//! backend. Live blocks are dropped (their addresses become invalid).
+NF_API void nf_pool_destroy(nf_pool_t *pool);
+
+//! Allocate `size` bytes usable on `stream`. Returns NULL on failure with
+//! nf_last_status() / nf_last_error() set. `size` 0 returns NULL with NF_OK.
+//! Blocks are 512-byte aligned.
+NF_API void *nf_alloc(nf_pool_t *pool, size_t size, nf_stream_t stream);
+
+//! Free a block. The block's memory may be reused at once on the stream it was
+//! allocated on, and on other streams once ordered after that stream's work.
+//! Unknown, interior or already freed pointers return NF_ERR_INVALID and
+//! change nothing. `ptr` NULL is a no-op.
+NF_API nf_status_t nf_free(nf_pool_t *pool, void *ptr);
+
+//! Mark a live block as used on `stream` as well: when freed, it is reused only
+//! after the work queued on `stream` up to the free has completed.
+NF_API nf_status_t nf_record_stream(nf_pool_t *pool, void *ptr, nf_stream_t stream);
+
+//! Size the block containing `ptr` was requested with (0 if not live).
+NF_API size_t nf_block_size(nf_pool_t *pool, const void *ptr);
+
+//! Unmap every cached granule and return unmapped granules to the backend
+//! (like torch.cuda.empty_cache). Waits for pending stream work first.
+NF_API nf_status_t nf_trim(nf_pool_t *pool);
+
+//! Create granules up front so that `bytes` of physical memory exist.
+NF_API nf_status_t nf_reserve(nf_pool_t *pool, uint64_t bytes);
+
+//! Change the limit; lowering it below physical releases unused granules.
+NF_API nf_status_t nf_set_limit(nf_pool_t *pool, uint64_t limit);
+
+//! The pool's configuration as it is in force (limit resolved, granule known).
+NF_API void nf_pool_config(nf_pool_t *pool, nf_config_t *cfg);
+
+//! Counts of backend calls, one field per call kind.
+typedef struct nf_calls_s {
+  uint64_t va_reserve, va_release, create, release, map, unmap, set_access;
+  uint64_t event_create, event_record, event_query, event_sync, stream_wait;
+} nf_calls_t;
+
+//! Pool statistics. Bytes unless noted. `cached` = mapped bytes not holding
+//! live data (mapped - live_rounded). `fragmentation` = 1 - live/mapped.
+typedef struct nf_stats_s {
+  uint64_t live, live_peak;                 //!< requested bytes of live blocks
+  uint64_t live_rounded, live_rounded_peak; //!< the same, rounded to 512 B
+  uint64_t mapped, mapped_peak;             //!< mapped granules x G
+  uint64_t physical, physical_peak;         //!< created granules x G
+  uint64_t limit, granule;
+  uint64_t cached;                          //!< mapped - live_rounded
+  uint64_t live_blocks;
+  uint64_t largest_free_mapped;             //!< largest free run that is fully mapped (walk; O(blocks))
+  uint64_t live_granules;                   //!< granules overlapped by live blocks (walk)
+  uint64_t allocs, frees, invalid_frees, ooms;
+  uint64_t reclaims;                        //!< times stitching unmapped cached granules
+  uint64_t reclaimed_granules;
+  uint64_t cross_stream_reuses;
+  nf_calls_t calls;                         //!< backend calls made by this pool
+  uint64_t backend_calls;                   //!< sum of calls
+  double fragmentation;
+} nf_stats_t;
+
+//! Fill `st` (includes a walk for largest_free_mapped / live_granules).
+NF_API void nf_stats_get(nf_pool_t *pool, nf_stats_t *st);
+//! Reset the peaks to the current values.
+NF_API void nf_stats_reset_peaks(nf_pool_t *pool);
+
+//! Status and message of the last failing call on this thread.
+NF_API nf_status_t nf_last_status(void);
+NF_API const char *nf_last_error(void);
+//! Human-readable name of a status ("NF_ERR_OOM").
+NF_API const char *nf_status_str(nf_status_t st);
+
+//! Walk every internal invariant (blocks tile address ranges, no overlap,
+//! mapping covers live blocks, counters match). Returns NF_OK or
+//! NF_ERR_INVALID with a message. O(blocks + granules); for tests.
+NF_API nf_status_t nf_pool_check(nf_pool_t *pool);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,179 @@
+"""ctypes binding of libnofrag.so (no compile step).
+
+The library is searched, in order, at:
+
+1. ``$NOFRAG_LIB`` (a path to the .so),
+2. the package directory (``libnofrag.so`` installed next to this file),
+3. ``../../build/libnofrag.so`` relative to the package (a source checkout
+   built with ``cmake -S . -B build && cmake --build build``),
+4. ``ctypes.util.find_library("nofrag")`` (system install).
+
+``NfStats`` mirrors ``nf_stats_t`` from include/nofrag.h field for field; the
+library exports ``nf_stats_size()`` and ``nf_stats_offset(name)`` so that the
+tests (python/tests/test_python.py) prove the mirror matches the build.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import threading
+
+_u64 = ctypes.c_uint64
+
+
+class NfCalls(ctypes.Structure):
+    """Mirror of nf_calls_t: backend calls made by a pool, per kind."""
+
+    _fields_ = [(n, _u64) for n in (
+        "va_reserve", "va_release", "create", "release", "map", "unmap", "set_access",
+        "event_create", "event_record", "event_query", "event_sync", "stream_wait")]
+
+
+class NfStats(ctypes.Structure):
+    """Mirror of nf_stats_t (include/nofrag.h). Keep the order identical."""
+
+    _fields_ = [(n, _u64) for n in (
+        "live", "live_peak", "live_rounded", "live_rounded_peak", "mapped", "mapped_peak",
+        "physical", "physical_peak", "limit", "granule", "cached", "live_blocks",
+        "largest_free_mapped", "live_granules", "allocs", "frees", "invalid_frees", "ooms",
+        "reclaims", "reclaimed_granules", "cross_stream_reuses")] + [
+        ("calls", NfCalls),
+        ("backend_calls", _u64),
+        ("fragmentation", ctypes.c_double),
+    ]
+
+    def to_dict(self):
+        d = {}
+        for name, _ in self._fields_:
+            v = getattr(self, name)
+            if isinstance(v, NfCalls):
+                v = {n: getattr(v, n) for n, _ in NfCalls._fields_}
+            d[name] = v
+        return d
+
+
+_lock = threading.Lock()
+_lib = None
+_path = None
+
+
+def _candidates():
+    env = os.environ.get("NOFRAG_LIB")
+    if env:
+        yield env
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "libnofrag.so")
+    yield os.path.normpath(os.path.join(here, "..", "..", "build", "libnofrag.so"))
+    found = ctypes.util.find_library("nofrag")
+    if found:
+        yield found
+
+
+def _declare(lib):
+    """argtypes/restype of every function the package uses (wrong defaults
+    would truncate 64-bit pointers and sizes)."""
+    vp, sz, i, d, cp = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_double, ctypes.c_char_p
+    sig = {
+        "nf_torch_alloc": (vp, [sz, i, vp]),
+        "nf_torch_free": (None, [vp, sz, i, vp]),
+        "nf_torch_init": (None, [i]),
+        "nf_torch_reset": (None, []),
+        "nf_torch_set_fraction": (None, [d, i]),
+        "nf_torch_get_fraction": (d, [i]),
+        "nf_torch_record_stream": (None, [vp, vp]),
+        "nf_torch_stats": (i, [i, ctypes.POINTER(NfStats)]),
+        "nf_torch_counters": (i, [i, ctypes.POINTER(_u64), i]),
+        "nf_torch_reset_counters": (None, [i]),
+        "nf_torch_reset_peaks": (None, [i]),
+        "nf_torch_configure": (i, [cp]),
+        "nf_torch_config_string": (i, [i, ctypes.c_char_p, sz]),
+        "nf_torch_shutdown": (None, []),
+        "nf_torch_last_error": (cp, []),
+        "nf_torch_set_thrower": (i, [vp]),
+        "nf_torch_set_throw": (i, [i]),
+        "nf_torch_device_count": (i, []),
+        "nf_stats_size": (sz, []),
+        "nf_stats_offset": (sz, [cp]),
+        "nf_last_error": (cp, []),
+        "nf_last_status": (i, []),
+        "nf_status_str": (cp, [i]),
+        "nf_config_default": (i, [vp]),
+        "nf_config_parse": (i, [vp, cp, ctypes.c_char_p, sz]),
+        "nf_backend_host_create": (i, [ctypes.POINTER(vp), _u64, _u64]),
+        "nf_backend_cuda_create": (i, [ctypes.POINTER(vp), i]),
+        "nf_backend_destroy": (None, [vp]),
+        "nf_pool_create": (i, [ctypes.POINTER(vp), vp, vp]),
+        "nf_pool_create_from_string": (i, [ctypes.POINTER(vp), cp]),
+        "nf_pool_destroy": (None, [vp]),
+        "nf_alloc": (vp, [vp, sz, vp]),
+        "nf_free": (i, [vp, vp]),
+        "nf_trim": (i, [vp]),
+        "nf_set_limit": (i, [vp, _u64]),
+        "nf_stats_get": (None, [vp, ctypes.POINTER(NfStats)]),
+        "nf_stats_reset_peaks": (None, [vp]),
+        "nf_pool_check": (i, [vp]),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(lib, name, None)
+        if fn is None:
+            continue  # older build: the caller gets AttributeError where it matters
+        fn.restype = res
+        fn.argtypes = args
+
+
+def load():
+    """Load libnofrag.so once; raise OSError naming every place tried."""
+    global _lib, _path
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for cand in _candidates():
+            if os.path.sep in cand and not os.path.exists(cand):
+                tried.append(f"{cand} (missing)")
+                continue
+            try:
+                lib = ctypes.CDLL(cand)
+            except OSError as e:
+                tried.append(f"{cand} ({e})")
+                continue
+            _declare(lib)
+            _lib = lib
+            # The real file: CUDAPluggableAllocator dlopens it again by path and
+            # must get this same instance (glibc matches it by inode).
+            _path = os.path.realpath(cand) if os.path.exists(cand) else cand
+            return lib
+        raise OSError(
+            "libnofrag.so not found. Build it (cmake -S . -B build && cmake --build build) and/or "
+            "set NOFRAG_LIB=/path/to/libnofrag.so. Tried: " + "; ".join(tried or ["nothing"]))
+
+
+def path():
+    """Filesystem path of the loaded library."""
+    load()
+    return _path
+
+
+def last_error():
+    """The plug-in's last error message (any thread), else the calling thread's."""
+    lib = load()
+    msg = lib.nf_torch_last_error() or b""
+    if not msg:
+        msg = lib.nf_last_error() or b""
+    return msg.decode(errors="replace")
+
+
+def conf_string(**config):
+    """Keyword arguments to a nofrag config string: limit="40GiB" -> "limit:40GiB".
+
+    Integers are bytes; None values are skipped. Keys are checked by the C
+    parser (nf_torch_configure) so this stays in step with src/config.c.
+    """
+    parts = []
+    for k, v in config.items():
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            v = int(v)
+        parts.append(f"{k}:{v}")
+    return ",".join(parts)

@@ -1,0 +1,207 @@
+"""Tests of the Python package without a GPU (plain unittest).
+
+    NOFRAG_LIB=build/libnofrag.so python3 -m unittest discover -s python/tests -v
+
+The plug-in entry points (nf_torch_*) are exercised on the host backend
+("backend:host" in the configuration), which mirrors CUDA VMM semantics on
+memfd + mmap; torch-specific parts are skipped when torch is absent.
+"""
+
+import ctypes
+import os
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
+
+import nofrag  # noqa: E402
+import nofrag.torch as nft  # noqa: E402
+from nofrag import _lib  # noqa: E402
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+MiB = 1 << 20
+GiB = 1 << 30
+HOST_CONF = "backend:host,host_capacity:1GiB,limit:64MiB,granule:2MiB"
+
+
+class TestLayout(unittest.TestCase):
+    def test_struct_size_matches_library(self):
+        lib = nofrag.load()
+        self.assertEqual(ctypes.sizeof(nofrag.NfStats), lib.nf_stats_size())
+
+    def test_every_field_offset_matches(self):
+        lib = nofrag.load()
+        for name, _ in nofrag.NfStats._fields_:
+            off = getattr(nofrag.NfStats, name).offset
+            self.assertEqual(off, lib.nf_stats_offset(name.encode()), name)
+        base = nofrag.NfStats.calls.offset
+        for name, _ in _lib.NfCalls._fields_:
+            off = base + getattr(_lib.NfCalls, name).offset
+            self.assertEqual(off, lib.nf_stats_offset(f"calls.{name}".encode()), name)
+
+    def test_conf_string(self):
+        self.assertEqual(nofrag.conf_string(limit="40GiB", reserve=None, retain=0), "limit:40GiB,retain:0")
+
+
+class TestHostPool(unittest.TestCase):
+    """The public pool API through ctypes on a host backend."""
+
+    def test_alloc_free_stats(self):
+        lib = nofrag.load()
+        be = ctypes.c_void_p()
+        self.assertEqual(lib.nf_backend_host_create(ctypes.byref(be), 1 * GiB, 2 * MiB), 0, _lib.last_error())
+        cfg = ctypes.create_string_buffer(1024)  # opaque nf_config_t, filled by the library
+        self.assertEqual(lib.nf_config_default(cfg), 0)
+        err = ctypes.create_string_buffer(256)
+        self.assertEqual(lib.nf_config_parse(cfg, b"limit:32MiB", err, 256), 0, err.value)
+        pool = ctypes.c_void_p()
+        self.assertEqual(lib.nf_pool_create(ctypes.byref(pool), be, cfg), 0, _lib.last_error())
+        try:
+            ptrs = [lib.nf_alloc(pool, n, None) for n in (1000, 3 * MiB, 5 * MiB)]
+            self.assertTrue(all(ptrs), _lib.last_error())
+            ctypes.memset(ptrs[1], 0xAB, 3 * MiB)  # host backend memory is CPU-addressable
+            self.assertEqual(ctypes.string_at(ptrs[1] + 3 * MiB - 4, 4), b"\xab" * 4)
+            st = nofrag.NfStats()
+            lib.nf_stats_get(pool, ctypes.byref(st))
+            self.assertEqual(st.live, 1000 + 8 * MiB)
+            self.assertEqual(st.live_blocks, 3)
+            self.assertEqual(st.limit, 32 * MiB)
+            self.assertIsNone(lib.nf_alloc(pool, 64 * MiB, None))  # over the limit
+            self.assertIn("OOM", lib.nf_status_str(lib.nf_last_status()).decode())
+            for p in ptrs:
+                self.assertEqual(lib.nf_free(pool, p), 0)
+            self.assertNotEqual(lib.nf_free(pool, ptrs[0]), 0)  # double free is refused
+            self.assertEqual(lib.nf_pool_check(pool), 0, _lib.last_error())
+            lib.nf_stats_get(pool, ctypes.byref(st))
+            self.assertEqual(st.live, 0)
+            self.assertEqual(st.invalid_frees, 1)
+        finally:
+            lib.nf_pool_destroy(pool)
+            lib.nf_backend_destroy(be)
+
+    def test_pool_from_string(self):
+        lib = nofrag.load()
+        pool = ctypes.c_void_p()
+        rc = lib.nf_pool_create_from_string(ctypes.byref(pool), HOST_CONF.encode())
+        self.assertEqual(rc, 0, _lib.last_error())
+        p = lib.nf_alloc(pool, 4 * MiB, None)
+        self.assertTrue(p)
+        self.assertEqual(lib.nf_free(pool, p), 0)
+        lib.nf_pool_destroy(pool)
+
+
+class TestPluginOnHost(unittest.TestCase):
+    """nf_torch_* entry points, as PyTorch would call them, on the host backend."""
+
+    def setUp(self):
+        self.lib = nofrag.load()
+        # Where torch (libc10) is loaded, a failed allocation would raise a C++
+        # exception, which cannot cross ctypes: return NULL in these tests.
+        self.throw = self.lib.nf_torch_set_throw(0)
+        self.lib.nf_torch_shutdown()
+        nofrag.configure(HOST_CONF)
+
+    def tearDown(self):
+        self.lib.nf_torch_shutdown()
+        self.lib.nf_torch_configure(None)
+        self.lib.nf_torch_set_throw(self.throw)
+
+    def test_alloc_free_and_stats(self):
+        lib = self.lib
+        self.assertFalse(nofrag.stats(0)["pool"])
+        p = lib.nf_torch_alloc(3 * MiB, 0, None)
+        q = lib.nf_torch_alloc(100, 0, 7)  # another "stream"
+        self.assertTrue(p and q, _lib.last_error())
+        s = nofrag.stats(0)
+        self.assertTrue(s["pool"])
+        self.assertEqual(s["live"], 3 * MiB + 100)
+        self.assertEqual(s["live_rounded"], 3 * MiB + 512)
+        self.assertGreaterEqual(s["mapped"], 4 * MiB)
+        lib.nf_torch_record_stream(p, 9)
+        lib.nf_torch_free(p, 3 * MiB, 0, None)
+        lib.nf_torch_free(q, 100, 0, 7)
+        c = nofrag.counters(0)
+        self.assertEqual((c["bytes_allocated"], c["bytes_freed"], c["allocs"], c["frees"]),
+                         (3 * MiB + 100, 3 * MiB + 100, 2, 2))
+        self.assertEqual(nofrag.stats(0)["live"], 0)
+        self.assertIsNone(lib.nf_torch_alloc(0, 0, None))  # empty storage: NULL, not an error
+
+    def test_configure_refused_once_pool_exists(self):
+        p = self.lib.nf_torch_alloc(MiB, 0, None)
+        self.assertTrue(p)
+        with self.assertRaises(ValueError):
+            nofrag.configure("limit:1GiB")
+        self.assertIn("already", nofrag.last_error())
+        self.lib.nf_torch_free(p, MiB, 0, None)
+
+    def test_bad_config(self):
+        self.lib.nf_torch_shutdown()
+        with self.assertRaises(ValueError):
+            nofrag.configure("no_such_key:1")
+
+    def test_oom_returns_null_without_torch(self):
+        # Raising is off (setUp): the plug-in returns NULL and records why.
+        self.assertIsNone(self.lib.nf_torch_alloc(256 * MiB, 0, None))
+        self.assertIn("out of memory", nofrag.last_error())
+        self.assertEqual(nofrag.counters(0)["failed_allocs"], 1)
+
+    def test_fraction_sets_limit(self):
+        lib = self.lib
+        lib.nf_torch_set_fraction(0.25, 0)  # host capacity 1 GiB -> 256 MiB
+        self.assertEqual(nofrag.stats(0)["limit"], 256 * MiB)
+        self.assertAlmostEqual(lib.nf_torch_get_fraction(0), 0.25)
+        p = lib.nf_torch_alloc(200 * MiB, 0, None)
+        self.assertTrue(p, _lib.last_error())
+        lib.nf_torch_free(p, 200 * MiB, 0, None)
+
+    def test_reset_trims_and_peaks(self):
+        lib = self.lib
+        ps = [lib.nf_torch_alloc(4 * MiB, 0, None) for _ in range(4)]
+        for p in ps:
+            lib.nf_torch_free(p, 4 * MiB, 0, None)
+        self.assertGreaterEqual(nofrag.stats(0)["live_peak"], 16 * MiB)
+        lib.nf_torch_reset()  # empty_cache
+        s = nofrag.stats(0)
+        self.assertEqual(s["mapped"], 0)
+        lib.nf_torch_reset_peaks(0)
+        self.assertEqual(nofrag.stats(0)["live_peak"], 0)
+
+    def test_torch_key_mapping(self):
+        lib = self.lib
+        p = lib.nf_torch_alloc(5 * MiB + 3, 0, None)
+        f = nft.flat_stats(0)
+        s = nofrag.stats(0)
+        self.assertEqual(f["allocated_bytes.all.current"], s["live_rounded"])
+        self.assertEqual(f["requested_bytes.all.current"], 5 * MiB + 3)
+        self.assertEqual(f["reserved_bytes.all.current"], s["physical"])
+        self.assertEqual(f["reserved_bytes.all.peak"], s["physical_peak"])
+        self.assertEqual(f["allocation.all.current"], 1)
+        self.assertEqual(f["nofrag.mapped"], s["mapped"])
+        self.assertEqual(f["allocated_bytes.small_pool.current"], 0)
+        self.assertIn("num_alloc_retries", f)
+        self.assertIn("nofrag memory summary", nft.summary(0))
+        lib.nf_torch_free(p, 5 * MiB + 3, 0, None)
+        nft._mark_baseline(0)
+        self.assertEqual(nft.flat_stats(0)["allocation.all.allocated"], 0)
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch not installed")
+class TestTorch(unittest.TestCase):
+    def test_enable_refuses_after_cuda_init(self):
+        import torch
+        if not torch.cuda.is_available():
+            self.skipTest("no CUDA")
+        torch.cuda.init()
+        with self.assertRaises(RuntimeError) as cm:
+            nft.enable()
+        self.assertIn("before CUDA is initialised", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install the build and test dependencies on Debian 12 (bookworm) / Ubuntu.
+# Idempotent: does nothing (not even `apt-get update`) when all are present.
+# Used by .ci/run; users run it once before ./scripts/test.sh.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential # gcc 12 (+ libasan/libubsan/libtsan runtimes), make
+  cmake           # >= 3.16 (bookworm: 3.25)
+  libcmocka-dev   # unit-test framework
+  zlib1g-dev      # gzip-compressed traces
+  clang           # libFuzzer targets
+  libclang-rt-dev # clang's sanitizer/libFuzzer runtimes (only "Recommended" by clang)
+  valgrind
+  python3
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup-deps: all packages present"
+  exit 0
+fi
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "setup-deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=(sudo)
+fi
+
+echo "setup-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  -o Dpkg::Use-Pty=0 "${missing[@]}" >/dev/null
+echo "setup-deps: done"

@@ -1,0 +1,58 @@
+// The backend boundary: the only interface between the allocator core and
+// the memory system. One call per CUDA driver VMM/stream call, so the CUDA
+// backend is a thin translation and the host backend can mirror it exactly.
+//
+//   va_reserve   cuMemAddressReserve      va_release  cuMemAddressFree
+//   mem_create   cuMemCreate (with tier)  mem_release cuMemRelease
+//   map          cuMemMap (one handle)    unmap       cuMemUnmap (any mapped run)
+//   set_access   cuMemSetAccess (a run)   granularity cuMemGetAllocationGranularity
+//   capacity     cuMemGetInfo             copy        cuMemcpyAsync (offload, later)
+//   event_*      cuEventCreate/Record/Query/Synchronize/Destroy
+//   stream_wait  cuStreamWaitEvent
+//
+// Every op returns NF_OK or an error status and, on error, writes a message
+// into be->err (via nf__backend_fail). Ops must leave state unchanged on error.
+#ifndef NF_BACKEND_H
+#define NF_BACKEND_H
+
+#include "nofrag.h"
+#include <stdbool.h>
+#include <stdio.h>
+
+typedef uint64_t nf_handle_t; // physical allocation (CUmemGenericAllocationHandle)
+typedef void *nf_event_t;     // CUevent
+
+typedef struct nf_backend_ops_s {
+  const char *name;
+  nf_status_t (*granularity)(nf_backend_t *be, nf_tier_t tier, size_t *out);
+  nf_status_t (*capacity)(nf_backend_t *be, nf_tier_t tier, uint64_t *total, uint64_t *free_bytes);
+  nf_status_t (*va_reserve)(nf_backend_t *be, size_t size, size_t align, uintptr_t *out);
+  nf_status_t (*va_release)(nf_backend_t *be, uintptr_t va, size_t size);
+  nf_status_t (*mem_create)(nf_backend_t *be, nf_tier_t tier, size_t size, nf_handle_t *out);
+  nf_status_t (*mem_release)(nf_backend_t *be, nf_handle_t h);
+  nf_status_t (*map)(nf_backend_t *be, uintptr_t va, size_t size, nf_handle_t h);
+  nf_status_t (*unmap)(nf_backend_t *be, uintptr_t va, size_t size);
+  nf_status_t (*set_access)(nf_backend_t *be, uintptr_t va, size_t size);
+  nf_status_t (*copy)(nf_backend_t *be, uintptr_t dst, uintptr_t src, size_t size, nf_stream_t s);
+  nf_status_t (*event_create)(nf_backend_t *be, nf_event_t *out);
+  nf_status_t (*event_destroy)(nf_backend_t *be, nf_event_t ev);
+  nf_status_t (*event_record)(nf_backend_t *be, nf_event_t ev, nf_stream_t s);
+  nf_status_t (*event_query)(nf_backend_t *be, nf_event_t ev); // NF_OK done, NF_ERR_NOT_READY
+  nf_status_t (*event_sync)(nf_backend_t *be, nf_event_t ev);
+  nf_status_t (*stream_wait)(nf_backend_t *be, nf_stream_t s, nf_event_t ev);
+  void (*destroy)(nf_backend_t *be);
+} nf_backend_ops_t;
+
+struct nf_backend_s {
+  const nf_backend_ops_t *ops;
+  char err[256]; // message of the last failed op
+};
+
+// Record an error message on the backend and return `st`.
+nf_status_t nf__backend_fail(nf_backend_t *be, nf_status_t st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+#endif

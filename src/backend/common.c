@@ -1,0 +1,19 @@
+// Helpers shared by every backend: error reporting and destruction.
+#include "backend.h"
+
+#include <stdarg.h>
+
+nf_status_t nf__backend_fail(nf_backend_t *be, nf_status_t st, const char *fmt, ...) {
+  // A NULL backend can reach here from a constructor that failed before it
+  // had one; the status still goes back to the caller.
+  if (!be) return st;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(be->err, sizeof be->err, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+NF_API void nf_backend_destroy(nf_backend_t *be) {
+  if (be && be->ops && be->ops->destroy) be->ops->destroy(be);
+}

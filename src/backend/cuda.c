@@ -1,0 +1,520 @@
+// CUDA backend: the backend vtable on the driver's virtual memory management
+// API (cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemSetAccess ...).
+//
+// The driver is loaded at run time (dlopen "libcuda.so.1", then
+// cuGetProcAddress) so that the library builds and its CPU tests run on
+// machines without CUDA: nothing here includes <cuda.h>. The few types, enum
+// values and struct layouts we need are copied from the CUDA 13 cuda.h; they
+// are part of the driver ABI and have not changed since CUDA 10.2.
+//
+// Contexts: PyTorch (and the runtime API in general) works in the device's
+// primary context, so every op makes that context current on the calling
+// thread when it is not already (a thread that never touched CUDA has none).
+// A different non-primary context that a caller had current is restored
+// afterwards, so we never leave foreign threads in a surprising state.
+//
+// Thread safety: the driver entry points are thread-safe; this file's only
+// shared state is the function table (filled once under pthread_once) and a
+// per-backend "handle type not supported" flag (atomic).
+#include "backend/backend.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ------------------------------------------------------------ driver ABI
+// Copied from cuda.h (CUDA 13.0). Only what this file uses.
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUevent_st *CUevent;
+typedef struct CUstream_st *CUstream;
+
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_STUB_LIBRARY = 34,
+  CUDA_ERROR_INSUFFICIENT_DRIVER = 35,
+  CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_NOT_READY = 600,
+  CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+enum { CU_MEM_ALLOCATION_TYPE_PINNED = 0x1 };
+enum { CU_MEM_HANDLE_TYPE_NONE = 0x0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1 };
+enum { CU_MEM_LOCATION_TYPE_DEVICE = 0x1, CU_MEM_LOCATION_TYPE_HOST = 0x2 };
+enum { CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3 };
+enum { CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1 };
+enum { CU_EVENT_DISABLE_TIMING = 0x2 };
+enum { CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0 }; // PyTorch uses the legacy default stream
+
+typedef struct {
+  int type; // CUmemLocationType
+  int id;
+} CUmemLocation;
+
+typedef struct {
+  int type;                 // CUmemAllocationType
+  int requestedHandleTypes; // CUmemAllocationHandleType
+  CUmemLocation location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} CUmemAllocationProp;
+
+typedef struct {
+  CUmemLocation location;
+  int flags; // CUmemAccess_flags
+} CUmemAccessDesc;
+
+// Layout guards: these sizes are what cuda.h gives on LP64.
+_Static_assert(sizeof(CUmemLocation) == 8, "CUmemLocation layout");
+_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp layout");
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
+
+// ------------------------------------------------------------ function table
+typedef struct {
+  CUresult (*Init)(unsigned);
+  CUresult (*DeviceGet)(CUdevice *, int);
+  CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+  CUresult (*DevicePrimaryCtxRelease)(CUdevice);
+  CUresult (*CtxSetCurrent)(CUcontext);
+  CUresult (*CtxGetCurrent)(CUcontext *);
+  CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
+  CUresult (*MemGetInfo)(size_t *, size_t *);
+  CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*MemAddressFree)(CUdeviceptr, size_t);
+  CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                        unsigned long long);
+  CUresult (*MemRelease)(CUmemGenericAllocationHandle);
+  CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*MemUnmap)(CUdeviceptr, size_t);
+  CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+  CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*EventCreate)(CUevent *, unsigned);
+  CUresult (*EventRecord)(CUevent, CUstream);
+  CUresult (*EventQuery)(CUevent);
+  CUresult (*EventSynchronize)(CUevent);
+  CUresult (*EventDestroy)(CUevent);
+  CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
+  CUresult (*GetErrorName)(CUresult, const char **);
+  CUresult (*GetErrorString)(CUresult, const char **);
+} cu_fns_t;
+
+// Each entry: the name cuGetProcAddress takes (base name) and the exported
+// symbol that base name resolves to for CUDA >= 12 (for the dlsym fallback).
+static const struct {
+  const char *base, *versioned;
+  size_t off;
+} cu_syms[] = {
+#define S(f, v) {"cu" #f, v, offsetof(cu_fns_t, f)}
+    S(Init, "cuInit"),
+    S(DeviceGet, "cuDeviceGet"),
+    S(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+    S(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"),
+    S(CtxSetCurrent, "cuCtxSetCurrent"),
+    S(CtxGetCurrent, "cuCtxGetCurrent"),
+    S(MemGetAllocationGranularity, "cuMemGetAllocationGranularity"),
+    S(MemGetInfo, "cuMemGetInfo_v2"),
+    S(MemAddressReserve, "cuMemAddressReserve"),
+    S(MemAddressFree, "cuMemAddressFree"),
+    S(MemCreate, "cuMemCreate"),
+    S(MemRelease, "cuMemRelease"),
+    S(MemMap, "cuMemMap"),
+    S(MemUnmap, "cuMemUnmap"),
+    S(MemSetAccess, "cuMemSetAccess"),
+    S(MemcpyAsync, "cuMemcpyAsync"),
+    S(EventCreate, "cuEventCreate"),
+    S(EventRecord, "cuEventRecord"),
+    S(EventQuery, "cuEventQuery"),
+    S(EventSynchronize, "cuEventSynchronize"),
+    S(EventDestroy, "cuEventDestroy_v2"),
+    S(StreamWaitEvent, "cuStreamWaitEvent"),
+    S(GetErrorName, "cuGetErrorName"),
+    S(GetErrorString, "cuGetErrorString"),
+#undef S
+};
+
+typedef CUresult (*cu_get_proc_v2_t)(const char *, void **, int, uint64_t, int *);
+typedef CUresult (*cu_get_proc_v1_t)(const char *, void **, int, uint64_t);
+
+static cu_fns_t cu;                 // filled once
+static nf_status_t cu_load_status;  // result of loading
+static char cu_load_msg[256];       // message when loading failed
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+
+static void cu_load(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char *e = dlerror();
+    snprintf(cu_load_msg, sizeof cu_load_msg,
+             "libcuda.so.1 not found: no NVIDIA driver on this machine (%s)", e ? e : "dlopen failed");
+    cu_load_status = NF_ERR_UNSUPPORTED;
+    return;
+  }
+  // Never dlclose: the driver stays loaded for the life of the process (the
+  // runtime, PyTorch and other backends share it; unloading it is unsafe).
+  cu_get_proc_v2_t gp2 = (cu_get_proc_v2_t)dlsym(lib, "cuGetProcAddress_v2");
+  cu_get_proc_v1_t gp1 = gp2 ? NULL : (cu_get_proc_v1_t)dlsym(lib, "cuGetProcAddress");
+  for (size_t i = 0; i < sizeof cu_syms / sizeof cu_syms[0]; i++) {
+    void *fn = NULL;
+    // 12000: every entry point here exists at that version, and asking for it
+    // yields the current (_v2) variants of cuMemGetInfo / cuEventDestroy ...
+    if (gp2) {
+      int qr = 0;
+      if (gp2(cu_syms[i].base, &fn, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &qr) != CUDA_SUCCESS) fn = NULL;
+    } else if (gp1) {
+      if (gp1(cu_syms[i].base, &fn, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM) != CUDA_SUCCESS) fn = NULL;
+    }
+    if (!fn) fn = dlsym(lib, cu_syms[i].versioned);
+    if (!fn) {
+      snprintf(cu_load_msg, sizeof cu_load_msg,
+               "libcuda.so.1 lacks %s: the NVIDIA driver is too old for the VMM API (need CUDA >= 11.x)",
+               cu_syms[i].versioned);
+      cu_load_status = NF_ERR_UNSUPPORTED;
+      return;
+    }
+    memcpy((char *)&cu + cu_syms[i].off, &fn, sizeof fn);
+  }
+  cu_load_status = NF_OK;
+}
+
+// ------------------------------------------------------------ backend state
+typedef struct {
+  nf_backend_t base;
+  CUdevice dev;
+  int ordinal;
+  CUcontext ctx;                 // the device's primary context (retained)
+  atomic_int handle_type[2];     // per tier: requestedHandleTypes that works (-1 = untried)
+} cuda_be_t;
+
+static cuda_be_t *CB(nf_backend_t *be) { return (cuda_be_t *)be; }
+
+static const char *cu_name(CUresult r) {
+  const char *s = NULL;
+  if (!cu.GetErrorName || cu.GetErrorName(r, &s) != CUDA_SUCCESS || !s) return "CUDA_ERROR_UNKNOWN";
+  return s;
+}
+static const char *cu_str(CUresult r) {
+  const char *s = NULL;
+  if (!cu.GetErrorString || cu.GetErrorString(r, &s) != CUDA_SUCCESS || !s) return "unknown error";
+  return s;
+}
+
+// Map a driver error to a nofrag status and record the message
+// "<call>: <CUDA_ERROR_NAME>: <driver text>".
+static nf_status_t cu_fail(nf_backend_t *be, CUresult r, const char *call) {
+  nf_status_t st = r == CUDA_ERROR_OUT_OF_MEMORY ? NF_ERR_OOM : NF_ERR_BACKEND;
+  return nf__backend_fail(be, st, "%s: %s: %s", call, cu_name(r), cu_str(r));
+}
+
+// Make the primary context current; returns the context to restore (NULL
+// when nothing needs restoring). See the header comment for why.
+static CUresult ctx_enter(cuda_be_t *c, CUcontext *restore) {
+  CUcontext cur = NULL;
+  *restore = NULL;
+  CUresult r = cu.CtxGetCurrent(&cur);
+  if (r != CUDA_SUCCESS) return r;
+  if (cur == c->ctx) return CUDA_SUCCESS;
+  r = cu.CtxSetCurrent(c->ctx);
+  if (r == CUDA_SUCCESS) *restore = cur; // NULL when the thread had none: leave ours current
+  return r;
+}
+static void ctx_leave(CUcontext restore) {
+  if (restore) (void)cu.CtxSetCurrent(restore);
+}
+
+// Run one driver call with the primary context current. `what` is the call
+// description used in the error message.
+#define CU_CALL(be, what, call)                                                   \
+  do {                                                                            \
+    CUcontext restore_;                                                           \
+    CUresult r_ = ctx_enter(CB(be), &restore_);                                   \
+    if (r_ != CUDA_SUCCESS) return cu_fail((be), r_, "cuCtxSetCurrent(primary)"); \
+    r_ = (call);                                                                  \
+    ctx_leave(restore_);                                                          \
+    if (r_ != CUDA_SUCCESS) return cu_fail((be), r_, (what));                     \
+  } while (0)
+
+static void fill_prop(cuda_be_t *c, nf_tier_t tier, int handle_type, CUmemAllocationProp *p) {
+  memset(p, 0, sizeof *p);
+  p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p->requestedHandleTypes = handle_type;
+  if (tier == NF_TIER_HOST) {
+    p->location.type = CU_MEM_LOCATION_TYPE_HOST;
+    p->location.id = 0; // ignored for HOST
+  } else {
+    p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p->location.id = c->ordinal;
+  }
+}
+
+// ------------------------------------------------------------ ops
+static nf_status_t op_granularity(nf_backend_t *be, nf_tier_t tier, size_t *out) {
+  cuda_be_t *c = CB(be);
+  if (tier == NF_TIER_DISK) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "cuda backend: no disk tier");
+  CUmemAllocationProp p;
+  fill_prop(c, tier, CU_MEM_HANDLE_TYPE_NONE, &p);
+  size_t g = 0;
+  CU_CALL(be, tier == NF_TIER_HOST ? "cuMemGetAllocationGranularity(host)" : "cuMemGetAllocationGranularity(device)",
+          cu.MemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  *out = g;
+  return NF_OK;
+}
+
+// Host tier capacity from /proc/meminfo (MemTotal, MemAvailable): what the
+// driver can pin for CU_MEM_LOCATION_TYPE_HOST allocations at most.
+static nf_status_t host_meminfo(nf_backend_t *be, uint64_t *total, uint64_t *avail) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f) return nf__backend_fail(be, NF_ERR_BACKEND, "cuda backend: cannot read /proc/meminfo");
+  char line[256];
+  unsigned long long t = 0, a = 0;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long long v;
+    if (sscanf(line, "MemTotal: %llu kB", &v) == 1) t = v * 1024ull;
+    else if (sscanf(line, "MemAvailable: %llu kB", &v) == 1) a = v * 1024ull;
+  }
+  fclose(f);
+  if (total) *total = t;
+  if (avail) *avail = a;
+  return NF_OK;
+}
+
+static nf_status_t op_capacity(nf_backend_t *be, nf_tier_t tier, uint64_t *total, uint64_t *free_bytes) {
+  if (tier == NF_TIER_HOST) return host_meminfo(be, total, free_bytes);
+  if (tier == NF_TIER_DISK) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "cuda backend: no disk tier");
+  size_t f = 0, t = 0;
+  CU_CALL(be, "cuMemGetInfo", cu.MemGetInfo(&f, &t));
+  if (total) *total = t;
+  if (free_bytes) *free_bytes = f;
+  return NF_OK;
+}
+
+static nf_status_t op_va_reserve(nf_backend_t *be, size_t size, size_t align, uintptr_t *out) {
+  CUdeviceptr p = 0;
+  char what[96];
+  snprintf(what, sizeof what, "cuMemAddressReserve(%zu B, align %zu)", size, align);
+  CU_CALL(be, what, cu.MemAddressReserve(&p, size, align, 0, 0));
+  *out = (uintptr_t)p;
+  return NF_OK;
+}
+
+static nf_status_t op_va_release(nf_backend_t *be, uintptr_t va, size_t size) {
+  char what[96];
+  snprintf(what, sizeof what, "cuMemAddressFree(0x%llx, %zu B)", (unsigned long long)va, size);
+  CU_CALL(be, what, cu.MemAddressFree((CUdeviceptr)va, size));
+  return NF_OK;
+}
+
+// cuMemCreate with a shareable (POSIX fd) handle type so that granules can
+// later be exported for IPC; drivers or locations that refuse it (some
+// virtualised setups, host-located memory on older drivers) get the plain
+// handle type, and the choice is remembered per tier so the refused attempt
+// costs one extra call once, not on every granule.
+static nf_status_t op_mem_create(nf_backend_t *be, nf_tier_t tier, size_t size, nf_handle_t *out) {
+  cuda_be_t *c = CB(be);
+  if (tier == NF_TIER_DISK) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "cuda backend: no disk tier");
+  int ti = tier == NF_TIER_HOST ? 1 : 0;
+  CUcontext restore;
+  CUresult r = ctx_enter(c, &restore);
+  if (r != CUDA_SUCCESS) return cu_fail(be, r, "cuCtxSetCurrent(primary)");
+  int ht = atomic_load(&c->handle_type[ti]);
+  CUmemAllocationProp p;
+  CUmemGenericAllocationHandle h = 0;
+  if (ht < 0) { // untried: POSIX fd first
+    fill_prop(c, tier, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &p);
+    r = cu.MemCreate(&h, size, &p, 0);
+    if (r == CUDA_SUCCESS) {
+      atomic_store(&c->handle_type[ti], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    } else if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
+      fill_prop(c, tier, CU_MEM_HANDLE_TYPE_NONE, &p);
+      r = cu.MemCreate(&h, size, &p, 0);
+      if (r == CUDA_SUCCESS) atomic_store(&c->handle_type[ti], CU_MEM_HANDLE_TYPE_NONE);
+    }
+  } else {
+    fill_prop(c, tier, ht, &p);
+    r = cu.MemCreate(&h, size, &p, 0);
+  }
+  ctx_leave(restore);
+  if (r != CUDA_SUCCESS) {
+    char what[96];
+    snprintf(what, sizeof what, "cuMemCreate(%zu B%s)", size, tier == NF_TIER_HOST ? ", host" : "");
+    return cu_fail(be, r, what);
+  }
+  *out = (nf_handle_t)h;
+  return NF_OK;
+}
+
+static nf_status_t op_mem_release(nf_backend_t *be, nf_handle_t h) {
+  CU_CALL(be, "cuMemRelease", cu.MemRelease((CUmemGenericAllocationHandle)h));
+  return NF_OK;
+}
+
+static nf_status_t op_map(nf_backend_t *be, uintptr_t va, size_t size, nf_handle_t h) {
+  char what[96];
+  snprintf(what, sizeof what, "cuMemMap(0x%llx, %zu B)", (unsigned long long)va, size);
+  CU_CALL(be, what, cu.MemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0));
+  return NF_OK;
+}
+
+static nf_status_t op_unmap(nf_backend_t *be, uintptr_t va, size_t size) {
+  char what[96];
+  snprintf(what, sizeof what, "cuMemUnmap(0x%llx, %zu B)", (unsigned long long)va, size);
+  CU_CALL(be, what, cu.MemUnmap((CUdeviceptr)va, size));
+  return NF_OK;
+}
+
+// Read/write for this device over a run of mapped granules. The core calls it
+// once per contiguous run (the driver cost is per handle either way, but one
+// call per run saves the per-call overhead).
+static nf_status_t op_set_access(nf_backend_t *be, uintptr_t va, size_t size) {
+  CUmemAccessDesc d;
+  memset(&d, 0, sizeof d);
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.location.id = CB(be)->ordinal;
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  char what[96];
+  snprintf(what, sizeof what, "cuMemSetAccess(0x%llx, %zu B)", (unsigned long long)va, size);
+  CU_CALL(be, what, cu.MemSetAccess((CUdeviceptr)va, size, &d, 1));
+  return NF_OK;
+}
+
+static nf_status_t op_copy(nf_backend_t *be, uintptr_t dst, uintptr_t src, size_t size, nf_stream_t s) {
+  char what[96];
+  snprintf(what, sizeof what, "cuMemcpyAsync(%zu B)", size);
+  CU_CALL(be, what, cu.MemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, size, (CUstream)s));
+  return NF_OK;
+}
+
+static nf_status_t op_event_create(nf_backend_t *be, nf_event_t *out) {
+  CUevent e = NULL;
+  CU_CALL(be, "cuEventCreate", cu.EventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  *out = (nf_event_t)e;
+  return NF_OK;
+}
+
+static nf_status_t op_event_destroy(nf_backend_t *be, nf_event_t ev) {
+  CU_CALL(be, "cuEventDestroy", cu.EventDestroy((CUevent)ev));
+  return NF_OK;
+}
+
+static nf_status_t op_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s) {
+  CU_CALL(be, "cuEventRecord", cu.EventRecord((CUevent)ev, (CUstream)s));
+  return NF_OK;
+}
+
+static nf_status_t op_event_query(nf_backend_t *be, nf_event_t ev) {
+  CUcontext restore;
+  CUresult r = ctx_enter(CB(be), &restore);
+  if (r != CUDA_SUCCESS) return cu_fail(be, r, "cuCtxSetCurrent(primary)");
+  r = cu.EventQuery((CUevent)ev);
+  ctx_leave(restore);
+  if (r == CUDA_SUCCESS) return NF_OK;
+  if (r == CUDA_ERROR_NOT_READY) return NF_ERR_NOT_READY; // not an error: no message
+  return cu_fail(be, r, "cuEventQuery");
+}
+
+static nf_status_t op_event_sync(nf_backend_t *be, nf_event_t ev) {
+  CU_CALL(be, "cuEventSynchronize", cu.EventSynchronize((CUevent)ev));
+  return NF_OK;
+}
+
+static nf_status_t op_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) {
+  CU_CALL(be, "cuStreamWaitEvent", cu.StreamWaitEvent((CUstream)s, (CUevent)ev, 0));
+  return NF_OK;
+}
+
+static void op_destroy(nf_backend_t *be) {
+  cuda_be_t *c = CB(be);
+  if (!c) return;
+  // Release our reference on the primary context; PyTorch holds its own, so
+  // this never tears the context down under it.
+  if (c->ctx) (void)cu.DevicePrimaryCtxRelease(c->dev);
+  free(c);
+}
+
+static const nf_backend_ops_t cuda_ops = {
+    .name = "cuda",
+    .granularity = op_granularity,
+    .capacity = op_capacity,
+    .va_reserve = op_va_reserve,
+    .va_release = op_va_release,
+    .mem_create = op_mem_create,
+    .mem_release = op_mem_release,
+    .map = op_map,
+    .unmap = op_unmap,
+    .set_access = op_set_access,
+    .copy = op_copy,
+    .event_create = op_event_create,
+    .event_destroy = op_event_destroy,
+    .event_record = op_event_record,
+    .event_query = op_event_query,
+    .event_sync = op_event_sync,
+    .stream_wait = op_stream_wait,
+    .destroy = op_destroy,
+};
+
+// Failures before a backend object exists (the caller gets *out == NULL, so
+// there is no be->err) go to the library's thread-local error, read with
+// nf_last_error(). nf__error lives in the core (internal.h).
+nf_status_t nf__error(nf_status_t st, const char *fmt, ...);
+
+static nf_status_t create_fail(nf_status_t st, CUresult r, const char *call) {
+  if (r == CUDA_SUCCESS) return nf__error(st, "%s", call);
+  return nf__error(st, "%s: %s: %s", call, cu_name(r), cu_str(r));
+}
+
+nf_status_t nf_backend_cuda_create(nf_backend_t **out, int device) {
+  if (!out) return NF_ERR_INVALID;
+  *out = NULL;
+  if (device < 0) return create_fail(NF_ERR_INVALID, CUDA_SUCCESS, "cuda backend: negative device ordinal");
+  pthread_once(&cu_once, cu_load);
+  if (cu_load_status != NF_OK) return create_fail(cu_load_status, CUDA_SUCCESS, cu_load_msg);
+
+  CUresult r = cu.Init(0);
+  if (r != CUDA_SUCCESS) {
+    // No GPU / driver unusable in this container: unsupported here, not a bug.
+    nf_status_t st = (r == CUDA_ERROR_NO_DEVICE || r == CUDA_ERROR_INSUFFICIENT_DRIVER ||
+                      r == CUDA_ERROR_STUB_LIBRARY || r == CUDA_ERROR_NOT_INITIALIZED)
+                         ? NF_ERR_UNSUPPORTED
+                         : NF_ERR_BACKEND;
+    return create_fail(st, r, "cuInit");
+  }
+  CUdevice dev = 0;
+  r = cu.DeviceGet(&dev, device);
+  if (r != CUDA_SUCCESS) {
+    char what[64];
+    snprintf(what, sizeof what, "cuDeviceGet(%d)", device);
+    return create_fail(r == CUDA_ERROR_INVALID_DEVICE ? NF_ERR_INVALID : NF_ERR_BACKEND, r, what);
+  }
+  cuda_be_t *c = calloc(1, sizeof *c);
+  if (!c) return create_fail(NF_ERR_NOMEM, CUDA_SUCCESS, "cuda backend: out of host memory");
+  c->base.ops = &cuda_ops;
+  c->dev = dev;
+  c->ordinal = device;
+  atomic_init(&c->handle_type[0], -1);
+  atomic_init(&c->handle_type[1], -1);
+  r = cu.DevicePrimaryCtxRetain(&c->ctx, dev);
+  if (r != CUDA_SUCCESS) {
+    free(c);
+    return create_fail(NF_ERR_BACKEND, r, "cuDevicePrimaryCtxRetain");
+  }
+  // A thread without any context (a plain C program) gets the primary one,
+  // so that its own later driver calls (e.g. cuMemcpy in tests) work too.
+  CUcontext cur = NULL;
+  if (cu.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == NULL) (void)cu.CtxSetCurrent(c->ctx);
+  *out = &c->base;
+  return NF_OK;
+}

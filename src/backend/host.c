@@ -1,0 +1,709 @@
+// Host (CPU) backend: the CUDA driver VMM API emulated with memfd + mmap.
+//
+// Physical memory lives in one memfd per tier (device, host), sized to the
+// simulated capacity with ftruncate. tmpfs files are sparse, so a 141 GiB
+// "device" costs nothing until pages are touched; punching a hole gives the
+// pages back and makes them read as zero when the extent is reused (fresh
+// cuMemCreate memory is not guaranteed zero on CUDA, but zero is the one
+// value that makes stale data visible in tests).
+//
+// Reserved address space is PROT_NONE anonymous memory. map() places the
+// memfd extent there with MAP_FIXED|MAP_SHARED, so data written through one
+// mapping is what the next mapping of that handle shows; unmap() puts
+// PROT_NONE anonymous memory back. Mappings start PROT_NONE, as on CUDA, so a
+// forgotten set_access faults instead of silently working.
+//
+// Every op checks its arguments against the backend's own records and leaves
+// state unchanged on error, which makes this backend a checker of how the
+// allocator uses the VMM API. One mutex guards all state: VMM calls are rare
+// compared to allocations, and two pools may share one backend.
+//
+// Handles are (generation << 32) | (record index + 1): never 0, and a handle
+// used after its release (record reused) is detected as invalid.
+#include "backend.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+// Failures before a backend object exists (the caller gets *out == NULL, so
+// there is no be->err) go to the library's thread-local error, read with
+// nf_last_error(). nf__error lives in the core (internal.h).
+nf_status_t nf__error(nf_status_t st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+// Defined in fault.c: the wrapped backend of a fault backend, else NULL. Lets
+// the host test hooks work through a fault wrapper.
+nf_backend_t *nf__backend_fault_inner(nf_backend_t *be);
+
+enum { REC_FREE = 0, REC_LIVE = 1, REC_RELEASED = 2 }; // RELEASED: freed by user, still mapped
+enum { EVENT_MAGIC = 0x4E464556u };                    // "NFEV"
+enum { NTIERS = 2 };                                   // device, host (disk unsupported)
+
+// Per-granule slot of a reserved range: 0 = unmapped, else
+// (record index + 1) << 2 | SLOT_ACCESS (set_access done) | SLOT_START (first
+// granule of a mapping: unmap may not cut a mapping in the middle).
+#define SLOT_START 1u
+#define SLOT_ACCESS 2u
+#define SLOT_REC(s) (((s) >> 2) - 1)
+#define MAX_RECS ((1u << 30) - 1) // record index + 1 must fit a slot's 30 bits
+
+typedef struct {
+  uint64_t off, size; // extent in the tier's memfd
+  uint32_t gen;       // bumped whenever the record is freed
+  uint32_t maps;      // live mappings of this handle
+  uint32_t next_free; // free-list link (index + 1, 0 = end)
+  uint8_t tier, state;
+} mem_rec;
+
+typedef struct {
+  uint64_t off, len;
+} extent;
+
+typedef struct {
+  int fd;           // -1 until the tier is first used
+  uint64_t created; // bytes of extents in use (released-but-mapped included)
+  extent *free;     // free extents of the memfd, sorted by offset, coalesced
+  size_t nfree, capfree;
+} tier_state;
+
+typedef struct {
+  uintptr_t base;
+  size_t size;
+  size_t mapped;  // mapped granules in the range
+  uint32_t *slot; // one per granule (see SLOT_*)
+} va_range;
+
+typedef struct host_event {
+  uint32_t magic;
+  bool done;
+  uint64_t gen; // record order, to complete earlier events of a stream on sync
+  nf_stream_t stream;
+  struct host_event *prev, *next;
+} host_event;
+
+typedef struct {
+  nf_backend_t base;
+  pthread_mutex_t mu;
+  uint64_t capacity, granule;
+  tier_state tiers[NTIERS];
+  mem_rec *recs;
+  size_t nrecs, caprecs;
+  uint32_t free_rec; // head of the record free list (index + 1)
+  va_range *ranges;  // sorted by base
+  size_t nranges, capranges;
+  host_event *events; // every live event, for complete_events and destroy
+  uint64_t event_gen;
+  int manual;
+  uint64_t live_granules, mapped_granules;
+} host_backend;
+
+static const nf_backend_ops_t host_ops;
+
+static host_backend *hb(nf_backend_t *be) { return (host_backend *)be; }
+
+// Grow a dynamic array so that it holds at least `need` elements.
+static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return true;
+  size_t n = *cap ? *cap * 2 : 16;
+  while (n < need) n *= 2;
+  void *p = realloc(*arr, n * elem);
+  if (!p) return false;
+  *arr = p;
+  *cap = n;
+  return true;
+}
+
+static nf_status_t check_tier(nf_backend_t *be, nf_tier_t tier) {
+  if (tier == NF_TIER_DEVICE || tier == NF_TIER_HOST) return NF_OK;
+  if (tier == NF_TIER_DISK) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "host backend: disk tier not supported");
+  return nf__backend_fail(be, NF_ERR_INVALID, "host backend: unknown tier %d", (int)tier);
+}
+
+// ---------------------------------------------------------------- memfd extents
+
+static nf_status_t tier_init(host_backend *h, nf_tier_t tier) {
+  tier_state *t = &h->tiers[tier];
+  if (t->fd >= 0) return NF_OK;
+  if (!grow((void **)&t->free, &t->capfree, 1, sizeof(extent)))
+    return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
+  int fd = memfd_create(tier == NF_TIER_DEVICE ? "nofrag-device" : "nofrag-host", MFD_CLOEXEC);
+  if (fd < 0) return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: memfd_create: %s", strerror(errno));
+  uint64_t size = h->capacity / h->granule * h->granule;
+  if (ftruncate(fd, (off_t)size) != 0) {
+    int e = errno;
+    close(fd);
+    return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: ftruncate(%llu): %s", (unsigned long long)size,
+                            strerror(e));
+  }
+  t->fd = fd;
+  t->free[0] = (extent){0, size};
+  t->nfree = 1;
+  return NF_OK;
+}
+
+// First fit. Handles are one granule in practice, so the first extent fits.
+static bool ext_alloc(tier_state *t, uint64_t size, uint64_t *off) {
+  for (size_t i = 0; i < t->nfree; i++) {
+    if (t->free[i].len < size) continue;
+    *off = t->free[i].off;
+    t->free[i].off += size;
+    t->free[i].len -= size;
+    if (t->free[i].len == 0) {
+      memmove(&t->free[i], &t->free[i + 1], (t->nfree - i - 1) * sizeof(extent));
+      t->nfree--;
+    }
+    return true;
+  }
+  return false;
+}
+
+// Give an extent back, coalescing. The caller has made room for one more
+// entry (ext_reserve) so that this cannot fail after state has changed.
+static void ext_free(tier_state *t, uint64_t off, uint64_t len) {
+  size_t lo = 0, hi = t->nfree; // first extent after `off`
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (t->free[mid].off < off) lo = mid + 1;
+    else hi = mid;
+  }
+  bool prev = lo > 0 && t->free[lo - 1].off + t->free[lo - 1].len == off;
+  bool next = lo < t->nfree && off + len == t->free[lo].off;
+  if (prev && next) {
+    t->free[lo - 1].len += len + t->free[lo].len;
+    memmove(&t->free[lo], &t->free[lo + 1], (t->nfree - lo - 1) * sizeof(extent));
+    t->nfree--;
+  } else if (prev) {
+    t->free[lo - 1].len += len;
+  } else if (next) {
+    t->free[lo].off = off;
+    t->free[lo].len += len;
+  } else {
+    memmove(&t->free[lo + 1], &t->free[lo], (t->nfree - lo) * sizeof(extent));
+    t->free[lo] = (extent){off, len};
+    t->nfree++;
+  }
+}
+
+static bool ext_reserve(host_backend *h, size_t more) {
+  for (int i = 0; i < NTIERS; i++)
+    if (!grow((void **)&h->tiers[i].free, &h->tiers[i].capfree, h->tiers[i].nfree + more, sizeof(extent))) return false;
+  return true;
+}
+
+static bool punch(host_backend *h, const mem_rec *r) {
+  return fallocate(h->tiers[r->tier].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)r->off, (off_t)r->size) == 0;
+}
+
+// Return a record's memory (hole already punched unless `leak`) and the record.
+static void rec_free(host_backend *h, uint32_t idx, bool leak) {
+  mem_rec *r = &h->recs[idx];
+  tier_state *t = &h->tiers[r->tier];
+  // If the punch failed the extent would not read as zero: never reuse it
+  // (and keep counting it as created, so capacity shows the loss).
+  if (!leak) {
+    ext_free(t, r->off, r->size);
+    t->created -= r->size;
+  }
+  r->state = REC_FREE;
+  r->gen = r->gen + 1 ? r->gen + 1 : 1;
+  r->next_free = h->free_rec;
+  h->free_rec = idx + 1;
+}
+
+// A live (not released) record for handle `hd`, or NULL.
+static mem_rec *rec_of(host_backend *h, nf_handle_t hd, uint32_t *idx) {
+  uint64_t i = (hd & 0xFFFFFFFFu);
+  if (i == 0 || i > h->nrecs) return NULL;
+  mem_rec *r = &h->recs[i - 1];
+  if (r->state != REC_LIVE || r->gen != (uint32_t)(hd >> 32)) return NULL;
+  *idx = (uint32_t)(i - 1);
+  return r;
+}
+
+// ---------------------------------------------------------------- address ranges
+
+// The reserved range that contains [va, va+size), or NULL.
+static va_range *range_of(host_backend *h, uintptr_t va, size_t size) {
+  size_t lo = 0, hi = h->nranges; // first range with base > va
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (h->ranges[mid].base <= va) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == 0) return NULL;
+  va_range *r = &h->ranges[lo - 1];
+  if (va - r->base > r->size || size > r->size - (va - r->base)) return NULL;
+  return r;
+}
+
+// Common checks of a (va, size) pair naming granules of one reserved range.
+static nf_status_t check_run(host_backend *h, const char *op, uintptr_t va, size_t size, va_range **out) {
+  if (size == 0 || va % h->granule || size % h->granule)
+    return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: %s(%#lx, %zu): not granule aligned (granule %llu)",
+                            op, (unsigned long)va, size, (unsigned long long)h->granule);
+  *out = range_of(h, va, size);
+  if (!*out)
+    return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: %s(%#lx, %zu): not inside a reserved range", op,
+                            (unsigned long)va, size);
+  return NF_OK;
+}
+
+static nf_status_t va_reserve_locked(host_backend *h, size_t size, size_t align, uintptr_t *out) {
+  if (size == 0 || size % h->granule)
+    return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: va_reserve(%zu): size not a multiple of granule %llu",
+                            size, (unsigned long long)h->granule);
+  if (align & (align - 1))
+    return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: va_reserve: alignment %zu not a power of two", align);
+  size_t a = align > h->granule ? align : (size_t)h->granule;
+  size_t total = size + a; // over-reserve, then trim to the alignment
+  if (total < size) return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: va_reserve(%zu): too large", size);
+  // Allocate the metadata first so that nothing can fail after mmap.
+  if (!grow((void **)&h->ranges, &h->capranges, h->nranges + 1, sizeof(va_range)))
+    return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
+  uint32_t *slot = calloc(size / h->granule, sizeof(uint32_t)); // large callocs are lazily zeroed pages
+  if (!slot) return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
+  void *p = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    free(slot);
+    return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: va_reserve(%zu): mmap: %s", size, strerror(e));
+  }
+  uintptr_t raw = (uintptr_t)p, base = (raw + a - 1) & ~(uintptr_t)(a - 1);
+  if (base > raw) munmap(p, base - raw);
+  if (raw + total > base + size) munmap((void *)(base + size), raw + total - (base + size));
+  size_t i = h->nranges;
+  while (i > 0 && h->ranges[i - 1].base > base) i--;
+  memmove(&h->ranges[i + 1], &h->ranges[i], (h->nranges - i) * sizeof(va_range));
+  h->ranges[i] = (va_range){base, size, 0, slot};
+  h->nranges++;
+  *out = base;
+  return NF_OK;
+}
+
+static nf_status_t va_release_locked(host_backend *h, uintptr_t va, size_t size) {
+  size_t i = 0;
+  while (i < h->nranges && h->ranges[i].base != va) i++;
+  if (i == h->nranges)
+    return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: va_release(%#lx): not a reserved range", (unsigned long)va);
+  va_range *r = &h->ranges[i];
+  if (r->size != size)
+    return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: va_release(%#lx, %zu): range was reserved with size %zu",
+                            (unsigned long)va, size, r->size);
+  if (r->mapped)
+    return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: va_release(%#lx): %zu granules still mapped",
+                            (unsigned long)va, r->mapped);
+  if (munmap((void *)va, size) != 0)
+    return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: va_release: munmap: %s", strerror(errno));
+  free(r->slot);
+  memmove(r, r + 1, (h->nranges - i - 1) * sizeof(va_range));
+  h->nranges--;
+  return NF_OK;
+}
+
+// ---------------------------------------------------------------- physical memory
+
+static nf_status_t mem_create_locked(host_backend *h, nf_tier_t tier, size_t size, nf_handle_t *out) {
+  nf_status_t st = check_tier(&h->base, tier);
+  if (st != NF_OK) return st;
+  // Any multiple of the granule is supported (contiguous memfd extent); the
+  // allocator only ever asks for one granule.
+  if (size == 0 || size % h->granule)
+    return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: mem_create(%zu): size not a multiple of granule %llu",
+                            size, (unsigned long long)h->granule);
+  tier_state *t = &h->tiers[tier];
+  if (size > h->capacity - t->created)
+    return nf__backend_fail(&h->base, NF_ERR_OOM, "host backend: out of memory: %llu of %llu bytes created, %zu requested",
+                            (unsigned long long)t->created, (unsigned long long)h->capacity, size);
+  if ((st = tier_init(h, tier)) != NF_OK) return st;
+  if (!h->free_rec && (h->nrecs >= MAX_RECS || !grow((void **)&h->recs, &h->caprecs, h->nrecs + 1, sizeof(mem_rec))))
+    return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
+  uint64_t off;
+  if (!ext_alloc(t, size, &off))
+    return nf__backend_fail(&h->base, NF_ERR_OOM, "host backend: out of memory: no contiguous %zu bytes free", size);
+  uint32_t idx;
+  if (h->free_rec) {
+    idx = h->free_rec - 1;
+    h->free_rec = h->recs[idx].next_free;
+  } else {
+    idx = (uint32_t)h->nrecs++;
+    h->recs[idx].gen = 1;
+  }
+  mem_rec *r = &h->recs[idx];
+  r->off = off;
+  r->size = size;
+  r->maps = 0;
+  r->next_free = 0;
+  r->tier = (uint8_t)tier;
+  r->state = REC_LIVE;
+  t->created += size;
+  h->live_granules += size / h->granule;
+  *out = (uint64_t)r->gen << 32 | (idx + 1);
+  return NF_OK;
+}
+
+static nf_status_t mem_release_locked(host_backend *h, nf_handle_t hd) {
+  uint32_t idx;
+  mem_rec *r = rec_of(h, hd, &idx);
+  if (!r) return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: mem_release(%#llx): unknown or released handle",
+                                  (unsigned long long)hd);
+  if (r->maps == 0) {
+    if (!ext_reserve(h, 1)) return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
+    if (!punch(h, r))
+      return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: mem_release: fallocate: %s", strerror(errno));
+    h->live_granules -= r->size / h->granule;
+    rec_free(h, idx, false);
+  } else {
+    // CUDA defers the release of a mapped handle until its last unmap.
+    r->state = REC_RELEASED;
+    h->live_granules -= r->size / h->granule;
+  }
+  return NF_OK;
+}
+
+// ---------------------------------------------------------------- mapping
+
+static nf_status_t map_locked(host_backend *h, uintptr_t va, size_t size, nf_handle_t hd) {
+  uint32_t idx;
+  mem_rec *rec = rec_of(h, hd, &idx);
+  if (!rec) return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: map(%#lx): unknown or released handle %#llx",
+                                    (unsigned long)va, (unsigned long long)hd);
+  if (size != rec->size)
+    return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: map(%#lx, %zu): handle size is %llu", (unsigned long)va,
+                            size, (unsigned long long)rec->size);
+  va_range *r;
+  nf_status_t st = check_run(h, "map", va, size, &r);
+  if (st != NF_OK) return st;
+  size_t i0 = (va - r->base) / h->granule, n = size / h->granule;
+  for (size_t i = i0; i < i0 + n; i++)
+    if (r->slot[i])
+      return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: map(%#lx, %zu): granule %#lx already mapped",
+                              (unsigned long)va, size, (unsigned long)(r->base + i * h->granule));
+  void *p = mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->tiers[rec->tier].fd, (off_t)rec->off);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    // A failed MAP_FIXED may have dropped the reservation: put it back.
+    mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: map: mmap: %s", strerror(e));
+  }
+  uint32_t s = (idx + 1) << 2;
+  r->slot[i0] = s | SLOT_START;
+  for (size_t i = i0 + 1; i < i0 + n; i++) r->slot[i] = s;
+  rec->maps++;
+  r->mapped += n;
+  h->mapped_granules += n;
+  return NF_OK;
+}
+
+static nf_status_t unmap_locked(host_backend *h, uintptr_t va, size_t size) {
+  va_range *r;
+  nf_status_t st = check_run(h, "unmap", va, size, &r);
+  if (st != NF_OK) return st;
+  size_t i0 = (va - r->base) / h->granule, end = i0 + size / h->granule, nmaps = 0;
+  // Validate first: the run must be whole mappings, every granule mapped
+  // (CUDA cannot unmap part of a mapping).
+  for (size_t i = i0; i < end;) {
+    uint32_t s = r->slot[i];
+    if (!s || !(s & SLOT_START))
+      return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: unmap(%#lx, %zu): granule %#lx %s", (unsigned long)va,
+                              size, (unsigned long)(r->base + i * h->granule),
+                              s ? "is inside a mapping that starts before the range" : "is not mapped");
+    size_t n = h->recs[SLOT_REC(s)].size / h->granule;
+    if (n > end - i)
+      return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: unmap(%#lx, %zu): would cut the mapping at %#lx",
+                              (unsigned long)va, size, (unsigned long)(r->base + i * h->granule));
+    i += n;
+    nmaps++;
+  }
+  if (!ext_reserve(h, nmaps)) return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
+  if (mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+    return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: unmap: mmap: %s", strerror(errno));
+  for (size_t i = i0; i < end;) {
+    uint32_t idx = SLOT_REC(r->slot[i]);
+    mem_rec *rec = &h->recs[idx];
+    size_t n = rec->size / h->granule;
+    memset(&r->slot[i], 0, n * sizeof(uint32_t));
+    i += n;
+    if (--rec->maps == 0 && rec->state == REC_RELEASED) rec_free(h, idx, !punch(h, rec)); // deferred release
+  }
+  r->mapped -= end - i0;
+  h->mapped_granules -= end - i0;
+  return NF_OK;
+}
+
+static nf_status_t set_access_locked(host_backend *h, uintptr_t va, size_t size) {
+  va_range *r;
+  nf_status_t st = check_run(h, "set_access", va, size, &r);
+  if (st != NF_OK) return st;
+  size_t i0 = (va - r->base) / h->granule, end = i0 + size / h->granule;
+  for (size_t i = i0; i < end; i++)
+    if (!r->slot[i])
+      return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: set_access(%#lx, %zu): granule %#lx is not mapped",
+                              (unsigned long)va, size, (unsigned long)(r->base + i * h->granule));
+  if (mprotect((void *)va, size, PROT_READ | PROT_WRITE) != 0)
+    return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: set_access: mprotect: %s", strerror(errno));
+  for (size_t i = i0; i < end; i++) r->slot[i] |= SLOT_ACCESS;
+  return NF_OK;
+}
+
+// Addresses outside every reserved range are plain host memory (CUDA's
+// unified addressing accepts host pointers); inside one, every granule
+// touched must be mapped with access set, else the copy would fault.
+static nf_status_t check_copy(host_backend *h, const char *what, uintptr_t p, size_t size) {
+  if (p + size < p) return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: copy: %s wraps around", what);
+  size_t lo = 0, hi = h->nranges;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (h->ranges[mid].base <= p + size - 1) lo = mid + 1;
+    else hi = mid;
+  }
+  for (size_t k = lo; k-- > 0;) { // ranges that start at or before the last byte
+    va_range *r = &h->ranges[k];
+    if (r->base + r->size <= p) break;
+    uintptr_t a = p > r->base ? p : r->base, b = p + size < r->base + r->size ? p + size : r->base + r->size;
+    for (size_t i = (a - r->base) / h->granule; i <= (b - 1 - r->base) / h->granule; i++)
+      if (!(r->slot[i] & SLOT_ACCESS))
+        return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: copy: %s granule %#lx is not mapped with access",
+                                what, (unsigned long)(r->base + i * h->granule));
+  }
+  return NF_OK;
+}
+
+// ---------------------------------------------------------------- ops
+
+// Run a *_locked function under the backend's mutex and return its status.
+#define LOCKED(h, expr) \
+  do { pthread_mutex_lock(&(h)->mu); nf_status_t st_ = (expr); pthread_mutex_unlock(&(h)->mu); return st_; } while (0)
+
+static nf_status_t granularity_locked(host_backend *h, nf_tier_t tier, size_t *out) {
+  nf_status_t st = check_tier(&h->base, tier);
+  if (st == NF_OK) *out = (size_t)h->granule;
+  return st;
+}
+
+static nf_status_t capacity_locked(host_backend *h, nf_tier_t tier, uint64_t *total, uint64_t *free_bytes) {
+  nf_status_t st = check_tier(&h->base, tier);
+  if (st != NF_OK) return st;
+  if (total) *total = h->capacity;
+  if (free_bytes) *free_bytes = h->capacity - h->tiers[tier].created;
+  return NF_OK;
+}
+
+static nf_status_t h_granularity(nf_backend_t *be, nf_tier_t tier, size_t *out) {
+  LOCKED(hb(be), granularity_locked(hb(be), tier, out));
+}
+static nf_status_t h_capacity(nf_backend_t *be, nf_tier_t tier, uint64_t *total, uint64_t *free_bytes) {
+  LOCKED(hb(be), capacity_locked(hb(be), tier, total, free_bytes));
+}
+static nf_status_t h_va_reserve(nf_backend_t *be, size_t size, size_t align, uintptr_t *out) {
+  LOCKED(hb(be), va_reserve_locked(hb(be), size, align, out));
+}
+static nf_status_t h_va_release(nf_backend_t *be, uintptr_t va, size_t size) {
+  LOCKED(hb(be), va_release_locked(hb(be), va, size));
+}
+static nf_status_t h_mem_create(nf_backend_t *be, nf_tier_t tier, size_t size, nf_handle_t *out) {
+  LOCKED(hb(be), mem_create_locked(hb(be), tier, size, out));
+}
+static nf_status_t h_mem_release(nf_backend_t *be, nf_handle_t hd) { LOCKED(hb(be), mem_release_locked(hb(be), hd)); }
+static nf_status_t h_map(nf_backend_t *be, uintptr_t va, size_t size, nf_handle_t hd) {
+  LOCKED(hb(be), map_locked(hb(be), va, size, hd));
+}
+static nf_status_t h_unmap(nf_backend_t *be, uintptr_t va, size_t size) { LOCKED(hb(be), unmap_locked(hb(be), va, size)); }
+static nf_status_t h_set_access(nf_backend_t *be, uintptr_t va, size_t size) {
+  LOCKED(hb(be), set_access_locked(hb(be), va, size));
+}
+
+// Host copies are synchronous: the data has moved when copy returns, so any
+// event recorded afterwards on the stream is (in automatic mode) complete.
+static nf_status_t h_copy(nf_backend_t *be, uintptr_t dst, uintptr_t src, size_t size, nf_stream_t s) {
+  (void)s;
+  if (size == 0) return NF_OK;
+  host_backend *h = hb(be);
+  pthread_mutex_lock(&h->mu);
+  nf_status_t st = check_copy(h, "destination", dst, size);
+  if (st == NF_OK) st = check_copy(h, "source", src, size);
+  pthread_mutex_unlock(&h->mu);
+  if (st == NF_OK) memmove((void *)dst, (const void *)src, size);
+  return st;
+}
+
+// ---------------------------------------------------------------- events
+
+// Lock the backend and check `ev`: returns the event (lock held) or NULL
+// with *st set (lock held too); ev_unlock ends either.
+static host_event *ev_lock(nf_backend_t *be, const char *op, nf_event_t ev, nf_status_t *st) {
+  pthread_mutex_lock(&hb(be)->mu);
+  *st = NF_OK;
+  if (ev && ((host_event *)ev)->magic == EVENT_MAGIC) return ev;
+  *st = nf__backend_fail(be, NF_ERR_INVALID, "host backend: %s: invalid event %p", op, ev);
+  return NULL;
+}
+
+static nf_status_t ev_unlock(nf_backend_t *be, nf_status_t st) {
+  pthread_mutex_unlock(&hb(be)->mu);
+  return st;
+}
+
+static nf_status_t h_event_create(nf_backend_t *be, nf_event_t *out) {
+  host_backend *h = hb(be);
+  host_event *e = calloc(1, sizeof *e);
+  if (!e) return nf__backend_fail(be, NF_ERR_NOMEM, "host backend: out of host memory");
+  e->magic = EVENT_MAGIC;
+  e->done = true; // an event never recorded counts as complete (CUDA)
+  pthread_mutex_lock(&h->mu);
+  e->next = h->events;
+  if (h->events) h->events->prev = e;
+  h->events = e;
+  pthread_mutex_unlock(&h->mu);
+  *out = e;
+  return NF_OK;
+}
+
+static void event_unlink_free(host_backend *h, host_event *e) {
+  if (e->prev) e->prev->next = e->next;
+  else h->events = e->next;
+  if (e->next) e->next->prev = e->prev;
+  e->magic = 0;
+  free(e);
+}
+
+static nf_status_t h_event_destroy(nf_backend_t *be, nf_event_t ev) {
+  nf_status_t st;
+  host_event *e = ev_lock(be, "event_destroy", ev, &st);
+  if (e) event_unlink_free(hb(be), e);
+  return ev_unlock(be, st);
+}
+
+static nf_status_t h_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s) {
+  nf_status_t st;
+  host_event *e = ev_lock(be, "event_record", ev, &st);
+  if (e) {
+    e->gen = ++hb(be)->event_gen;
+    e->stream = s;
+    e->done = !hb(be)->manual;
+  }
+  return ev_unlock(be, st);
+}
+
+static nf_status_t h_event_query(nf_backend_t *be, nf_event_t ev) {
+  nf_status_t st;
+  host_event *e = ev_lock(be, "event_query", ev, &st);
+  return ev_unlock(be, e && !e->done ? NF_ERR_NOT_READY : st);
+}
+
+// Waiting for an event means the work before it on its stream is done: the
+// events recorded earlier on the same stream complete too.
+static nf_status_t h_event_sync(nf_backend_t *be, nf_event_t ev) {
+  nf_status_t st;
+  host_event *t = ev_lock(be, "event_sync", ev, &st);
+  if (t && !t->done)
+    for (host_event *e = hb(be)->events; e; e = e->next)
+      if (e->stream == t->stream && e->gen <= t->gen) e->done = true;
+  return ev_unlock(be, st);
+}
+
+// Host "streams" run nothing, so a cross-stream wait has nothing to order.
+// Cross-stream dependencies are not modelled by the manual-event mode either.
+static nf_status_t h_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) {
+  (void)s;
+  nf_status_t st;
+  ev_lock(be, "stream_wait", ev, &st);
+  return ev_unlock(be, st);
+}
+
+// ---------------------------------------------------------------- lifetime
+
+// Frees everything, including what the user leaked: mappings, ranges, memfds, events.
+static void h_destroy(nf_backend_t *be) {
+  host_backend *h = hb(be);
+  for (size_t i = 0; i < h->nranges; i++) {
+    munmap((void *)h->ranges[i].base, h->ranges[i].size);
+    free(h->ranges[i].slot);
+  }
+  for (int t = 0; t < NTIERS; t++) {
+    if (h->tiers[t].fd >= 0) close(h->tiers[t].fd);
+    free(h->tiers[t].free);
+  }
+  while (h->events) event_unlink_free(h, h->events);
+  free(h->ranges);
+  free(h->recs);
+  pthread_mutex_destroy(&h->mu);
+  free(h);
+}
+
+static const nf_backend_ops_t host_ops = {
+    .name = "host",           .granularity = h_granularity,   .capacity = h_capacity,
+    .va_reserve = h_va_reserve, .va_release = h_va_release,   .mem_create = h_mem_create,
+    .mem_release = h_mem_release, .map = h_map,               .unmap = h_unmap,
+    .set_access = h_set_access, .copy = h_copy,               .event_create = h_event_create,
+    .event_destroy = h_event_destroy, .event_record = h_event_record, .event_query = h_event_query,
+    .event_sync = h_event_sync, .stream_wait = h_stream_wait, .destroy = h_destroy,
+};
+
+NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity, uint64_t granule) {
+  if (!out) return nf__error(NF_ERR_INVALID, "host backend: NULL output pointer");
+  *out = NULL;
+  long page = sysconf(_SC_PAGESIZE);
+  if (granule == 0 || (granule & (granule - 1)) || granule < (uint64_t)page || granule > SIZE_MAX / 2)
+    return nf__error(NF_ERR_INVALID, "host backend: granule %llu B is not a power of two of at least the page size (%ld B)",
+                     (unsigned long long)granule, page);
+  if (capacity < granule || capacity > (uint64_t)INT64_MAX)
+    return nf__error(NF_ERR_INVALID, "host backend: capacity %llu B is below one granule (%llu B) or too large",
+                     (unsigned long long)capacity, (unsigned long long)granule);
+  host_backend *h = calloc(1, sizeof *h);
+  if (!h) return nf__error(NF_ERR_NOMEM, "host backend: out of host memory");
+  if (pthread_mutex_init(&h->mu, NULL) != 0) {
+    free(h);
+    return nf__error(NF_ERR_NOMEM, "host backend: pthread_mutex_init failed");
+  }
+  h->base.ops = &host_ops;
+  h->capacity = capacity;
+  h->granule = granule;
+  for (int t = 0; t < NTIERS; t++) h->tiers[t].fd = -1; // memfds are made on first use
+  *out = &h->base;
+  return NF_OK;
+}
+
+// The host backend behind `be` (directly or through fault wrappers), or NULL.
+static host_backend *host_of(nf_backend_t *be) {
+  while (be && be->ops != &host_ops) be = nf__backend_fault_inner(be);
+  return be ? hb(be) : NULL;
+}
+
+NF_API void nf_backend_host_set_manual_events(nf_backend_t *be, int manual) {
+  host_backend *h = host_of(be);
+  if (!h) return;
+  pthread_mutex_lock(&h->mu);
+  h->manual = manual != 0;
+  if (!manual) // leaving manual mode finishes the pretended work
+    for (host_event *e = h->events; e; e = e->next) e->done = true;
+  pthread_mutex_unlock(&h->mu);
+}
+
+NF_API void nf_backend_host_complete_events(nf_backend_t *be) {
+  host_backend *h = host_of(be);
+  if (!h) return;
+  pthread_mutex_lock(&h->mu);
+  for (host_event *e = h->events; e; e = e->next) e->done = true;
+  pthread_mutex_unlock(&h->mu);
+}
+
+NF_API void nf_backend_host_usage(nf_backend_t *be, uint64_t *granules, uint64_t *mappings) {
+  host_backend *h = host_of(be);
+  uint64_t g = 0, m = 0;
+  if (h) {
+    pthread_mutex_lock(&h->mu);
+    g = h->live_granules;
+    m = h->mapped_granules;
+    pthread_mutex_unlock(&h->mu);
+  }
+  if (granules) *granules = g;
+  if (mappings) *mappings = m;
+}

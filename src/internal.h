@@ -1,0 +1,207 @@
+// Internal types shared by the core's subsystems:
+//   placement.c  TLSF index of free blocks and the placement policy
+//   vmm.c        granules, address-range chunks, mapping, stitching, release
+//   stream.c     stream table, lazy events, cross-stream ordering
+//   blockmap.c   pointer -> block hash and the block slab
+//   pool.c       public allocation API, errors
+//   stats.c      statistics and the invariant checker
+#ifndef NF_INTERNAL_H
+#define NF_INTERNAL_H
+
+#include "backend/backend.h"
+#include "nofrag.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define NF_ALIGN_SHIFT 9 // blocks are 512-byte aligned, sizes multiples of 512
+#define NF_ALIGN ((uint64_t)1 << NF_ALIGN_SHIFT)
+#define NF_MAX_STREAMS 64 // streams are tracked in a 64-bit mask
+#define NF_STREAM_NONE 0xFFFF // free block whose work is known complete
+#define NF_RELEASE_AUTO (UINT64_MAX - 1)
+#define NF_RELEASE_NEVER UINT64_MAX
+
+#if defined(__GNUC__)
+#define NF_LIKELY(x) __builtin_expect(!!(x), 1)
+#define NF_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define NF_LIKELY(x) (x)
+#define NF_UNLIKELY(x) (x)
+#endif
+
+// ------------------------------------------------------------------ lock
+// Test-and-test-and-set spin lock with yield: the critical sections are tens
+// of nanoseconds, where a futex mutex would double the cost of a cached pair.
+typedef struct { atomic_int v; } nf_lock_t;
+void nf__lock_slow(nf_lock_t *l);
+static inline void nf__lock(nf_lock_t *l) {
+  if (NF_LIKELY(!atomic_exchange_explicit(&l->v, 1, memory_order_acquire))) return;
+  nf__lock_slow(l);
+}
+static inline void nf__unlock(nf_lock_t *l) { atomic_store_explicit(&l->v, 0, memory_order_release); }
+
+// ------------------------------------------------------------------ blocks
+enum { NF_BLK_FREE = 0, NF_BLK_LIVE = 1, NF_BLK_PENDING = 2 };
+enum { NF_ARENA_SMALL = 0, NF_ARENA_LARGE = 1, NF_ARENA_COUNT = 2 };
+
+typedef struct nf_chunk_s nf_chunk_t;
+typedef struct nf_block_s nf_block_t;
+
+// Block headers live outside the memory they describe (device memory).
+struct nf_block_s {
+  uintptr_t addr;
+  uint64_t size;             // multiple of NF_ALIGN
+  nf_block_t *prev, *next;   // address-ordered neighbours within the chunk
+  nf_block_t *fprev, *fnext; // free-list (or pending-list) links
+  nf_chunk_t *chunk;
+  uint64_t req;              // live: requested size
+  uint64_t extra;            // live/pending: mask of extra streams (record_stream)
+  uint32_t *pend;            // pending: per extra stream, event number to wait for
+  uint32_t seq;              // free: events recorded on `stream` at free time
+  uint16_t stream;           // live: allocation stream; free: stream that may still use it
+  uint8_t state;
+  uint8_t arena;
+};
+
+// A reserved virtual address range, with per-granule mapping state.
+struct nf_chunk_s {
+  uintptr_t base;
+  uint64_t size, ngran;
+  uint64_t *mapped;  // bitmap: granule i mapped
+  uint32_t *phys;    // physical granule index mapped at granule i
+  nf_block_t *first; // lowest-addressed block
+  nf_chunk_t *next;
+  uint8_t arena;
+};
+
+// ------------------------------------------------------------------ TLSF
+#define NF_SL_LOG2 5
+#define NF_SL_COUNT (1 << NF_SL_LOG2)
+#define NF_FL_COUNT 48
+
+typedef struct nf_tlsf_s {
+  uint64_t fl_bitmap;
+  uint32_t sl_bitmap[NF_FL_COUNT];
+  nf_block_t *heads[NF_FL_COUNT][NF_SL_COUNT];
+} nf_tlsf_t;
+
+// ------------------------------------------------------------------ granules
+typedef struct nf_granule_s {
+  nf_handle_t handle;
+  int32_t next_free; // free-list link among unmapped granules, -1 ends
+  uint8_t tier;
+  uint8_t state;     // NF_GR_*
+} nf_granule_t;
+enum { NF_GR_UNUSED = 0, NF_GR_FREE = 1, NF_GR_MAPPED = 2 };
+
+// ------------------------------------------------------------------ streams
+typedef struct nf_stream_rec_s {
+  nf_stream_t handle;
+  nf_event_t event;   // one reusable event, created lazily
+  uint32_t rec;       // events recorded so far (event k is the k-th record)
+  uint32_t done;      // highest event number known complete
+  uint32_t last_free; // first event number covering the newest free (0 = none)
+} nf_stream_rec_t;
+
+// ------------------------------------------------------------------ hash
+typedef struct nf_map_slot_s { uintptr_t key; nf_block_t *val; } nf_map_slot_t;
+typedef struct nf_blockmap_s {
+  nf_map_slot_t *slots;
+  uint64_t mask, count;
+} nf_blockmap_t;
+
+// ------------------------------------------------------------------ pool
+struct nf_pool_s {
+  nf_lock_t lock;
+  nf_backend_t *be;
+  nf_backend_t *owned_be; // destroyed with the pool (nf_pool_create_from_string)
+  nf_config_t cfg;        // resolved: limit, granule, thresholds known
+  uint32_t gshift;        // log2(granule)
+  uint64_t granule;
+  uint64_t max_granules;  // limit / granule
+
+  nf_tlsf_t tlsf[NF_ARENA_COUNT];
+  nf_chunk_t *chunks;
+  nf_blockmap_t map;
+  nf_block_t *slab_free; // unused block headers
+  void **slabs;
+  uint64_t nslabs, slabs_cap;
+  nf_block_t *pending;   // freed blocks waiting on record_stream events
+
+  nf_granule_t *gran;
+  uint64_t gran_cap, gran_created; // created = physical granules existing
+  int32_t gran_free;               // unmapped physical granules
+  int32_t gran_unused;             // unused slots in gran[]
+  uint64_t gran_free_count, gran_mapped;
+
+  nf_stream_rec_t streams[NF_MAX_STREAMS];
+  uint32_t nstreams;
+  uint32_t last_stream; // index of the last stream looked up (fast path)
+  uint32_t waited[NF_MAX_STREAMS][NF_MAX_STREAMS]; // [S][A]: A's event S waits on
+  bool release_auto;      // release_threshold follows the limit
+  uint64_t release_floor; // cached level at which the last release attempt stopped
+
+  nf_stats_t st; // counters and peaks (computed fields filled by nf_stats_get)
+};
+
+// Counting wrappers around backend ops: every call is counted in the stats.
+#define NF_BE(pool, op, counter, ...) \
+  ((pool)->st.calls.counter++, (pool)->be->ops->op((pool)->be, __VA_ARGS__))
+
+// error.c / pool.c
+nf_status_t nf__error(nf_status_t st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void nf__fmt_bytes(char *buf, size_t n, uint64_t bytes);
+
+// blockmap.c
+nf_block_t *nf__block_new(nf_pool_t *p);
+void nf__block_delete(nf_pool_t *p, nf_block_t *b);
+nf_status_t nf__map_insert(nf_pool_t *p, nf_block_t *b);
+nf_block_t *nf__map_find(nf_pool_t *p, uintptr_t key);
+void nf__map_remove(nf_pool_t *p, uintptr_t key);
+void nf__blocks_destroy(nf_pool_t *p);
+
+// placement.c
+void nf__tlsf_insert(nf_tlsf_t *t, nf_block_t *b);
+void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b);
+nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64_t *off);
+nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint32_t s, uint64_t *off);
+nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
+void nf__release_block(nf_pool_t *p, nf_block_t *b);
+
+// vmm.c
+nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size);
+void nf__chunks_destroy(nf_pool_t *p);
+nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b);
+bool nf__range_mapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
+uint64_t nf__range_unmapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
+uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *keep_c,
+                          uint64_t keep_g0, uint64_t keep_g1, nf_status_t *st);
+nf_status_t nf__granules_create(nf_pool_t *p, uint64_t n);
+nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep);
+void nf__maybe_release(nf_pool_t *p);
+static inline uint64_t nf__cached(const nf_pool_t *p) {
+  uint64_t m = p->gran_mapped << p->gshift;
+  return m > p->st.live_rounded ? m - p->st.live_rounded : 0;
+}
+
+// stream.c
+nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out);
+bool nf__block_usable(const nf_pool_t *p, const nf_block_t *b, uint32_t s);
+nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s);
+bool nf__block_retired(const nf_pool_t *p, const nf_block_t *b);
+nf_status_t nf__streams_sync(nf_pool_t *p);
+nf_status_t nf__streams_poll(nf_pool_t *p);
+nf_status_t nf__pending_add(nf_pool_t *p, nf_block_t *b);
+nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking);
+void nf__streams_destroy(nf_pool_t *p);
+
+// stats.c
+static inline void nf__peak(uint64_t *peak, uint64_t v) { if (v > *peak) *peak = v; }
+uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules);
+
+#endif

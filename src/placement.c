@@ -1,0 +1,236 @@
+// Placement policy: where a request goes in virtual address space.
+//
+// Free blocks of each arena (small / large) are indexed by a two-level
+// segregated fit (TLSF): 48 power-of-two classes x 32 linear sub-classes, with
+// bitmaps, so finding a block is O(1) and the waste of a "good fit" is bounded
+// by 1/32 of the size. Physical memory is not fragmented by this choice (any
+// granule can be mapped anywhere); what placement decides is how many granules
+// a live set overlaps, so blocks are packed at 512 B and coalesced eagerly.
+//
+// Preference order for a request of size s on stream S (see nf__place):
+//   1. a block of the exact size class that S may use at once and that is
+//      already mapped (a pure cache hit: no backend call, O(1));
+//   2. otherwise, among up to NF_SCAN fitting blocks, the placement (at a
+//      block's start or its end) needing the fewest granules to be mapped;
+//      on a tie, a block this stream may use at once beats one freed on
+//      another stream (ordered after that stream's work with one lazily
+//      recorded event);
+//   3. none: the caller reserves a fresh address range (virtual space is
+//      plentiful; the guarantee in nofrag.h relies on that).
+// Preferring mapped memory over a tighter fit is what keeps physical memory
+// close to live memory without backend calls in steady state.
+#include "internal.h"
+
+#define NF_WALK 8  // blocks inspected in the exact class on the fast path
+#define NF_SCAN 48 // blocks inspected on the slow path
+
+static inline int fls64(uint64_t x) { return 63 - __builtin_clzll(x); }
+
+static inline void mapping(uint64_t units, int *fl, int *sl) {
+  if (units < NF_SL_COUNT) {
+    *fl = 0;
+    *sl = (int)units;
+  } else {
+    int f = fls64(units);
+    *fl = f - NF_SL_LOG2 + 1;
+    *sl = (int)((units >> (f - NF_SL_LOG2)) - NF_SL_COUNT);
+  }
+}
+
+void nf__tlsf_insert(nf_tlsf_t *t, nf_block_t *b) {
+  int fl, sl;
+  mapping(b->size >> NF_ALIGN_SHIFT, &fl, &sl);
+  nf_block_t *h = t->heads[fl][sl];
+  b->fprev = NULL;
+  b->fnext = h;
+  if (h) h->fprev = b;
+  t->heads[fl][sl] = b;
+  t->fl_bitmap |= 1ull << fl;
+  t->sl_bitmap[fl] |= 1u << sl;
+}
+
+void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b) {
+  int fl, sl;
+  mapping(b->size >> NF_ALIGN_SHIFT, &fl, &sl);
+  if (b->fprev) b->fprev->fnext = b->fnext;
+  else t->heads[fl][sl] = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev;
+  if (!t->heads[fl][sl]) {
+    t->sl_bitmap[fl] &= ~(1u << sl);
+    if (!t->sl_bitmap[fl]) t->fl_bitmap &= ~(1ull << fl);
+  }
+  b->fprev = b->fnext = NULL;
+}
+
+// Cost of placing `size` bytes in b at its start or its end: twice the
+// granules to map, plus one where another stream must be ordered after the
+// block (an event is cheap next to a mapping, but it couples the streams, so
+// it only breaks ties). Sets *off to the better end.
+static uint64_t place_cost(const nf_pool_t *p, const nf_block_t *b, uint64_t size, uint32_t s, uint64_t *off) {
+  uint64_t lo = nf__range_unmapped(p, b->chunk, b->addr, size), hi = lo;
+  *off = 0;
+  if (lo && b->size > size) {
+    hi = nf__range_unmapped(p, b->chunk, b->addr + b->size - size, size);
+    if (hi < lo) *off = b->size - size;
+  }
+  return 2 * (hi < lo ? hi : lo) + !nf__block_usable(p, b, s);
+}
+
+nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64_t *off) {
+  nf_tlsf_t *t = &p->tlsf[arena];
+  uint64_t units = size >> NF_ALIGN_SHIFT;
+  int fl, sl;
+  mapping(units, &fl, &sl);
+  *off = 0;
+  // 1. The exact class may hold blocks that fit (TLSF's rounding skips them):
+  //    a usable, mapped one there is the fast path.
+  int n = 0;
+  for (nf_block_t *b = t->heads[fl][sl]; b && n < NF_WALK; b = b->fnext, n++) {
+    if (b->size >= size && nf__block_usable(p, b, s) && nf__range_mapped(p, b->chunk, b->addr, size)) {
+      nf__tlsf_remove(t, b);
+      return b;
+    }
+  }
+  // 2. Slow path: among a bounded number of fitting blocks (exact class
+  //    first, then every class up from the first that surely fits), the one
+  //    needing the fewest new granules; the first with none wins at once.
+  nf_block_t *best = NULL;
+  uint64_t best_cost = UINT64_MAX, best_off = 0, o;
+  // Near the limit every granule counts and stitching will run anyway: the
+  // tightest fit wins (first fitting block, usable first).
+  bool tight = p->gran_created + (size >> p->gshift) + 2 > p->max_granules;
+  int budget = tight ? NF_WALK : NF_SCAN;
+  for (nf_block_t *b = t->heads[fl][sl]; b && budget > 0; b = b->fnext, budget--) {
+    if (b->size < size) continue;
+    uint64_t c = tight ? !nf__block_usable(p, b, s) : place_cost(p, b, size, s, &o);
+    if (c < best_cost) { best = b; best_cost = c; best_off = tight ? 0 : o; }
+    if (!c) goto done;
+  }
+  if (tight && best) goto done;
+  if (units >= NF_SL_COUNT) units += (1ull << (fls64(units) - NF_SL_LOG2)) - 1;
+  mapping(units, &fl, &sl);
+  for (; fl < NF_FL_COUNT && budget > 0; fl++, sl = 0) {
+    uint32_t slm = t->sl_bitmap[fl] & (~0u << sl);
+    if (!slm) {
+      uint64_t flm = fl + 1 < 64 ? t->fl_bitmap & (~0ull << (fl + 1)) : 0;
+      if (!flm) break;
+      fl = __builtin_ctzll(flm);
+      slm = t->sl_bitmap[fl];
+    }
+    for (; slm && budget > 0; slm &= slm - 1) {
+      for (nf_block_t *b = t->heads[fl][__builtin_ctz(slm)]; b && budget > 0; b = b->fnext, budget--) {
+        uint64_t c = tight ? !nf__block_usable(p, b, s) : place_cost(p, b, size, s, &o);
+        if (c < best_cost) { best = b; best_cost = c; best_off = tight ? 0 : o; }
+        if (!c) goto done;
+      }
+    }
+  }
+  if (!best) return NULL; // 3. none: the caller reserves a fresh range
+done:
+  nf__tlsf_remove(t, best);
+  *off = best_off;
+  return best;
+}
+
+static nf_block_t *split_front(nf_pool_t *p, nf_block_t *b, uint64_t size) {
+  nf_block_t *r = nf__block_new(p);
+  if (!r) return NULL;
+  r->addr = b->addr + size;
+  r->size = b->size - size;
+  r->chunk = b->chunk;
+  r->arena = b->arena;
+  r->state = NF_BLK_FREE;
+  r->stream = b->stream;
+  r->seq = b->seq;
+  r->prev = b;
+  r->next = b->next;
+  if (b->next) b->next->prev = r;
+  b->next = r;
+  b->size = size;
+  return r;
+}
+
+// Last resort before an allocation fails: every free block of both arenas is
+// a candidate and the one needing the fewest new granules wins (ties: the
+// smaller block). After stitching has unmapped all cached granules, this
+// finds the holes whose partial granules, shared with live neighbours, are
+// still mapped. O(free blocks); only on the way to an OOM.
+nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint32_t s, uint64_t *off) {
+  nf_block_t *best = NULL;
+  uint64_t best_cost = UINT64_MAX, o;
+  for (int a = 0; a < NF_ARENA_COUNT; a++)
+    for (int f = 0; f < NF_FL_COUNT; f++) {
+      if (!(p->tlsf[a].fl_bitmap >> f & 1)) continue;
+      for (int l = 0; l < NF_SL_COUNT; l++)
+        for (nf_block_t *b = p->tlsf[a].heads[f][l]; b; b = b->fnext) {
+          if (b->size < size) continue;
+          uint64_t c = place_cost(p, b, size, s, &o);
+          if (c < best_cost || (c == best_cost && b->size < best->size)) {
+            best = b;
+            best_cost = c;
+            *off = o;
+          }
+        }
+    }
+  if (best) nf__tlsf_remove(&p->tlsf[best->arena], best);
+  return best;
+}
+
+// Carve [b->addr + off, + size) out of the detached free block b; the rest
+// goes back to the free index. Returns the carved block, or NULL (no host
+// memory for a header) with everything back in the free index.
+nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size) {
+  if (off) {
+    nf_block_t *r = split_front(p, b, off);
+    if (!r) { nf__tlsf_insert(&p->tlsf[b->arena], b); return NULL; }
+    nf__tlsf_insert(&p->tlsf[b->arena], b);
+    b = r;
+  }
+  if (b->size > size) {
+    nf_block_t *r = split_front(p, b, size);
+    if (!r) { nf__release_block(p, b); return NULL; }
+    nf__tlsf_insert(&p->tlsf[b->arena], r);
+  }
+  return b;
+}
+
+// Two free neighbours merge when one stream ordering covers both: same
+// stream, or one of them retired (its work known complete).
+static bool merge_into(nf_pool_t *p, nf_block_t *keep, nf_block_t *gone) {
+  bool rk = nf__block_retired(p, keep), rg = nf__block_retired(p, gone);
+  if (keep->stream != gone->stream && !rk && !rg) return false;
+  if (rk && rg) {
+    keep->stream = NF_STREAM_NONE;
+    keep->seq = 0;
+  } else if (rk) {
+    keep->stream = gone->stream;
+    keep->seq = gone->seq;
+  } else if (!rg && gone->seq > keep->seq) {
+    keep->seq = gone->seq;
+  }
+  return true;
+}
+
+// Insert a freed block into its arena's index, coalescing with free
+// neighbours. `b` must be detached (state FREE, stream/seq set).
+void nf__release_block(nf_pool_t *p, nf_block_t *b) {
+  nf_tlsf_t *t = &p->tlsf[b->arena];
+  nf_block_t *n = b->next;
+  if (n && n->state == NF_BLK_FREE && merge_into(p, b, n)) {
+    nf__tlsf_remove(t, n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    nf__block_delete(p, n);
+  }
+  nf_block_t *q = b->prev;
+  if (q && q->state == NF_BLK_FREE && merge_into(p, q, b)) {
+    nf__tlsf_remove(t, q);
+    q->size += b->size;
+    q->next = b->next;
+    if (b->next) b->next->prev = q;
+    nf__block_delete(p, b);
+    b = q;
+  }
+  nf__tlsf_insert(t, b);
+}

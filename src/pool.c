@@ -1,0 +1,384 @@
+// Public allocation API: pool lifetime, alloc/free/record_stream, trim,
+// limits, and thread-local error reporting. Policy lives in placement.c,
+// mapping in vmm.c, ordering in stream.c.
+#include "internal.h"
+
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ------------------------------------------------------------------ errors
+
+static _Thread_local nf_status_t tl_status;
+static _Thread_local char tl_msg[768];
+
+nf_status_t nf__error(nf_status_t st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
+  va_end(ap);
+  tl_status = st;
+  return st;
+}
+
+static void ok(void) { tl_status = NF_OK; tl_msg[0] = 0; }
+
+nf_status_t nf_last_status(void) { return tl_status; }
+const char *nf_last_error(void) { return tl_msg; }
+
+const char *nf_status_str(nf_status_t st) {
+  switch (st) {
+  case NF_OK: return "NF_OK";
+  case NF_ERR_INVALID: return "NF_ERR_INVALID";
+  case NF_ERR_OOM: return "NF_ERR_OOM";
+  case NF_ERR_BACKEND: return "NF_ERR_BACKEND";
+  case NF_ERR_CONFIG: return "NF_ERR_CONFIG";
+  case NF_ERR_UNSUPPORTED: return "NF_ERR_UNSUPPORTED";
+  case NF_ERR_NOMEM: return "NF_ERR_NOMEM";
+  case NF_ERR_NOT_READY: return "NF_ERR_NOT_READY";
+  }
+  return "NF_ERR_UNKNOWN";
+}
+
+void nf__fmt_bytes(char *buf, size_t n, uint64_t v) {
+  if (v >= NF_GiB) snprintf(buf, n, "%.3f GiB", (double)v / (double)NF_GiB);
+  else if (v >= NF_MiB) snprintf(buf, n, "%.3f MiB", (double)v / (double)NF_MiB);
+  else snprintf(buf, n, "%llu B", (unsigned long long)v);
+}
+
+void nf__lock_slow(nf_lock_t *l) {
+  for (unsigned spins = 0;; spins++) {
+    if (!atomic_load_explicit(&l->v, memory_order_relaxed) &&
+        !atomic_exchange_explicit(&l->v, 1, memory_order_acquire))
+      return;
+    if (spins > 64) sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+    else __builtin_ia32_pause();
+#endif
+  }
+}
+
+// ------------------------------------------------------------------ lifetime
+
+static void pool_free(nf_pool_t *p) {
+  nf__streams_destroy(p);
+  nf__chunks_destroy(p);
+  nf__blocks_destroy(p);
+  nf_backend_t *owned = p->owned_be;
+  free(p);
+  if (owned) nf_backend_destroy(owned);
+}
+
+static uint64_t resolve_threshold(uint64_t thr, uint64_t limit) {
+  // Auto: a quarter of the limit, so that a training step's swing between
+  // its peak and its trough stays cached (zero backend calls per step).
+  return thr == NF_RELEASE_AUTO ? limit / 4 : thr;
+}
+
+nf_status_t nf_pool_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t *cfg) {
+  if (!out || !be || !cfg) return nf__error(NF_ERR_INVALID, "nofrag: nf_pool_create: NULL argument");
+  *out = NULL;
+  size_t bg = 0;
+  nf_status_t st = be->ops->granularity(be, NF_TIER_DEVICE, &bg);
+  if (st != NF_OK) return nf__error(st, "nofrag: backend granularity: %s", be->err);
+  uint64_t g = cfg->granule ? cfg->granule : bg;
+  if (!bg || (g & (g - 1)) || g % bg)
+    return nf__error(NF_ERR_CONFIG, "nofrag: granule %llu B is not a power-of-two multiple of the backend's %zu B",
+                     (unsigned long long)g, bg);
+  uint64_t total = 0, avail = 0;
+  st = be->ops->capacity(be, NF_TIER_DEVICE, &total, &avail);
+  if (st != NF_OK) return nf__error(st, "nofrag: backend capacity: %s", be->err);
+  nf_pool_t *p = calloc(1, sizeof *p);
+  if (!p) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
+  p->be = be;
+  p->cfg = *cfg;
+  p->granule = g;
+  p->gshift = (uint32_t)__builtin_ctzll(g);
+  uint64_t limit = cfg->limit ? cfg->limit : total;
+  p->cfg.limit = limit & ~(g - 1);
+  p->cfg.granule = g;
+  p->max_granules = p->cfg.limit >> p->gshift;
+  p->cfg.release_threshold = resolve_threshold(cfg->release_threshold, p->cfg.limit);
+  p->release_auto = cfg->release_threshold == NF_RELEASE_AUTO;
+  if (!p->cfg.va_chunk) {
+    uint64_t v = p->cfg.limit > (NF_GiB << 8) ? NF_GiB << 10 : p->cfg.limit * 4;
+    p->cfg.va_chunk = v < NF_GiB ? NF_GiB : v;
+  }
+  p->cfg.va_chunk = (p->cfg.va_chunk + g - 1) & ~(g - 1);
+  p->cfg.small_max = (p->cfg.small_max + NF_ALIGN - 1) & ~(NF_ALIGN - 1);
+  p->gran_free = p->gran_unused = -1;
+  if (!p->max_granules) {
+    free(p);
+    return nf__error(NF_ERR_CONFIG, "nofrag: limit %llu B is below one granule (%llu B)",
+                     (unsigned long long)limit, (unsigned long long)g);
+  }
+  if (cfg->reserve && (st = nf__granules_create(p, (cfg->reserve + g - 1) >> p->gshift)) != NF_OK) {
+    if (st == NF_ERR_OOM) nf__error(st, "nofrag: reserve %llu B exceeds the limit %llu B",
+                                    (unsigned long long)cfg->reserve, (unsigned long long)p->cfg.limit);
+    pool_free(p);
+    return st;
+  }
+  *out = p;
+  ok();
+  return NF_OK;
+}
+
+nf_status_t nf_pool_create_from_string(nf_pool_t **out, const char *conf) {
+  if (!out) return nf__error(NF_ERR_INVALID, "nofrag: NULL argument");
+  *out = NULL;
+  if (!conf) conf = getenv("NOFRAG_CONF");
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  char err[256];
+  if (nf_config_parse(&cfg, conf, err, sizeof err) != NF_OK)
+    return nf__error(NF_ERR_CONFIG, "%s", err);
+  nf_backend_t *be = NULL;
+  nf_status_t st;
+  if (cfg.backend == NF_BACKEND_CUDA) st = nf_backend_cuda_create(&be, cfg.device);
+  else st = nf_backend_host_create(&be, cfg.host_capacity ? cfg.host_capacity : (uint64_t)141 * NF_GiB,
+                                   cfg.granule ? cfg.granule : 2 * NF_MiB);
+  if (st != NF_OK) return be ? st : nf__error(st, "nofrag: backend: %s", nf_last_error());
+  if ((st = nf_pool_create(out, be, &cfg)) != NF_OK) {
+    nf_backend_destroy(be);
+    return st;
+  }
+  (*out)->owned_be = be;
+  return NF_OK;
+}
+
+void nf_pool_destroy(nf_pool_t *p) {
+  if (p) pool_free(p);
+}
+
+// ------------------------------------------------------------------ alloc
+
+static void *fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, nf_status_t st) {
+  if (st != NF_ERR_OOM) return NULL; // message already set by the failing call
+  p->st.ooms++;
+  char req[32], live[32], mapped[32], phys[32], lim[32], lf[32];
+  nf__fmt_bytes(req, sizeof req, size);
+  nf__fmt_bytes(live, sizeof live, p->st.live);
+  nf__fmt_bytes(mapped, sizeof mapped, p->gran_mapped << p->gshift);
+  nf__fmt_bytes(phys, sizeof phys, p->gran_created << p->gshift);
+  nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);
+  uint64_t live_gr = 0;
+  nf__fmt_bytes(lf, sizeof lf, nf__largest_free_mapped(p, &live_gr));
+  nf__error(NF_ERR_OOM,
+            "nofrag: out of memory: tried to allocate %s (%llu B, rounded %llu B) on stream %p; "
+            "live %s in %llu blocks over %llu granules, mapped %s, physical %s, limit %s "
+            "(granule %llu B); largest free mapped range %s",
+            req, (unsigned long long)size, (unsigned long long)rsize, s, live,
+            (unsigned long long)p->st.live_blocks, (unsigned long long)live_gr, mapped, phys, lim,
+            (unsigned long long)p->granule, lf);
+  return NULL;
+}
+
+// Order, carve and map the detached free block *bp for a request. On error
+// the block is back in the free index and nothing else changed.
+static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint64_t rsize, uint32_t s) {
+  nf_block_t *b = *bp;
+  nf_status_t st;
+  if (NF_UNLIKELY(!nf__block_usable(p, b, s)) && (st = nf__order_after(p, b, s)) != NF_OK) {
+    nf__tlsf_insert(&p->tlsf[b->arena], b);
+    return st;
+  }
+  if (NF_UNLIKELY(!(b = nf__split(p, b, off, rsize)))) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
+  // Live from here: stitching and pending-block release must neither unmap
+  // nor coalesce the block being placed.
+  b->state = NF_BLK_LIVE;
+  if (!nf__range_mapped(p, b->chunk, b->addr, rsize) && (st = nf__map_block(p, b)) != NF_OK) {
+    b->state = NF_BLK_FREE;
+    nf__release_block(p, b);
+    return st;
+  }
+  *bp = b;
+  return NF_OK;
+}
+
+void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
+  if (NF_UNLIKELY(!p)) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc: NULL pool"); return NULL; }
+  if (NF_UNLIKELY(!size)) { ok(); return NULL; }
+  if (NF_UNLIKELY((uint64_t)size > p->cfg.limit)) {
+    nf__lock(&p->lock);
+    p->st.ooms++;
+    nf__unlock(&p->lock);
+    char req[32], lim[32];
+    nf__fmt_bytes(req, sizeof req, size);
+    nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);
+    nf__error(NF_ERR_OOM, "nofrag: out of memory: tried to allocate %s (%llu B), more than the whole limit %s",
+              req, (unsigned long long)size, lim);
+    return NULL;
+  }
+  uint64_t rsize = ((uint64_t)size + NF_ALIGN - 1) & ~(NF_ALIGN - 1);
+  int arena = rsize <= p->cfg.small_max ? NF_ARENA_SMALL : NF_ARENA_LARGE;
+  nf__lock(&p->lock);
+  uint32_t s;
+  nf_status_t st = nf__stream_index(p, stream, &s);
+  if (NF_UNLIKELY(st != NF_OK)) goto fail;
+  uint64_t off;
+  nf_block_t *b = nf__place(p, arena, rsize, s, &off);
+  if (NF_UNLIKELY(!b)) {
+    if ((st = nf__chunk_new(p, arena, rsize)) != NF_OK) goto fail;
+    if (!(b = nf__place(p, arena, rsize, s, &off))) {
+      st = nf__error(NF_ERR_INVALID, "nofrag: internal error: fresh range not found");
+      goto fail;
+    }
+  }
+  for (int attempt = 0;; attempt++) {
+    if ((st = place_block(p, &b, off, rsize, s)) == NF_OK) break;
+    // Out of granules: once stitching has unmapped every cached granule, the
+    // placement needing the fewest new ones may still fit.
+    if (st != NF_ERR_OOM || attempt || !(b = nf__place_min(p, rsize, s, &off))) goto fail;
+  }
+  if (NF_UNLIKELY(nf__map_insert(p, b) != NF_OK)) {
+    b->state = NF_BLK_FREE;
+    nf__release_block(p, b);
+    st = nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
+    goto fail;
+  }
+  b->stream = (uint16_t)s;
+  b->req = size;
+  b->extra = 0;
+  p->st.live += size;
+  p->st.live_rounded += rsize;
+  p->st.live_blocks++;
+  p->st.allocs++;
+  nf__peak(&p->st.live_peak, p->st.live);
+  nf__peak(&p->st.live_rounded_peak, p->st.live_rounded);
+  nf__unlock(&p->lock);
+  return (void *)b->addr;
+fail:
+  fail_oom(p, size, rsize, stream, st);
+  nf__unlock(&p->lock);
+  return NULL;
+}
+
+// Explain a pointer that is not a live block's start, for the error message.
+static nf_status_t bad_free(nf_pool_t *p, const void *ptr) {
+  uintptr_t a = (uintptr_t)ptr;
+  p->st.invalid_frees++;
+  for (nf_chunk_t *c = p->chunks; c; c = c->next) {
+    if (a < c->base || a >= c->base + c->size) continue;
+    for (nf_block_t *b = c->first; b; b = b->next) {
+      if (a < b->addr || a >= b->addr + b->size) continue;
+      if (b->state == NF_BLK_LIVE)
+        return nf__error(NF_ERR_INVALID, "nofrag: free of %p: interior pointer of the block at %p (%llu B)",
+                         ptr, (void *)b->addr, (unsigned long long)b->req);
+      return nf__error(NF_ERR_INVALID, "nofrag: free of %p: not a live block (double free?)", ptr);
+    }
+  }
+  return nf__error(NF_ERR_INVALID, "nofrag: free of %p: pointer not allocated by this pool", ptr);
+}
+
+nf_status_t nf_free(nf_pool_t *p, void *ptr) {
+  if (NF_UNLIKELY(!p)) return nf__error(NF_ERR_INVALID, "nofrag: nf_free: NULL pool");
+  if (!ptr) return NF_OK;
+  nf__lock(&p->lock);
+  nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
+  if (NF_UNLIKELY(!b)) {
+    nf_status_t st = bad_free(p, ptr);
+    nf__unlock(&p->lock);
+    return st;
+  }
+  nf_stream_rec_t *r = &p->streams[b->stream];
+  b->seq = r->rec;
+  if (NF_UNLIKELY(b->extra)) {
+    nf_status_t st = nf__pending_add(p, b);
+    if (st != NF_OK) { nf__unlock(&p->lock); return st; }
+  } else {
+    b->state = NF_BLK_FREE;
+  }
+  nf__map_remove(p, b->addr);
+  r->last_free = r->rec + 1;
+  p->st.live -= b->req;
+  p->st.live_rounded -= b->size;
+  p->st.live_blocks--;
+  p->st.frees++;
+  if (b->state == NF_BLK_FREE) nf__release_block(p, b);
+  if (NF_UNLIKELY(nf__cached(p) > p->cfg.release_threshold)) nf__maybe_release(p);
+  nf__unlock(&p->lock);
+  return NF_OK;
+}
+
+nf_status_t nf_record_stream(nf_pool_t *p, void *ptr, nf_stream_t stream) {
+  if (!p || !ptr) return nf__error(NF_ERR_INVALID, "nofrag: nf_record_stream: NULL argument");
+  nf__lock(&p->lock);
+  nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
+  uint32_t s = 0;
+  nf_status_t st = b ? nf__stream_index(p, stream, &s)
+                     : nf__error(NF_ERR_INVALID, "nofrag: record_stream of %p: not a live block", ptr);
+  if (st == NF_OK && s != b->stream) b->extra |= 1ull << s;
+  nf__unlock(&p->lock);
+  return st;
+}
+
+size_t nf_block_size(nf_pool_t *p, const void *ptr) {
+  if (!p) return 0;
+  nf__lock(&p->lock);
+  nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
+  size_t n = b ? b->req : 0;
+  nf__unlock(&p->lock);
+  return n;
+}
+
+// ------------------------------------------------------------------ capacity
+
+nf_status_t nf_trim(nf_pool_t *p) {
+  if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_trim: NULL pool");
+  nf__lock(&p->lock);
+  nf_status_t st = nf__pending_poll(p, true);
+  if (st == NF_OK) nf__unmap_cached(p, UINT64_MAX, true, NULL, 0, 0, &st);
+  if (st == NF_OK) st = nf__granules_release(p, p->cfg.retain >> p->gshift);
+  nf__unlock(&p->lock);
+  return st;
+}
+
+nf_status_t nf_reserve(nf_pool_t *p, uint64_t bytes) {
+  if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_reserve: NULL pool");
+  nf__lock(&p->lock);
+  nf_status_t st = NF_OK;
+  if (bytes > p->cfg.limit) {
+    st = nf__error(NF_ERR_OOM, "nofrag: reserve %llu B exceeds the limit %llu B", (unsigned long long)bytes,
+                   (unsigned long long)p->cfg.limit);
+  } else {
+    uint64_t want = (bytes + p->granule - 1) >> p->gshift;
+    if (want > p->gran_created) st = nf__granules_create(p, want - p->gran_created);
+  }
+  nf__unlock(&p->lock);
+  return st;
+}
+
+nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
+  if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_set_limit: NULL pool");
+  uint64_t total = 0, avail = 0;
+  if (!limit) {
+    nf_status_t st = p->be->ops->capacity(p->be, NF_TIER_DEVICE, &total, &avail);
+    if (st != NF_OK) return nf__error(st, "nofrag: backend capacity: %s", p->be->err);
+    limit = total;
+  }
+  if (limit < p->granule)
+    return nf__error(NF_ERR_CONFIG, "nofrag: limit %llu B is below one granule", (unsigned long long)limit);
+  nf__lock(&p->lock);
+  p->cfg.limit = limit & ~(p->granule - 1);
+  p->max_granules = p->cfg.limit >> p->gshift;
+  if (p->release_auto) p->cfg.release_threshold = resolve_threshold(NF_RELEASE_AUTO, p->cfg.limit);
+  nf_status_t st = NF_OK;
+  if (p->gran_created > p->max_granules) {
+    // Existing granules above the new limit: give back what is not live.
+    st = nf__granules_release(p, p->max_granules);
+    if (st == NF_OK && p->gran_created > p->max_granules) {
+      nf__unmap_cached(p, p->gran_created - p->max_granules, true, NULL, 0, 0, &st);
+      if (st == NF_OK) st = nf__granules_release(p, p->max_granules);
+    }
+  }
+  nf__unlock(&p->lock);
+  return st;
+}
+
+void nf_pool_config(nf_pool_t *p, nf_config_t *cfg) {
+  nf__lock(&p->lock);
+  *cfg = p->cfg;
+  nf__unlock(&p->lock);
+}

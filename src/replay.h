@@ -1,0 +1,65 @@
+// Trace replay through the library on the host backend (internal).
+//
+// A replay turns a trace's ops (trace.h) into nf_alloc / nf_free calls on a
+// fresh host backend + pool: one call per alloc, the free at free_completed
+// (when PyTorch could reuse the block), each alloc on its trace stream. It
+// measures what the allocator needed (peak mapped / physical, backend calls)
+// for the program's demand (peak live), and with `verify` proves that no
+// block's contents were lost while granules were stitched around it.
+#ifndef NF_REPLAY_H
+#define NF_REPLAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nofrag.h"
+#include "trace.h"
+
+// Simulated device size of the host backend: far above any trace (untouched
+// memory costs nothing), so that "no limit" means the allocator's own choice.
+#define NF_REPLAY_CAPACITY ((uint64_t)2 << 40)
+#define NF_REPLAY_GRANULE ((uint64_t)2 << 20) // CUDA's granularity
+
+typedef struct nf__replay_opts_s {
+  nf_config_t cfg;   // pool config; cfg.limit 0 = unlimited (the capacity)
+  uint64_t granule;  // 0 = cfg.granule, or NF_REPLAY_GRANULE if that is 0 too
+  uint64_t capacity; // 0 = max(NF_REPLAY_CAPACITY, limit)
+  int verify;        // write a signature into every block, check it at free
+  int check;         // nf_pool_check at the end of a completed replay
+} nf__replay_opts;
+
+typedef struct nf__replay_result_s {
+  nf_status_t status;   // NF_OK completed; NF_ERR_OOM stopped at an alloc; else error
+  char error[512];      // why it stopped ("" when completed)
+  size_t ops_done;      // ops completed before stopping
+  size_t fail_event;    // 1-based trace event of the failing op (0: none); its
+                        // line is trace->events[fail_event - 1].line
+  nf_stats_t stats;     // pool statistics at the end (or at the failure)
+  double seconds;       // the replay loop alone
+  uint64_t verified;    // signatures checked
+  nf_status_t check;    // nf_pool_check (NF_OK when not run)
+  uint64_t limit, granule, capacity; // in force
+} nf__replay_result;
+
+// Defaults: nf_config_default, unlimited, 2 MiB granules, no verify, check.
+void nf__replay_opts_default(nf__replay_opts *o);
+
+// Replay `ops` once on a fresh backend + pool. Returns res->status.
+nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts, nf__replay_result *res);
+
+typedef struct nf__replay_bisect_s {
+  uint64_t min_capacity; // smallest limit (whole granules) under which the replay completes
+  uint64_t lower, upper; // bounds searched (bytes)
+  unsigned probes;       // replays run
+  double seconds;        // all probes together
+  nf__replay_result at_min; // the completed replay at min_capacity
+} nf__replay_bisect;
+
+// Bisect the limit, in whole granules, between ceil(peak_live / G) and
+// `upper` bytes (typically the physical peak of an unlimited replay; 0 = run
+// one to find it). Probes use `opts` with cfg.limit replaced. A probe that
+// fails other than by OOM aborts with its status and message in `err`.
+nf_status_t nf__replay_min_capacity(const nf__trace_ops *ops, const nf__replay_opts *opts, uint64_t upper,
+                                    nf__replay_bisect *out, char *err, size_t errlen);
+
+#endif

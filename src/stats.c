@@ -1,0 +1,138 @@
+// Statistics and the invariant checker (the checker is what the randomized
+// tests lean on: it re-derives every counter from the structures).
+#include "internal.h"
+
+#include <stdlib.h>
+
+// Largest free run that is fully mapped, and the number of granules that
+// live (or pending) blocks overlap. One walk over all blocks.
+uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules) {
+  uint64_t best = 0, lg = 0;
+  for (const nf_chunk_t *c = p->chunks; c; c = c->next) {
+    const uint64_t *ready = c->mapped + ((c->ngran + 63) >> 6);
+    uint64_t last_g = UINT64_MAX; // last granule counted as live (blocks are address-ordered)
+    for (const nf_block_t *b = c->first; b;) {
+      if (b->state != NF_BLK_FREE) {
+        uint64_t g0 = (b->addr - c->base) >> p->gshift;
+        uint64_t g1 = (b->addr + b->size - c->base + p->granule - 1) >> p->gshift;
+        lg += g1 - g0 - (g0 == last_g);
+        last_g = g1 - 1;
+        b = b->next;
+        continue;
+      }
+      uintptr_t ra = b->addr - c->base, rb = ra;
+      for (; b && b->state == NF_BLK_FREE; b = b->next) rb = b->addr + b->size - c->base;
+      // Maximal sequences of ready granules over the run, clipped to it.
+      uint64_t g = ra >> p->gshift, gb = (rb + p->granule - 1) >> p->gshift;
+      while (g < gb) {
+        if (!(ready[g >> 6] >> (g & 63) & 1)) { g++; continue; }
+        uint64_t e = g;
+        while (e < gb && (ready[e >> 6] >> (e & 63) & 1)) e++;
+        uint64_t lo = g << p->gshift, hi = e << p->gshift;
+        lo = lo > ra ? lo : ra;
+        hi = hi < rb ? hi : rb;
+        if (hi > lo && hi - lo > best) best = hi - lo;
+        g = e;
+      }
+    }
+  }
+  if (live_granules) *live_granules = lg;
+  return best;
+}
+
+void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
+  nf__lock(&p->lock);
+  nf_stats_t s = p->st;
+  s.mapped = p->gran_mapped << p->gshift;
+  s.physical = p->gran_created << p->gshift;
+  s.limit = p->cfg.limit;
+  s.granule = p->granule;
+  s.cached = nf__cached(p);
+  s.largest_free_mapped = nf__largest_free_mapped(p, &s.live_granules);
+  const nf_calls_t *c = &s.calls;
+  s.backend_calls = c->va_reserve + c->va_release + c->create + c->release + c->map + c->unmap +
+                    c->set_access + c->event_create + c->event_record + c->event_query + c->event_sync +
+                    c->stream_wait;
+  s.fragmentation = s.mapped ? 1.0 - (double)s.live / (double)s.mapped : 0.0;
+  nf__unlock(&p->lock);
+  *out = s;
+}
+
+void nf_stats_reset_peaks(nf_pool_t *p) {
+  nf__lock(&p->lock);
+  p->st.live_peak = p->st.live;
+  p->st.live_rounded_peak = p->st.live_rounded;
+  p->st.mapped_peak = p->gran_mapped << p->gshift;
+  p->st.physical_peak = p->gran_created << p->gshift;
+  nf__unlock(&p->lock);
+}
+
+#define CHECK(cond, ...) do { if (!(cond)) { st = nf__error(NF_ERR_INVALID, __VA_ARGS__); goto out; } } while (0)
+
+nf_status_t nf_pool_check(nf_pool_t *p) {
+  nf__lock(&p->lock);
+  nf_status_t st = NF_OK;
+  uint64_t live = 0, live_r = 0, nlive = 0, mapped = 0, nfree_blocks = 0, tlsf_blocks = 0;
+  uint8_t *seen = calloc(p->gran_cap ? p->gran_cap : 1, 1); // physical granule mapped once at most
+  CHECK(seen, "check: out of memory");
+  for (nf_chunk_t *c = p->chunks; c; c = c->next) {
+    uintptr_t at = c->base;
+    const nf_block_t *prev = NULL;
+    for (const nf_block_t *b = c->first; b; prev = b, b = b->next) {
+      CHECK(b->addr == at, "check: block at %p, expected %p (gap or overlap)", (void *)b->addr, (void *)at);
+      CHECK(b->prev == prev && b->chunk == c, "check: broken links at %p", (void *)b->addr);
+      CHECK(b->size && !(b->size & (NF_ALIGN - 1)), "check: bad size %llu", (unsigned long long)b->size);
+      at += b->size;
+      if (b->state == NF_BLK_FREE) { nfree_blocks++; continue; }
+      CHECK(nf__range_mapped(p, c, b->addr, b->size), "check: live block %p not fully mapped", (void *)b->addr);
+      if (b->state == NF_BLK_LIVE) {
+        CHECK(nf__map_find(p, b->addr) == b, "check: live block %p missing from the hash", (void *)b->addr);
+        CHECK(b->req && b->req <= b->size && b->size - b->req < NF_ALIGN, "check: size %llu vs request %llu",
+              (unsigned long long)b->size, (unsigned long long)b->req);
+        live += b->req; live_r += b->size; nlive++;
+      }
+    }
+    CHECK(at == c->base + c->size, "check: blocks do not cover the range");
+    const uint64_t *ready = c->mapped + ((c->ngran + 63) >> 6);
+    for (uint64_t g = 0; g < c->ngran; g++) {
+      bool m = c->mapped[g >> 6] >> (g & 63) & 1, r = ready[g >> 6] >> (g & 63) & 1;
+      CHECK(m || !r, "check: granule ready but not mapped");
+      if (!m) continue;
+      mapped++;
+      uint32_t i = c->phys[g];
+      CHECK(i < p->gran_cap && p->gran[i].state == NF_GR_MAPPED, "check: mapped granule %u in bad state", i);
+      CHECK(!seen[i], "check: physical granule %u mapped twice", i);
+      seen[i] = 1;
+    }
+  }
+  for (int a = 0; a < NF_ARENA_COUNT; a++)
+    for (int f = 0; f < NF_FL_COUNT; f++)
+      for (int s = 0; s < NF_SL_COUNT; s++)
+        for (const nf_block_t *b = p->tlsf[a].heads[f][s]; b; b = b->fnext) {
+          CHECK(b->state == NF_BLK_FREE && b->arena == a, "check: non-free block in the free index");
+          tlsf_blocks++;
+        }
+  CHECK(tlsf_blocks == nfree_blocks, "check: %llu free blocks, %llu indexed",
+        (unsigned long long)nfree_blocks, (unsigned long long)tlsf_blocks);
+  CHECK(live == p->st.live && live_r == p->st.live_rounded && nlive == p->st.live_blocks,
+        "check: live counters %llu/%llu/%llu, walk %llu/%llu/%llu", (unsigned long long)p->st.live,
+        (unsigned long long)p->st.live_rounded, (unsigned long long)p->st.live_blocks,
+        (unsigned long long)live, (unsigned long long)live_r, (unsigned long long)nlive);
+  CHECK(nlive == p->map.count, "check: hash holds %llu, live %llu", (unsigned long long)p->map.count,
+        (unsigned long long)nlive);
+  CHECK(mapped == p->gran_mapped, "check: mapped bits %llu, counter %llu", (unsigned long long)mapped,
+        (unsigned long long)p->gran_mapped);
+  uint64_t nfree = 0;
+  for (int32_t i = p->gran_free; i >= 0; i = p->gran[i].next_free) {
+    CHECK(p->gran[i].state == NF_GR_FREE && !seen[i], "check: free-list granule %d in bad state", i);
+    nfree++;
+  }
+  CHECK(nfree == p->gran_free_count && nfree + mapped == p->gran_created,
+        "check: granules created %llu != free %llu + mapped %llu", (unsigned long long)p->gran_created,
+        (unsigned long long)nfree, (unsigned long long)mapped);
+  CHECK(live_r <= (mapped << p->gshift), "check: live exceeds mapped");
+out:
+  free(seen);
+  nf__unlock(&p->lock);
+  return st;
+}

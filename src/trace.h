@@ -1,0 +1,104 @@
+// Allocation traces: reader and replay preprocessing (internal).
+//
+// A trace is text, optionally gzip-compressed (see shared/traces/README.md):
+//
+//     # comment
+//     ACTION ADDR SIZE STREAM TIME_US
+//
+// ACTION is one of alloc, free_requested, free_completed, segment_alloc,
+// segment_free; the other fields are unsigned decimal integers. Parsing is
+// strict: any malformed line fails the whole load with NF_ERR_INVALID and a
+// message "FILE:LINE: what is wrong". Blank lines are allowed.
+//
+// Loading keeps every event in memory (40 bytes each); nf__trace_ops_build
+// then turns the events into the allocator calls a replay makes: addresses
+// become dense slot ids (reused after free_completed), stream handles dense
+// stream ids, and the demand statistics (peak live, native segment peak) are
+// computed once.
+#ifndef NF_TRACE_H
+#define NF_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nofrag.h"
+
+// Longest line accepted (comments included). Real lines are under 100 bytes.
+#define NF_TRACE_MAX_LINE 4096
+
+typedef enum nf_trace_action_e {
+  NF_TRACE_ALLOC = 0,
+  NF_TRACE_FREE_REQUESTED = 1,
+  NF_TRACE_FREE_COMPLETED = 2,
+  NF_TRACE_SEGMENT_ALLOC = 3,
+  NF_TRACE_SEGMENT_FREE = 4,
+  NF_TRACE_NACTIONS = 5,
+} nf_trace_action_t;
+
+typedef struct nf_trace_event_s {
+  uint8_t action;   // nf_trace_action_t
+  uint32_t line;    // 1-based line in the file (for messages), saturates
+  uint64_t addr;
+  uint64_t size;
+  uint64_t stream;
+  uint64_t time_us;
+} nf_trace_event_t;
+
+typedef struct nf_trace_s {
+  char *name;                // file name as given (for messages)
+  nf_trace_event_t *events;
+  size_t n_events;
+  size_t cap;
+  size_t counts[NF_TRACE_NACTIONS]; // events per action
+} nf_trace_t;
+
+// Load the trace at `path` (gzip or plain text). On failure `t` is left empty
+// (nothing to free) and `err` holds "FILE:LINE: message" or "FILE: message".
+nf_status_t nf__trace_load(nf_trace_t *t, const char *path, char *err, size_t errlen);
+
+// Parse a trace held in memory (uncompressed text); `name` is used in
+// messages. Same contract as nf__trace_load. Used by the fuzzer.
+nf_status_t nf__trace_parse_buffer(nf_trace_t *t, const char *name, const char *buf, size_t len,
+                                   char *err, size_t errlen);
+
+// Free a loaded trace (safe on a zeroed or already freed trace).
+void nf__trace_free(nf_trace_t *t);
+
+// Name of an action ("alloc"), or "?" if out of range.
+const char *nf__trace_action_name(int action);
+
+// ---------------------------------------------------------------- replay ops
+
+typedef enum nf_trace_op_kind_e { NF_TRACE_OP_ALLOC = 0, NF_TRACE_OP_FREE = 1 } nf_trace_op_kind_t;
+
+typedef struct nf__trace_op_s {
+  uint32_t kind;   // nf_trace_op_kind_t
+  uint32_t slot;   // dense id of the block, reused once it is freed
+  uint32_t stream; // dense stream id (alloc only)
+  uint32_t event;  // index of the trace event this op comes from
+  uint64_t size;   // requested bytes (free: the size allocated)
+} nf__trace_op;
+
+typedef struct nf__trace_ops_s {
+  nf__trace_op *ops;
+  size_t n_ops;
+  size_t n_slots;            // slot ids are < n_slots (= max blocks live at once)
+  uint64_t *streams;         // raw stream handle of each dense stream id
+  size_t n_streams;
+  size_t n_events;           // trace events, all actions
+  size_t n_allocs, n_frees;  // frees = free_completed
+  size_t n_free_requested;   // recorded, not replayed
+  size_t n_segment_alloc, n_segment_free;
+  size_t live_at_end;        // blocks never freed
+  uint64_t peak_live;        // max running sum of requested sizes
+  uint64_t native_peak_reserved; // max running sum of segment sizes (PyTorch's answer)
+} nf__trace_ops;
+
+// Build the replay ops of a loaded trace. Errors (alloc of a live address,
+// free of an unknown address, free size differing from the alloc's, unknown
+// segment, more than 2^32 events) return NF_ERR_INVALID with "FILE:LINE: ..."
+// and leave `ops` empty.
+nf_status_t nf__trace_ops_build(nf__trace_ops *ops, const nf_trace_t *t, char *err, size_t errlen);
+void nf__trace_ops_free(nf__trace_ops *ops);
+
+#endif

@@ -1,0 +1,326 @@
+// Granules and virtual memory: address-range chunks, mapping on demand,
+// stitching (unmapping cached granules to remap them where a request needs
+// them), the release policy and trim.
+//
+// Per chunk, two bitmaps over its granules: `mapped` (a physical granule is
+// mapped there) and `ready` (mapped and access set). Only `ready` granules may
+// hold live data; a granule can be mapped but not ready only after a backend
+// failure left it so, and the next mapping of that range sets its access.
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+// Soft target for physical memory: live + live/64 + 8 granules.
+#define NF_SLACK_SHIFT 6
+#define NF_SLACK_GRANULES 8
+
+#define READY(c) ((c)->mapped + (((c)->ngran + 63) >> 6))
+
+static inline bool bit_get(const uint64_t *bm, uint64_t i) { return bm[i >> 6] >> (i & 63) & 1; }
+static inline void bit_set(uint64_t *bm, uint64_t i) { bm[i >> 6] |= 1ull << (i & 63); }
+static inline void bit_clr(uint64_t *bm, uint64_t i) { bm[i >> 6] &= ~(1ull << (i & 63)); }
+
+static bool bits_all(const uint64_t *bm, uint64_t g0, uint64_t g1) {
+  while (g0 < g1) {
+    uint64_t b = g0 & 63, n = 64 - b < g1 - g0 ? 64 - b : g1 - g0;
+    uint64_t mask = (n == 64 ? ~0ull : (1ull << n) - 1) << b;
+    if ((bm[g0 >> 6] & mask) != mask) return false;
+    g0 += n;
+  }
+  return true;
+}
+
+static inline void gran_span(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n,
+                             uint64_t *g0, uint64_t *g1) {
+  *g0 = (a - c->base) >> p->gshift;
+  *g1 = (a + n - c->base + p->granule - 1) >> p->gshift;
+}
+
+bool nf__range_mapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n) {
+  uint64_t g0, g1;
+  gran_span(p, c, a, n, &g0, &g1);
+  return bits_all(READY(c), g0, g1);
+}
+
+// Granules of [a, a+n) that are not ready (would need mapping).
+uint64_t nf__range_unmapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n) {
+  uint64_t g0, g1, k = 0;
+  gran_span(p, c, a, n, &g0, &g1);
+  const uint64_t *bm = READY(c);
+  while (g0 < g1) {
+    uint64_t b = g0 & 63, m = 64 - b < g1 - g0 ? 64 - b : g1 - g0;
+    uint64_t mask = (m == 64 ? ~0ull : (1ull << m) - 1) << b;
+    k += (uint64_t)__builtin_popcountll(~bm[g0 >> 6] & mask);
+    g0 += m;
+  }
+  return k;
+}
+
+nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
+  uint64_t g = p->granule;
+  uint64_t size = p->cfg.va_chunk > min_size ? p->cfg.va_chunk : min_size;
+  if (size > UINT64_MAX - g) return nf__error(NF_ERR_INVALID, "nofrag: size overflows");
+  size = (size + g - 1) & ~(g - 1);
+  nf_chunk_t *c = calloc(1, sizeof *c);
+  nf_block_t *b = nf__block_new(p);
+  uint64_t ngran = size >> p->gshift, words = (ngran + 63) >> 6;
+  if (c) c->mapped = calloc(words * 2, sizeof(uint64_t));
+  if (c) c->phys = malloc(ngran * sizeof(uint32_t));
+  if (!c || !b || !c->mapped || !c->phys) {
+    if (c) { free(c->mapped); free(c->phys); }
+    free(c);
+    if (b) nf__block_delete(p, b);
+    return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory for a %llu-granule range",
+                     (unsigned long long)ngran);
+  }
+  nf_status_t st = NF_BE(p, va_reserve, va_reserve, size, g, &c->base);
+  if (st != NF_OK) {
+    free(c->mapped); free(c->phys); free(c);
+    nf__block_delete(p, b);
+    return nf__error(st, "nofrag: reserving %llu B of address space failed: %s",
+                     (unsigned long long)size, p->be->err);
+  }
+  c->size = size;
+  c->ngran = ngran;
+  c->arena = (uint8_t)arena;
+  c->first = b;
+  c->next = p->chunks;
+  p->chunks = c;
+  *b = (nf_block_t){.addr = c->base, .size = size, .chunk = c, .state = NF_BLK_FREE,
+                    .stream = NF_STREAM_NONE, .arena = (uint8_t)arena};
+  nf__tlsf_insert(&p->tlsf[arena], b);
+  return NF_OK;
+}
+
+// ------------------------------------------------------------ granule pool
+
+static void gran_push_free(nf_pool_t *p, uint32_t i) {
+  p->gran[i].state = NF_GR_FREE;
+  p->gran[i].next_free = p->gran_free;
+  p->gran_free = (int32_t)i;
+  p->gran_free_count++;
+}
+
+static uint32_t gran_pop_free(nf_pool_t *p) {
+  uint32_t i = (uint32_t)p->gran_free;
+  p->gran_free = p->gran[i].next_free;
+  p->gran_free_count--;
+  return i;
+}
+
+// Create up to n new granules (bounded by the limit) onto the free list.
+nf_status_t nf__granules_create(nf_pool_t *p, uint64_t n) {
+  for (; n; n--) {
+    if (p->gran_created >= p->max_granules) return NF_ERR_OOM;
+    if (p->gran_unused < 0) {
+      uint64_t cap = p->gran_cap ? p->gran_cap * 2 : 256;
+      if (cap > INT32_MAX) return nf__error(NF_ERR_NOMEM, "nofrag: too many granules");
+      nf_granule_t *g = realloc(p->gran, cap * sizeof *g);
+      if (!g) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
+      for (uint64_t i = cap; i-- > p->gran_cap;) {
+        g[i] = (nf_granule_t){.next_free = p->gran_unused};
+        p->gran_unused = (int32_t)i;
+      }
+      p->gran = g;
+      p->gran_cap = cap;
+    }
+    uint32_t i = (uint32_t)p->gran_unused;
+    nf_handle_t h;
+    nf_status_t st = NF_BE(p, mem_create, create, NF_TIER_DEVICE, p->granule, &h);
+    if (st != NF_OK)
+      return nf__error(st, "nofrag: creating a %llu B granule failed: %s",
+                       (unsigned long long)p->granule, p->be->err);
+    p->gran_unused = p->gran[i].next_free;
+    p->gran[i].handle = h;
+    p->gran[i].tier = NF_TIER_DEVICE;
+    gran_push_free(p, i);
+    p->gran_created++;
+    nf__peak(&p->st.physical_peak, p->gran_created << p->gshift);
+  }
+  return NF_OK;
+}
+
+// Return unmapped granules to the backend until at most `keep` exist.
+nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep) {
+  while (p->gran_created > keep && p->gran_free >= 0) {
+    uint32_t i = (uint32_t)p->gran_free;
+    nf_status_t st = NF_BE(p, mem_release, release, p->gran[i].handle);
+    if (st != NF_OK) return nf__error(st, "nofrag: releasing a granule failed: %s", p->be->err);
+    gran_pop_free(p);
+    p->gran[i] = (nf_granule_t){.next_free = p->gran_unused};
+    p->gran_unused = (int32_t)i;
+    p->gran_created--;
+  }
+  return NF_OK;
+}
+
+// ------------------------------------------------------------ unmapping
+
+// Unmap mapped granules [g0, g1) of c (all mapped) in one call; they go back
+// to the free list.
+static nf_status_t unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
+  nf_status_t st = NF_BE(p, unmap, unmap, c->base + (g0 << p->gshift), (g1 - g0) << p->gshift);
+  if (st != NF_OK) return nf__error(st, "nofrag: unmap failed: %s", p->be->err);
+  for (uint64_t g = g0; g < g1; g++) {
+    bit_clr(c->mapped, g);
+    bit_clr(READY(c), g);
+    gran_push_free(p, c->phys[g]);
+  }
+  p->gran_mapped -= g1 - g0;
+  return NF_OK;
+}
+
+// Unmap up to `want` mapped granules lying wholly inside free address runs
+// (never inside [keep_g0, keep_g1) of keep_c). Blocking: waits for all stream
+// work first; otherwise only runs whose work is known complete qualify.
+uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *keep_c,
+                          uint64_t keep_g0, uint64_t keep_g1, nf_status_t *stp) {
+  *stp = blocking ? nf__streams_sync(p) : nf__streams_poll(p);
+  if (*stp != NF_OK) return 0;
+  uint64_t got = 0;
+  for (nf_chunk_t *c = p->chunks; c && got < want; c = c->next) {
+    nf_block_t *b = c->first;
+    while (b && got < want) {
+      if (b->state != NF_BLK_FREE || !nf__block_retired(p, b)) { b = b->next; continue; }
+      uintptr_t ra = b->addr, rb = ra;
+      while (b && b->state == NF_BLK_FREE && nf__block_retired(p, b)) { rb = b->addr + b->size; b = b->next; }
+      uint64_t gi0 = (ra - c->base + p->granule - 1) >> p->gshift, gi1 = (rb - c->base) >> p->gshift;
+      for (uint64_t g = gi0; g < gi1 && got < want;) {
+        if (!bit_get(c->mapped, g) || (c == keep_c && g >= keep_g0 && g < keep_g1)) { g++; continue; }
+        uint64_t e = g;
+        while (e < gi1 && e - g < want - got && bit_get(c->mapped, e) &&
+               !(c == keep_c && e >= keep_g0 && e < keep_g1))
+          e++;
+        if ((*stp = unmap_run(p, c, g, e)) != NF_OK) return got;
+        got += e - g;
+        g = e;
+      }
+    }
+  }
+  if (got) { p->st.reclaims++; p->st.reclaimed_granules += got; }
+  return got;
+}
+
+// ------------------------------------------------------------ mapping
+
+// Make `k` free granules available: free list, then new granules up to the
+// limit, then stitching (unmapping cached granules outside the target).
+static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, uint64_t g0, uint64_t g1,
+                                uint64_t size) {
+  if (p->gran_free_count >= k) return NF_OK;
+  nf_status_t st;
+  // Growing past live memory plus a small slack while cached granules sit in
+  // free ranges: stitch them (where their work is known complete) rather than
+  // create more, so that physical memory tracks live memory even uncapped.
+  uint64_t need = (p->st.live_rounded + size > p->st.live_rounded_peak ? p->st.live_rounded + size : p->st.live_rounded_peak), slack = (need >> NF_SLACK_SHIFT) + (NF_SLACK_GRANULES << p->gshift);
+  if (((p->gran_created + k - p->gran_free_count) << p->gshift) > need + slack &&
+      nf__cached(p) >= p->granule) {
+    nf__unmap_cached(p, k - p->gran_free_count, false, c, g0, g1, &st);
+    if (st != NF_OK) return st;
+    if (p->gran_free_count >= k) return NF_OK;
+  }
+  st = nf__granules_create(p, k - p->gran_free_count);
+  if (st == NF_OK) return NF_OK;
+  if (st != NF_ERR_OOM) return st;
+  for (int round = 0; round < 2 && p->gran_free_count < k; round++) {
+    // Round 2: blocks held back by record_stream are waited for too.
+    if (round == 1 && (st = nf__pending_poll(p, true)) != NF_OK) return st;
+    nf__unmap_cached(p, k - p->gran_free_count, true, c, g0, g1, &st);
+    if (st != NF_OK) return st;
+  }
+  return p->gran_free_count >= k ? NF_OK : NF_ERR_OOM;
+}
+
+// Undo granules mapped by a failed nf__map_block. A granule whose unmap also
+// fails stays mapped (the backend says so) but not ready.
+static void map_rollback(nf_pool_t *p, nf_chunk_t *c, const uint64_t *mine, uint64_t g0, uint64_t g1) {
+  for (uint64_t g = g0; g < g1; g++) {
+    if (!bit_get(mine, g - g0)) continue;
+    unmap_run(p, c, g, g + 1); // error already recorded; state mirrors the backend
+  }
+}
+
+nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b) {
+  nf_chunk_t *c = b->chunk;
+  uint64_t g0, g1, k = 0;
+  gran_span(p, c, b->addr, b->size, &g0, &g1);
+  for (uint64_t g = g0; g < g1; g++) k += !bit_get(c->mapped, g);
+  nf_status_t st = gran_acquire(p, k, c, g0, g1, b->size);
+  if (st != NF_OK) return st;
+  uint64_t small[4] = {0}, *mine = small; // granules mapped by this call
+  if (g1 - g0 > 256 && !(mine = calloc(((g1 - g0) + 63) >> 6, sizeof *mine)))
+    return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
+  for (uint64_t g = g0; g < g1 && st == NF_OK; g++) {
+    if (bit_get(c->mapped, g)) continue;
+    uint32_t i = gran_pop_free(p);
+    st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
+    if (st != NF_OK) {
+      gran_push_free(p, i);
+      nf__error(st, "nofrag: map failed: %s", p->be->err);
+      break;
+    }
+    p->gran[i].state = NF_GR_MAPPED;
+    c->phys[g] = i;
+    bit_set(c->mapped, g);
+    bit_set(mine, g - g0);
+    p->gran_mapped++;
+  }
+  // Access is set once per run of not-ready granules, not per granule.
+  for (uint64_t g = g0; g < g1 && st == NF_OK;) {
+    if (bit_get(READY(c), g)) { g++; continue; }
+    uint64_t e = g;
+    while (e < g1 && !bit_get(READY(c), e)) e++;
+    st = NF_BE(p, set_access, set_access, c->base + (g << p->gshift), (e - g) << p->gshift);
+    if (st != NF_OK) { nf__error(st, "nofrag: set access failed: %s", p->be->err); break; }
+    for (uint64_t x = g; x < e; x++) bit_set(READY(c), x);
+    g = e;
+  }
+  if (st != NF_OK) {
+    // Keep the failing call's message: rollback errors would overwrite it.
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", nf_last_error());
+    map_rollback(p, c, mine, g0, g1);
+    nf__error(st, "%s", msg);
+  }
+  if (mine != small) free(mine);
+  nf__peak(&p->st.mapped_peak, p->gran_mapped << p->gshift);
+  return st;
+}
+
+// Release policy, run after frees: cached memory above the threshold is
+// unmapped (only where stream work is known complete: never blocks) and
+// unmapped granules above `retain` go back to the backend.
+void nf__maybe_release(nf_pool_t *p) {
+  uint64_t thr = p->cfg.release_threshold, cached = nf__cached(p);
+  if (cached <= thr) { p->release_floor = 0; return; }
+  // After a release that could not get under the threshold, wait until the
+  // cache has grown noticeably before walking again.
+  if (p->release_floor && cached < p->release_floor + (thr >> 3) + p->granule) return;
+  nf_status_t st;
+  nf__unmap_cached(p, (cached - thr / 2) >> p->gshift, false, NULL, 0, 0, &st);
+  if (st == NF_OK) nf__granules_release(p, p->cfg.retain >> p->gshift);
+  p->release_floor = nf__cached(p) > thr ? nf__cached(p) : 0;
+}
+
+void nf__chunks_destroy(nf_pool_t *p) {
+  for (nf_chunk_t *c = p->chunks, *n; c; c = n) {
+    n = c->next;
+    for (uint64_t g = 0; g < c->ngran;) {
+      if (!bit_get(c->mapped, g)) { g++; continue; }
+      uint64_t e = g;
+      while (e < c->ngran && bit_get(c->mapped, e)) e++;
+      unmap_run(p, c, g, e);
+      g = e;
+    }
+    p->st.calls.va_release++;
+    p->be->ops->va_release(p->be, c->base, c->size);
+    free(c->mapped);
+    free(c->phys);
+    free(c);
+  }
+  p->chunks = NULL;
+  nf__granules_release(p, 0);
+  free(p->gran);
+  p->gran = NULL;
+}

@@ -1,0 +1,414 @@
+// GPU test of the CUDA backend and of the pool on real device memory.
+// Built and run by bench/gpu/run.sh (not by CTest: it needs a GPU):
+//
+//   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c
+//       build/libnofrag.a -lpthread -lz -ldl -lm -o test_cuda && ./test_cuda [out.json]
+//
+// Exit status: 0 all passed, 1 a check failed, 77 skipped (no driver/GPU).
+// The test talks to the driver itself (dlopen libcuda.so.1) only for what the
+// backend does not do: host<->device copies, memsets and streams, used to
+// write and check data patterns and to put load on streams.
+#include "backend/backend.h"
+#include "nofrag.h"
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef void *CUstream;
+typedef unsigned long long CUdeviceptr;
+static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+static CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
+static CUresult (*cuStreamCreate)(CUstream *, unsigned);
+static CUresult (*cuStreamSynchronize)(CUstream);
+static CUresult (*cuStreamDestroy)(CUstream);
+static CUresult (*cuCtxSynchronize)(void);
+
+static int failures, checks;
+static FILE *jout;
+#define CHECK(cond, ...)                                                              \
+  do {                                                                                \
+    checks++;                                                                         \
+    if (!(cond)) {                                                                    \
+      failures++;                                                                     \
+      printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                          \
+      printf(__VA_ARGS__);                                                            \
+      printf("\n");                                                                   \
+    }                                                                                 \
+  } while (0)
+#define DRV(call) CHECK((call) == 0, "driver call %s failed", #call)
+// OKB: a backend op (message in be->err); OKP: a pool/config call (nf_last_error).
+#define OKB(call) do { nf_status_t s_ = (call); CHECK(s_ == NF_OK, "%s -> %s: %s", #call, nf_status_str(s_), be->err); } while (0)
+#define OKP(call) do { nf_status_t s_ = (call); CHECK(s_ == NF_OK, "%s -> %s: %s", #call, nf_status_str(s_), nf_last_error()); } while (0)
+
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+static void *sym(void *lib, const char *name) {
+  void *p = dlsym(lib, name);
+  if (!p) { printf("SKIP: libcuda.so.1 lacks %s\n", name); exit(77); }
+  return p;
+}
+
+// Fill host buffer with a pattern of (tag, word index).
+static void pattern(uint32_t *h, size_t words, uint32_t tag) {
+  for (size_t i = 0; i < words; i++) h[i] = (uint32_t)(tag * 2654435761u) ^ (uint32_t)i;
+}
+static int verify(const uint32_t *h, size_t words, uint32_t tag) {
+  for (size_t i = 0; i < words; i++)
+    if (h[i] != ((uint32_t)(tag * 2654435761u) ^ (uint32_t)i)) return 0;
+  return 1;
+}
+// Write / check a pattern over a device range (whole range; sizes here are small).
+static uint32_t *hbuf;
+static size_t hbuf_words;
+static void hreserve(size_t bytes) {
+  if (bytes / 4 > hbuf_words) { hbuf_words = bytes / 4; hbuf = realloc(hbuf, hbuf_words * 4); }
+}
+static void dev_fill(uintptr_t d, size_t bytes, uint32_t tag) {
+  hreserve(bytes);
+  pattern(hbuf, bytes / 4, tag);
+  DRV(cuMemcpyHtoD((CUdeviceptr)d, hbuf, bytes));
+}
+static int dev_check(uintptr_t d, size_t bytes, uint32_t tag) {
+  hreserve(bytes);
+  memset(hbuf, 0, bytes);
+  if (cuMemcpyDtoH(hbuf, (CUdeviceptr)d, bytes) != 0) return 0;
+  return verify(hbuf, bytes / 4, tag);
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+// ------------------------------------------------------------ backend direct
+static void test_backend(nf_backend_t *be) {
+  printf("-- backend: granularity, capacity, create/map/access/unmap/release, remap, events, host tier\n");
+  size_t g = 0, gh = 0;
+  OKB(be->ops->granularity(be, NF_TIER_DEVICE, &g));
+  CHECK(g == 2u << 20, "device granularity %zu (expected 2 MiB on H200)", g);
+  nf_status_t hs = be->ops->granularity(be, NF_TIER_HOST, &gh);
+  printf("   granularity device %zu, host %zu (%s)\n", g, gh, nf_status_str(hs));
+  uint64_t total = 0, avail = 0;
+  OKB(be->ops->capacity(be, NF_TIER_DEVICE, &total, &avail));
+  CHECK(total > (1ull << 30) && avail <= total, "capacity total %llu free %llu", (unsigned long long)total,
+        (unsigned long long)avail);
+  fprintf(jout, "\"granularity\": %zu, \"granularity_host\": %zu, \"device_total\": %llu,\n", g, gh,
+          (unsigned long long)total);
+
+  // Two address ranges; one handle written through range 1, re-mapped in range 2.
+  size_t span = 16 * g;
+  uintptr_t va1 = 0, va2 = 0;
+  OKB(be->ops->va_reserve(be, span, g, &va1));
+  OKB(be->ops->va_reserve(be, span, g, &va2));
+  nf_handle_t h[4];
+  for (int i = 0; i < 4; i++) OKB(be->ops->mem_create(be, NF_TIER_DEVICE, g, &h[i]));
+  for (int i = 0; i < 4; i++) OKB(be->ops->map(be, va1 + (size_t)i * g, g, h[i]));
+  OKB(be->ops->set_access(be, va1, 4 * g)); // one call for the run
+  dev_fill(va1, 4 * g, 11);
+  CHECK(dev_check(va1, 4 * g, 11), "pattern through first mapping");
+  OKB(be->ops->unmap(be, va1, 4 * g)); // one call over the run of 4 handles
+  // Re-map in reverse order at the other range: granule i's data follows it.
+  for (int i = 0; i < 4; i++) OKB(be->ops->map(be, va2 + (size_t)(3 - i) * g, g, h[i]));
+  OKB(be->ops->set_access(be, va2, 4 * g));
+  hreserve(4 * g);
+  uint32_t *ref = malloc(4 * g);
+  pattern(ref, (4 * g) / 4, 11); // the whole 4g-byte pattern written above
+  int same = 1;
+  for (int i = 0; i < 4 && same; i++) {
+    uint32_t *got = malloc(g);
+    DRV(cuMemcpyDtoH(got, (CUdeviceptr)(va2 + (size_t)(3 - i) * g), g));
+    same = memcmp(got, ref + (size_t)i * (g / 4), g) == 0;
+    free(got);
+  }
+  CHECK(same, "data follows its handle across unmap/remap at another address");
+  free(ref);
+
+  // Error path: mapping over a mapped range must fail with the driver's text.
+  nf_status_t st = be->ops->map(be, va2, g, h[0]);
+  CHECK(st == NF_ERR_BACKEND && strstr(be->err, "CUDA_ERROR_") != NULL, "double map -> %s '%s'",
+        nf_status_str(st), be->err);
+  printf("   double map error: %s\n", be->err);
+  nf_handle_t huge;
+  st = be->ops->mem_create(be, NF_TIER_DEVICE, (size_t)1 << 42, &huge); // 4 TiB
+  CHECK(st == NF_ERR_OOM || st == NF_ERR_BACKEND, "4 TiB create -> %s", nf_status_str(st));
+  printf("   4 TiB cuMemCreate: %s: %s\n", nf_status_str(st), be->err);
+  if (st == NF_OK) be->ops->mem_release(be, huge);
+
+  OKB(be->ops->unmap(be, va2, 4 * g));
+  for (int i = 0; i < 4; i++) OKB(be->ops->mem_release(be, h[i]));
+
+  // Timings of the single-granule ops (medians of 64).
+  enum { N = 64 };
+  double tc[N], tm[N], ta[N], tu[N], tr[N];
+  nf_handle_t hh[N];
+  uintptr_t vb = 0;
+  OKB(be->ops->va_reserve(be, (size_t)N * g, g, &vb));
+  for (int i = 0; i < N; i++) {
+    double t0 = now_us();
+    OKB(be->ops->mem_create(be, NF_TIER_DEVICE, g, &hh[i]));
+    double t1 = now_us();
+    OKB(be->ops->map(be, vb + (size_t)i * g, g, hh[i]));
+    double t2 = now_us();
+    OKB(be->ops->set_access(be, vb + (size_t)i * g, g));
+    double t3 = now_us();
+    tc[i] = t1 - t0; tm[i] = t2 - t1; ta[i] = t3 - t2;
+  }
+  for (int i = 0; i < N; i++) {
+    double t0 = now_us();
+    OKB(be->ops->unmap(be, vb + (size_t)i * g, g));
+    double t1 = now_us();
+    OKB(be->ops->mem_release(be, hh[i]));
+    double t2 = now_us();
+    tu[i] = t1 - t0; tr[i] = t2 - t1;
+  }
+  OKB(be->ops->va_release(be, vb, (size_t)N * g));
+  double *arrs[5] = {tc, tm, ta, tu, tr};
+  const char *names[5] = {"create", "map", "set_access", "unmap", "release"};
+  fprintf(jout, "\"op_median_us\": {");
+  printf("   median us:");
+  for (int k = 0; k < 5; k++) {
+    qsort(arrs[k], N, sizeof(double), cmp_d);
+    printf(" %s %.1f", names[k], arrs[k][N / 2]);
+    fprintf(jout, "%s\"%s\": %.2f", k ? ", " : "", names[k], arrs[k][N / 2]);
+  }
+  printf("\n");
+  fprintf(jout, "},\n");
+
+  // Events: a long memset on a stream keeps an event pending for a while.
+  CUstream s1 = NULL, s2 = NULL;
+  DRV(cuStreamCreate(&s1, 1 /* non-blocking */));
+  DRV(cuStreamCreate(&s2, 1));
+  uintptr_t big = 0;
+  nf_handle_t bh[32];
+  OKB(be->ops->va_reserve(be, 32 * g, g, &big));
+  for (int i = 0; i < 32; i++) {
+    OKB(be->ops->mem_create(be, NF_TIER_DEVICE, g, &bh[i]));
+    OKB(be->ops->map(be, big + (size_t)i * g, g, bh[i]));
+  }
+  OKB(be->ops->set_access(be, big, 32 * g));
+  nf_event_t ev = NULL;
+  OKB(be->ops->event_create(be, &ev));
+  for (int r = 0; r < 400; r++) DRV(cuMemsetD32Async((CUdeviceptr)big, (unsigned)r, 32 * g / 4, s1));
+  OKB(be->ops->event_record(be, ev, s1));
+  nf_status_t q = be->ops->event_query(be, ev);
+  printf("   event query right after 400 x 64 MiB memsets: %s\n", nf_status_str(q));
+  CHECK(q == NF_ERR_NOT_READY || q == NF_OK, "query -> %s", nf_status_str(q));
+  OKB(be->ops->stream_wait(be, s2, ev));
+  DRV(cuMemsetD32Async((CUdeviceptr)big, 0xC0FFEEu, 32 * g / 4, s2)); // ordered after s1's work
+  OKB(be->ops->event_sync(be, ev));
+  CHECK(be->ops->event_query(be, ev) == NF_OK, "event complete after sync");
+  DRV(cuStreamSynchronize(s2));
+  hreserve(4096);
+  DRV(cuMemcpyDtoH(hbuf, (CUdeviceptr)(big + 31 * g), 4096));
+  CHECK(hbuf[0] == 0xC0FFEEu && hbuf[1023] == 0xC0FFEEu, "stream_wait ordered s2 after s1 (got %x)", hbuf[0]);
+  OKB(be->ops->event_destroy(be, ev));
+
+  // Host tier: host-backed granule mapped for the device; copy op into it.
+  if (hs == NF_OK) {
+    nf_handle_t hh1;
+    uintptr_t hv = 0;
+    st = be->ops->mem_create(be, NF_TIER_HOST, gh, &hh1);
+    CHECK(st == NF_OK, "host-tier cuMemCreate -> %s: %s", nf_status_str(st), be->err);
+    if (st == NF_OK) {
+      OKB(be->ops->va_reserve(be, gh, gh, &hv));
+      OKB(be->ops->map(be, hv, gh, hh1));
+      OKB(be->ops->set_access(be, hv, gh));
+      dev_fill(big, gh, 77);
+      OKB(be->ops->copy(be, hv, big, gh, s1));
+      DRV(cuStreamSynchronize(s1));
+      CHECK(dev_check(hv, gh, 77), "device -> host-tier copy (cuMemcpyAsync) intact");
+      OKB(be->ops->unmap(be, hv, gh));
+      OKB(be->ops->mem_release(be, hh1));
+      OKB(be->ops->va_release(be, hv, gh));
+    }
+  }
+  OKB(be->ops->unmap(be, big, 32 * g));
+  for (int i = 0; i < 32; i++) OKB(be->ops->mem_release(be, bh[i]));
+  OKB(be->ops->va_release(be, big, 32 * g));
+  OKB(be->ops->va_release(be, va1, span));
+  OKB(be->ops->va_release(be, va2, span));
+  DRV(cuStreamDestroy(s1));
+  DRV(cuStreamDestroy(s2));
+}
+
+// ------------------------------------------------------------ pool
+typedef struct { uintptr_t p; size_t n; uint32_t tag; } live_t;
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
+
+// Random alloc/free under a 64 MiB limit with sizes up to 24 MiB: holes force
+// reclaim/stitching. Every live block's pattern is checked after every step
+// that stitched, and all of them at the end.
+static void test_pool_stitching(nf_backend_t *be) {
+  printf("-- pool: data integrity across stitching under a 64 MiB limit\n");
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  char err[256];
+  OKP(nf_config_parse(&cfg, "limit:64MiB,release_threshold:never", err, sizeof err));
+  nf_pool_t *pool = NULL;
+  OKP(nf_pool_create(&pool, be, &cfg));
+  if (!pool) return;
+  live_t L[64];
+  int n = 0, ooms = 0, bad = 0;
+  uint32_t tag = 1;
+  uint64_t reclaims0 = 0;
+  for (int it = 0; it < 600; it++) {
+    int do_alloc = n == 0 || (n < 64 && rnd() % 100 < 55);
+    if (do_alloc) {
+      size_t sz = rnd() % 4 == 0 ? (size_t)(1 + rnd() % 24) << 20 : (size_t)(512 + rnd() % (1u << 20));
+      sz &= ~(size_t)3;
+      void *p = nf_alloc(pool, sz, NULL);
+      if (!p) { ooms++; CHECK(nf_last_status() == NF_ERR_OOM, "alloc failed: %s", nf_last_error()); continue; }
+      L[n] = (live_t){(uintptr_t)p, sz, tag++};
+      dev_fill(L[n].p, sz, L[n].tag);
+      n++;
+      nf_stats_t st;
+      nf_stats_get(pool, &st);
+      if (st.reclaims != reclaims0) { // stitched: everything live must be intact
+        reclaims0 = st.reclaims;
+        for (int i = 0; i < n; i++) bad += !dev_check(L[i].p, L[i].n, L[i].tag);
+      }
+    } else {
+      int i = (int)(rnd() % (uint64_t)n);
+      bad += !dev_check(L[i].p, L[i].n, L[i].tag);
+      CHECK(nf_free(pool, (void *)L[i].p) == NF_OK, "free: %s", nf_last_error());
+      L[i] = L[--n];
+    }
+  }
+  for (int i = 0; i < n; i++) bad += !dev_check(L[i].p, L[i].n, L[i].tag);
+  nf_stats_t st;
+  nf_stats_get(pool, &st);
+  CHECK(bad == 0, "%d blocks lost their data", bad);
+  CHECK(st.reclaims > 0, "the workload never stitched (reclaims 0): test too easy");
+  CHECK(nf_pool_check(pool) == NF_OK, "pool_check: %s", nf_last_error());
+  printf("   600 ops: ooms %d, reclaims %llu (%llu granules), physical peak %llu MiB, backend calls %llu\n", ooms,
+         (unsigned long long)st.reclaims, (unsigned long long)st.reclaimed_granules,
+         (unsigned long long)(st.physical_peak >> 20), (unsigned long long)st.backend_calls);
+  fprintf(jout, "\"stitch\": {\"ooms\": %d, \"reclaims\": %llu, \"bad_blocks\": %d, \"backend_calls\": %llu},\n", ooms,
+          (unsigned long long)st.reclaims, bad, (unsigned long long)st.backend_calls);
+  for (int i = 0; i < n; i++) nf_free(pool, (void *)L[i].p);
+  nf_pool_destroy(pool);
+}
+
+// Steady state: repeating the same alloc/free sequence makes no backend calls.
+// Cross-stream: a block freed on s1 while s1 still writes it, re-allocated on
+// s2, must not be clobbered by s1's queued work.
+static void test_pool_steady_and_streams(nf_backend_t *be) {
+  printf("-- pool: zero backend calls in steady state; cross-stream reuse under load\n");
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  char err[256];
+  OKP(nf_config_parse(&cfg, "limit:1GiB", err, sizeof err));
+  nf_pool_t *pool = NULL;
+  OKP(nf_pool_create(&pool, be, &cfg));
+  if (!pool) return;
+  size_t sizes[] = {3 << 20, 700, 64 << 20, 1 << 20, 5000, 17 << 20};
+  void *p[6];
+  nf_stats_t a, b;
+  for (int rep = 0; rep < 1003; rep++) {
+    if (rep == 3) nf_stats_get(pool, &a);
+    for (int i = 0; i < 6; i++) p[i] = nf_alloc(pool, sizes[i], NULL);
+    for (int i = 5; i >= 0; i--) nf_free(pool, p[i]);
+  }
+  nf_stats_get(pool, &b);
+  uint64_t calls = b.backend_calls - a.backend_calls;
+  CHECK(calls == 0, "%llu backend calls in 1000 steady repetitions", (unsigned long long)calls);
+  fprintf(jout, "\"steady_backend_calls\": %llu,\n", (unsigned long long)calls);
+
+  CUstream s1 = NULL, s2 = NULL;
+  DRV(cuStreamCreate(&s1, 1));
+  DRV(cuStreamCreate(&s2, 1));
+  int clobbered = 0, reused = 0;
+  size_t sz = 64u << 20;
+  for (int r = 0; r < 8; r++) {
+    void *x = nf_alloc(pool, sz, s1);
+    CHECK(x != NULL, "alloc on s1: %s", nf_last_error());
+    if (!x) break;
+    for (int k = 0; k < 200; k++) DRV(cuMemsetD32Async((CUdeviceptr)x, 0xDEAD0000u + (unsigned)k, sz / 4, s1));
+    nf_free(pool, x); // s1 still has ~200 memsets queued on x
+    void *y = nf_alloc(pool, sz, s2);
+    CHECK(y != NULL, "alloc on s2: %s", nf_last_error());
+    if (!y) break;
+    reused += (y == x);
+    DRV(cuMemsetD32Async((CUdeviceptr)y, 0x5EED0000u + (unsigned)r, sz / 4, s2));
+    DRV(cuCtxSynchronize());
+    hreserve(sz);
+    DRV(cuMemcpyDtoH(hbuf, (CUdeviceptr)y, sz));
+    for (size_t i = 0; i < sz / 4; i += 997)
+      if (hbuf[i] != 0x5EED0000u + (unsigned)r) { clobbered++; break; }
+    nf_free(pool, y);
+  }
+  nf_stats_get(pool, &b);
+  CHECK(clobbered == 0, "%d of 8 cross-stream reuses were clobbered by the old stream's work", clobbered);
+  printf("   cross-stream: same address reused %d/8 times, clobbered %d, cross_stream_reuses %llu, "
+         "stream_wait calls %llu\n", reused, clobbered, (unsigned long long)b.cross_stream_reuses,
+         (unsigned long long)b.calls.stream_wait);
+  fprintf(jout, "\"cross_stream\": {\"reused\": %d, \"clobbered\": %d, \"stream_waits\": %llu},\n", reused, clobbered,
+          (unsigned long long)b.calls.stream_wait);
+  DRV(cuStreamDestroy(s1));
+  DRV(cuStreamDestroy(s2));
+  nf_pool_destroy(pool);
+}
+
+// Destroy gives everything back: the driver's free memory returns to its level.
+static void test_pool_destroy_returns_memory(nf_backend_t *be) {
+  printf("-- pool: destroy returns device memory\n");
+  uint64_t t, f0, f1, f2;
+  be->ops->capacity(be, NF_TIER_DEVICE, &t, &f0);
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  nf_pool_t *pool = NULL;
+  OKP(nf_pool_create(&pool, be, &cfg));
+  if (!pool) return;
+  void *p = nf_alloc(pool, 2ull << 30, NULL);
+  CHECK(p != NULL, "2 GiB alloc: %s", nf_last_error());
+  be->ops->capacity(be, NF_TIER_DEVICE, &t, &f1);
+  nf_pool_destroy(pool);
+  be->ops->capacity(be, NF_TIER_DEVICE, &t, &f2);
+  CHECK(f0 - f1 >= (2ull << 30) - (64ull << 20), "2 GiB not visible in cuMemGetInfo (%lld MiB)",
+        (long long)(f0 - f1) >> 20);
+  CHECK(f2 + (64ull << 20) >= f0, "destroy left %lld MiB in use", (long long)(f0 - f2) >> 20);
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  const char *outp = argc > 1 ? argv[1] : "/dev/null";
+  nf_backend_t *be = NULL;
+  nf_status_t st = nf_backend_cuda_create(&be, 0);
+  if (st != NF_OK) {
+    printf("SKIP: no CUDA device: %s: %s\n", nf_status_str(st), nf_last_error());
+    return 77;
+  }
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
+  cuMemcpyHtoD = sym(lib, "cuMemcpyHtoD_v2");
+  cuMemcpyDtoH = sym(lib, "cuMemcpyDtoH_v2");
+  cuMemsetD32Async = sym(lib, "cuMemsetD32Async");
+  cuStreamCreate = sym(lib, "cuStreamCreate");
+  cuStreamSynchronize = sym(lib, "cuStreamSynchronize");
+  cuStreamDestroy = sym(lib, "cuStreamDestroy_v2");
+  cuCtxSynchronize = sym(lib, "cuCtxSynchronize");
+  jout = fopen(outp, "w");
+  if (!jout) jout = fopen("/dev/null", "w");
+  fprintf(jout, "{\n");
+  test_backend(be);
+  test_pool_stitching(be);
+  test_pool_steady_and_streams(be);
+  test_pool_destroy_returns_memory(be);
+  fprintf(jout, "\"checks\": %d, \"failures\": %d\n}\n", checks, failures);
+  fclose(jout);
+  nf_backend_destroy(be);
+  printf("%s: %d checks, %d failures\n", failures ? "FAILED" : "PASSED", checks, failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,114 @@
+// The pool under backend failures (fault-injection wrapper around the host
+// backend): every backend call of a workload is made to fail once in turn;
+// the failing request reports an error, the pool stays consistent and usable,
+// no live block loses data, and after destroy nothing is left behind.
+#include "nf_test.h"
+
+#define G (64 * 1024)
+enum { SLOTS = 16 };
+
+typedef struct { void *p; size_t n; uint64_t tag; } slot_t;
+
+// A fixed workload that exercises creation, mapping, stitching, streams,
+// record_stream, the release policy, trim and limit changes. Returns the
+// number of operations that failed.
+static int workload(nf_pool_t *p, nf_backend_t *be, uint64_t seed) {
+  slot_t l[SLOTS] = {{0}};
+  uint64_t rng = seed;
+  int failed = 0;
+  for (int it = 0; it < 400; it++) {
+    int i = (int)(nft_rand(&rng) % SLOTS);
+    nf_stream_t s = (nf_stream_t)(uintptr_t)(nft_rand(&rng) % 3);
+    if (l[i].p) {
+      if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu: data lost", (unsigned long long)seed);
+      if (nft_rand(&rng) % 5 == 0 && nf_record_stream(p, l[i].p, s) != NF_OK) failed++;
+      if (nf_free(p, l[i].p) != NF_OK) {
+        // A failed free leaves the block live and intact; free it later.
+        failed++;
+        if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("data lost after failed free");
+        continue;
+      }
+      l[i].p = NULL;
+    } else {
+      uint64_t r = nft_rand(&rng);
+      size_t n = r % 2 ? 1 + r % 4096 : 1 + r % (10 * G);
+      void *q = nf_alloc(p, n, s);
+      if (!q) {
+        assert_int_not_equal(nf_last_status(), NF_OK);
+        assert_true(nf_last_error()[0] != 0);
+        failed++;
+      } else {
+        nft_fill(q, n, r);
+        l[i] = (slot_t){q, n, r};
+      }
+    }
+    if (it == 200 && nf_trim(p) != NF_OK) failed++;
+    if (it == 300 && nf_set_limit(p, 24 * G) != NF_OK) failed++;
+    if (it % 50 == 0) {
+      if (nf_pool_check(p) != NF_OK) fail_msg("seed %llu it %d: %s", (unsigned long long)seed, it, nf_last_error());
+      for (int k = 0; k < SLOTS; k++)
+        if (l[k].p && !nft_check(l[k].p, l[k].n, l[k].tag)) fail_msg("data lost at it %d", it);
+    }
+  }
+  // Stop failing, then everything must still work and come back.
+  nf_backend_fault_set(be, 0, 0);
+  for (int k = 0; k < SLOTS; k++)
+    if (l[k].p) {
+      if (!nft_check(l[k].p, l[k].n, l[k].tag)) fail_msg("data lost at the end");
+      assert_int_equal(nf_free(p, l[k].p), NF_OK);
+    }
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  void *big = nf_alloc(p, 20 * G, NULL);
+  assert_non_null(big);
+  nft_fill(big, 20 * G, 1);
+  assert_true(nft_check(big, 20 * G, 1));
+  assert_int_equal(nf_free(p, big), NF_OK);
+  return failed;
+}
+
+static void run(uint64_t fail_at, double prob, uint64_t seed, uint64_t *calls_out) {
+  nf_backend_t *inner, *be;
+  assert_int_equal(nf_backend_host_create(&inner, 1ull << 30, G), NF_OK);
+  assert_int_equal(nf_backend_fault_create(&be, inner, 0, 0, seed), NF_OK);
+  nf_config_t c;
+  nf_config_default(&c);
+  c.limit = 32 * G;
+  c.small_max = 8192;
+  c.release_threshold = 12 * G;
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+  uint64_t base = 0, failed = 0;
+  nf_backend_fault_counts(be, &base, &failed);
+  nf_backend_fault_set(be, fail_at ? base + fail_at : 0, prob);
+  workload(p, be, seed);
+  nf_backend_fault_counts(be, calls_out, &failed);
+  *calls_out -= base;
+  nf_pool_destroy(p);
+  uint64_t gr = 1, mp = 1;
+  nf_backend_host_usage(inner, &gr, &mp);
+  assert_int_equal(gr, 0);
+  assert_int_equal(mp, 0);
+  nf_backend_destroy(be);
+}
+
+static void test_each_call_fails_once(void **state) {
+  uint64_t total = 0;
+  run(0, 0, 5, &total); // reference run: how many calls the workload makes
+  assert_true(total > 50);
+  for (uint64_t n = 1; n <= total; n++) {
+    uint64_t calls;
+    run(n, 0, 5, &calls);
+  }
+}
+
+static void test_random_faults(void **state) {
+  uint64_t calls;
+  for (uint64_t seed = 1; seed <= 20; seed++) run(0, 0.05, seed, &calls);
+  run(0, 0.2, nft_env_seed(77), &calls);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_each_call_fails_once),
+                                     cmocka_unit_test(test_random_faults)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,357 @@
+// Core allocator: placement, mapping, stitching, streams, release, errors.
+// Randomized tests write a pattern into every live block and verify all of
+// them after every operation that remapped or reclaimed memory.
+#include "nf_test.h"
+
+#define G (64 * 1024) // small granule: many granules, fast tests
+
+typedef struct {
+  void *p;
+  size_t n;
+  uint64_t tag;
+  nf_stream_t s;
+} live_t;
+
+static nf_stats_t stats(nf_pool_t *p) {
+  nf_stats_t s;
+  nf_stats_get(p, &s);
+  return s;
+}
+
+static void check_all(live_t *l, int n) {
+  for (int i = 0; i < n; i++)
+    if (l[i].p && !nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("block %d (%p, %zu B) lost its data", i, l[i].p, l[i].n);
+}
+
+static void no_overlap(live_t *l, int n) {
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++) {
+      if (!l[i].p || !l[j].p) continue;
+      uintptr_t a = (uintptr_t)l[i].p, b = (uintptr_t)l[j].p;
+      if (a < b + l[j].n && b < a + l[i].n) fail_msg("blocks %p and %p overlap", l[i].p, l[j].p);
+    }
+}
+
+static void test_basic(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:16MiB");
+  assert_non_null(p);
+  void *a = nf_alloc(p, 1000, NULL);
+  assert_non_null(a);
+  assert_int_equal((uintptr_t)a % 512, 0);
+  assert_int_equal(nf_block_size(p, a), 1000);
+  nft_fill(a, 1000, 7);
+  void *b = nf_alloc(p, 3 * G + 5, NULL);
+  assert_non_null(b);
+  nft_fill(b, 3 * G + 5, 8);
+  assert_true(nft_check(a, 1000, 7));
+  nf_stats_t s = stats(p);
+  assert_int_equal(s.live, 1000 + 3 * G + 5);
+  assert_int_equal(s.live_rounded, 1024 + 3 * G + 512);
+  assert_int_equal(s.live_blocks, 2);
+  assert_true(s.live <= s.mapped && s.mapped <= s.physical && s.physical <= s.limit);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_free(p, b), NF_OK);
+  // Cached: the same request again costs no backend call.
+  uint64_t calls = stats(p).backend_calls;
+  b = nf_alloc(p, 3 * G + 5, NULL);
+  assert_non_null(b);
+  assert_int_equal(stats(p).backend_calls, calls);
+  assert_int_equal(nf_free(p, b), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  uint64_t gr, mp;
+  nf_backend_host_usage(be, &gr, &mp);
+  assert_int_equal(gr, 0);
+  assert_int_equal(mp, 0);
+  nf_backend_destroy(be);
+}
+
+static void test_bad_input(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:4MiB");
+  void *a = nf_alloc(p, 4096, NULL);
+  assert_non_null(a);
+  nf_stats_t before = stats(p);
+  // Unknown, interior, double: error, message, nothing changed.
+  int x;
+  assert_int_equal(nf_free(p, &x), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "not allocated by this pool"));
+  assert_int_equal(nf_free(p, (char *)a + 512), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "interior"));
+  nf_stats_t mid = stats(p);
+  assert_int_equal(mid.live, before.live);
+  assert_int_equal(mid.invalid_frees, 2);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_free(p, a), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "double free"));
+  assert_int_equal(nf_free(p, NULL), NF_OK);
+  assert_int_equal(nf_record_stream(p, a, (nf_stream_t)1), NF_ERR_INVALID);
+  // Size 0: NULL with NF_OK. Absurd sizes: NULL, OOM, clear message.
+  assert_null(nf_alloc(p, 0, NULL));
+  assert_int_equal(nf_last_status(), NF_OK);
+  assert_null(nf_alloc(p, SIZE_MAX, NULL));
+  assert_int_equal(nf_last_status(), NF_ERR_OOM);
+  assert_non_null(strstr(nf_last_error(), "more than the whole limit"));
+  assert_null(nf_alloc(p, (size_t)5 << 20, NULL));
+  assert_int_equal(nf_last_status(), NF_ERR_OOM);
+  // Fits the limit only without live data: the message names the figures.
+  void *b = nf_alloc(p, (size_t)3 << 20, NULL);
+  assert_non_null(b);
+  assert_null(nf_alloc(p, (size_t)2 << 20, NULL));
+  assert_int_equal(nf_last_status(), NF_ERR_OOM);
+  const char *m = nf_last_error();
+  assert_non_null(strstr(m, "tried to allocate 2.000 MiB"));
+  assert_non_null(strstr(m, "live 3.000 MiB"));
+  assert_non_null(strstr(m, "limit 4.000 MiB"));
+  assert_int_equal(nf_free(p, b), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(stats(p).live, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  assert_int_equal(nf_pool_create(NULL, NULL, NULL), NF_ERR_INVALID);
+  assert_null(nf_alloc(NULL, 10, NULL));
+  assert_int_equal(nf_free(NULL, &x), NF_ERR_INVALID);
+}
+
+static void test_limits_and_config(void **state) {
+  nf_backend_t *be;
+  assert_int_equal(nf_backend_host_create(&be, 1ull << 30, G), NF_OK);
+  nf_config_t c;
+  nf_config_default(&c);
+  c.limit = G / 2; // below one granule
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_ERR_CONFIG);
+  assert_null(p);
+  c.limit = 8 * G;
+  c.reserve = 9 * G;
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_ERR_OOM);
+  c.reserve = 4 * G;
+  c.granule = G * 3; // not a power of two
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_ERR_CONFIG);
+  c.granule = 0;
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+  nf_stats_t s = stats(p);
+  assert_int_equal(s.physical, 4 * G); // pre-allocated
+  assert_int_equal(s.calls.create, 4);
+  assert_int_equal(s.mapped, 0);
+  assert_int_equal(nf_reserve(p, 6 * G), NF_OK);
+  assert_int_equal(stats(p).physical, 6 * G);
+  assert_int_equal(nf_reserve(p, 9 * G), NF_ERR_OOM);
+  void *a = nf_alloc(p, 2 * G, NULL);
+  assert_non_null(a);
+  assert_int_equal(stats(p).calls.create, 6); // used the reserve
+  assert_int_equal(nf_set_limit(p, 4 * G), NF_OK);
+  assert_true(stats(p).physical <= 4 * G);
+  assert_null(nf_alloc(p, 3 * G, NULL));
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_trim(p), NF_OK);
+  s = stats(p);
+  assert_int_equal(s.mapped, 0);
+  assert_int_equal(s.physical, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  // From a string (own backend).
+  assert_int_equal(nf_pool_create_from_string(&p, "limit:1GiB,bogus:1"), NF_ERR_CONFIG);
+  assert_non_null(strstr(nf_last_error(), "bogus"));
+  assert_int_equal(nf_pool_create_from_string(&p, "backend:host,limit:64MiB,granule:64KiB"), NF_OK);
+  a = nf_alloc(p, 100, NULL);
+  assert_non_null(a);
+  assert_int_equal(stats(p).granule, G);
+  nf_pool_destroy(p);
+}
+
+// The guarantee of nofrag.h, checked at every failed allocation of a random
+// workload with a tight limit, and data checked across all stitching.
+static void random_workload(uint64_t seed, int nstreams, bool record) {
+  const uint64_t limit = 96 * G;
+  nf_backend_t *be;
+  char conf[128];
+  snprintf(conf, sizeof conf, "limit:%llu,small_max:%d", (unsigned long long)limit, 16 * 1024);
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, conf);
+  assert_non_null(p);
+  enum { N = 48 };
+  live_t l[N] = {0};
+  uint64_t rng = seed, fails = 0, reclaims = 0;
+  for (int it = 0; it < 6000; it++) {
+    int i = (int)(nft_rand(&rng) % N);
+    if (l[i].p) {
+      if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu: block lost data at free", (unsigned long long)seed);
+      if (record && nft_rand(&rng) % 4 == 0)
+        assert_int_equal(nf_record_stream(p, l[i].p, (nf_stream_t)(uintptr_t)(nft_rand(&rng) % nstreams)), NF_OK);
+      assert_int_equal(nf_free(p, l[i].p), NF_OK);
+      l[i].p = NULL;
+      continue;
+    }
+    uint64_t r = nft_rand(&rng);
+    size_t n = r % 3 == 0 ? 1 + r % 4096 : r % 3 == 1 ? 1 + r % (8 * G) : 1 + r % (24 * G);
+    nf_stream_t s = (nf_stream_t)(uintptr_t)(nft_rand(&rng) % nstreams);
+    void *q = nf_alloc(p, n, s);
+    nf_stats_t st = stats(p);
+    if (!q) {
+      assert_int_equal(nf_last_status(), NF_ERR_OOM);
+      uint64_t need = st.live_granules + (n + G - 1) / G + 1;
+      if (need <= limit / G)
+        fail_msg("seed %llu: guarantee broken: %zu B failed with %llu live granules of %llu: %s",
+                 (unsigned long long)seed, n, (unsigned long long)st.live_granules,
+                 (unsigned long long)(limit / G), nf_last_error());
+      fails++;
+      continue;
+    }
+    l[i] = (live_t){q, n, r, s};
+    nft_fill(q, n, r);
+    assert_true(st.live <= st.mapped && st.mapped <= st.physical && st.physical <= limit);
+    if (st.reclaims != reclaims) { // memory was remapped: every live block must be intact
+      reclaims = st.reclaims;
+      check_all(l, N);
+      no_overlap(l, N);
+    }
+    if (it % 500 == 0) {
+      assert_int_equal(nf_pool_check(p), NF_OK);
+      check_all(l, N);
+    }
+  }
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  check_all(l, N);
+  no_overlap(l, N);
+  assert_true(reclaims > 0); // the limit is tight enough to force stitching
+  (void)fails;
+  for (int i = 0; i < N; i++) if (l[i].p) assert_int_equal(nf_free(p, l[i].p), NF_OK);
+  assert_int_equal(nf_trim(p), NF_OK);
+  assert_int_equal(stats(p).physical, 0);
+  nf_pool_destroy(p);
+  uint64_t gr, mp;
+  nf_backend_host_usage(be, &gr, &mp);
+  assert_int_equal(gr + mp, 0);
+  nf_backend_destroy(be);
+}
+
+static void test_random_one_stream(void **state) {
+  for (uint64_t seed = 1; seed <= 3; seed++) random_workload(seed, 1, false);
+  random_workload(nft_env_seed(42), 1, false);
+}
+
+static void test_random_streams(void **state) {
+  for (uint64_t seed = 11; seed <= 13; seed++) random_workload(seed, 4, true);
+  random_workload(nft_env_seed(43) ^ 0x5555, 3, true);
+}
+
+// A block freed on stream A is used by stream B only after B waits on an
+// event recorded on A; the event is recorded lazily, and one wait covers all
+// earlier frees on A.
+static void test_cross_stream(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:8MiB");
+  nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+  void *x = nf_alloc(p, 8192, A), *y = nf_alloc(p, 8192, A);
+  assert_int_equal(nf_free(p, x), NF_OK);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  nf_stats_t s = stats(p);
+  assert_int_equal(s.calls.event_record, 0); // nothing recorded at free
+  void *z = nf_alloc(p, 8192, A); // same stream: at once, no event
+  assert_int_equal(stats(p).calls.event_record, 0);
+  void *w = nf_alloc(p, 8192, B); // cross-stream: record + wait once
+  s = stats(p);
+  assert_int_equal(s.calls.event_record, 1);
+  assert_int_equal(s.calls.stream_wait, 1);
+  assert_int_equal(s.cross_stream_reuses, 1);
+  void *v = nf_alloc(p, 8192, B); // covered by the same wait
+  assert_int_equal(stats(p).calls.stream_wait, 1);
+  assert_true(z && w && v);
+  nf_free(p, z); nf_free(p, w); nf_free(p, v);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// Granules are unmapped only after the work that used them has completed:
+// with events held incomplete, stitching must synchronize first.
+static void test_unmap_waits(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:8MiB");
+  nf_backend_host_set_manual_events(be, 1);
+  nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+  void *x = nf_alloc(p, 6 * G, A);
+  void *y = nf_alloc(p, 6 * G, B);
+  assert_true(x && y);
+  nf_free(p, x);
+  nf_free(p, y);
+  uint64_t syncs = stats(p).calls.event_sync;
+  void *big = nf_alloc(p, 120 * G, A); // needs granules cached for B and A
+  assert_non_null(big);
+  nf_stats_t s = stats(p);
+  assert_true(s.calls.event_sync >= syncs + 1);
+  assert_true(s.reclaims >= 1);
+  nf_free(p, big);
+  // record_stream: the block is held back until the extra stream's work is done.
+  void *r = nf_alloc(p, 4096, A);
+  assert_int_equal(nf_record_stream(p, r, B), NF_OK);
+  nft_fill(r, 4096, 5);
+  assert_int_equal(nf_free(p, r), NF_OK);
+  void *r2 = nf_alloc(p, 4096, A);
+  assert_ptr_not_equal(r2, r); // still pending on B
+  nf_backend_host_complete_events(be);
+  nf_free(p, r2);
+  assert_int_equal(nf_trim(p), NF_OK); // trim waits for pending blocks too
+  assert_int_equal(stats(p).live, 0);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// Release policy: with a small threshold, mapped memory follows live memory
+// without any call from the user; physical above `retain` goes back.
+static void test_release_policy(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,retain:128KiB");
+  void *a[16];
+  for (int i = 0; i < 16; i++) assert_non_null(a[i] = nf_alloc(p, 2 * G, NULL));
+  assert_int_equal(stats(p).mapped, 32 * G);
+  for (int i = 0; i < 16; i++) nf_free(p, a[i]);
+  nf_stats_t s = stats(p);
+  assert_true(s.cached <= 512 * NF_KiB);
+  assert_true(s.physical <= 128 * NF_KiB + 512 * NF_KiB);
+  assert_true(s.calls.unmap > 0 && s.calls.release > 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  // Default (auto) keeps a training step's swing cached: no calls on reuse.
+  p = nft_pool(&be, 1ull << 30, G, "limit:64MiB");
+  for (int i = 0; i < 16; i++) a[i] = nf_alloc(p, 2 * G, NULL);
+  for (int i = 0; i < 8; i++) nf_free(p, a[i]);
+  uint64_t calls = stats(p).backend_calls;
+  for (int i = 0; i < 8; i++) a[i] = nf_alloc(p, 2 * G, NULL);
+  assert_int_equal(stats(p).backend_calls, calls);
+  for (int i = 0; i < 16; i++) nf_free(p, a[i]);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// Small requests are packed apart from large ones, yet the granules are one
+// pool: memory freed by small blocks serves large ones and vice versa.
+static void test_small_large_share(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:2MiB,small_max:8KiB");
+  void *s[256];
+  for (int i = 0; i < 256; i++) assert_non_null(s[i] = nf_alloc(p, 8192, NULL)); // all 2 MiB
+  assert_null(nf_alloc(p, 512 * 1024, NULL));
+  for (int i = 0; i < 256; i++) nf_free(p, s[i]);
+  void *l = nf_alloc(p, 2 * NF_MiB - 2 * G, NULL); // large arena, other addresses
+  assert_non_null(l);
+  assert_true(stats(p).reclaims > 0);
+  nf_free(p, l);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_basic),          cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_limits_and_config), cmocka_unit_test(test_random_one_stream),
+      cmocka_unit_test(test_random_streams), cmocka_unit_test(test_cross_stream),
+      cmocka_unit_test(test_unmap_waits),    cmocka_unit_test(test_release_policy),
+      cmocka_unit_test(test_small_large_share),
+  };
+  fprintf(stderr, "NF_SEED=%llu\n", (unsigned long long)nft_env_seed(42));
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,234 @@
+// Trace replay through the library: the shared real traces complete with no
+// data lost and the exact peak live; a limit under peak live fails with a
+// clean OOM; minimum-capacity bisection on a synthetic trace; the CLI.
+#include "nf_test.h"
+#include "replay.h"
+#include "trace.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int load_ops(const char *path, nf_trace_t *t, nf__trace_ops *o) {
+  char err[512] = "";
+  if (access(path, R_OK) != 0) return 0;
+  if (nf__trace_load(t, path, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  if (nf__trace_ops_build(o, t, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  return 1;
+}
+
+static void shared_path(char *buf, size_t n, const char *file) {
+  const char *dir = getenv("NF_SHARED");
+  snprintf(buf, n, "%s/traces/%s", dir ? dir : "../shared", file);
+}
+
+static void replay_shared(const char *file) {
+  char path[1024];
+  shared_path(path, sizeof path, file);
+  nf_trace_t t;
+  nf__trace_ops o;
+  if (!load_ops(path, &t, &o)) { print_message("skipping: %s not found\n", path); skip(); }
+  nf__replay_opts ro;
+  nf__replay_opts_default(&ro);
+  ro.verify = 1;
+  nf__replay_result *r = malloc(sizeof *r);
+  assert_non_null(r);
+  nf_status_t st = nf__replay_run(&o, &ro, r);
+  if (st != NF_OK) fail_msg("%s: %s", file, r->error);
+  assert_int_equal(r->ops_done, o.n_ops);
+  assert_int_equal(r->stats.ooms, 0);
+  assert_int_equal(r->check, NF_OK);
+  assert_true(r->stats.live_peak == o.peak_live);
+  assert_true(r->verified == o.n_allocs); // every block: at its free or at the end
+  assert_true(r->stats.mapped_peak >= o.peak_live);
+  assert_true(r->stats.physical_peak >= r->stats.mapped_peak);
+  assert_int_equal(r->stats.allocs, o.n_allocs);
+  assert_int_equal(r->stats.frees, o.n_frees);
+  print_message("%s: peak live %.3f GiB, mapped %.4f x, physical %.4f x, native %.4f x, %llu backend calls, "
+                "%.3f s\n", file, (double)o.peak_live / (double)NF_GiB,
+                (double)r->stats.mapped_peak / (double)o.peak_live,
+                (double)r->stats.physical_peak / (double)o.peak_live,
+                (double)o.native_peak_reserved / (double)o.peak_live,
+                (unsigned long long)r->stats.backend_calls, r->seconds);
+
+  // Under peak live the replay cannot complete: a clean OOM, counted.
+  ro.verify = 0;
+  ro.cfg.limit = o.peak_live / 2;
+  st = nf__replay_run(&o, &ro, r);
+  assert_int_equal(st, NF_ERR_OOM);
+  assert_true(r->stats.ooms >= 1);
+  assert_true(r->error[0] != 0);
+  assert_non_null(strstr(r->error, "OOM at event"));
+  assert_true(r->fail_event >= 1 && r->fail_event <= t.n_events);
+  assert_int_equal(t.events[r->fail_event - 1].action, NF_TRACE_ALLOC);
+  assert_true(r->ops_done < o.n_ops);
+  assert_true(r->stats.physical_peak <= r->limit);
+  free(r);
+  nf__trace_ops_free(&o);
+  nf__trace_free(&t);
+}
+
+static void test_replay_gpt2(void **s) { (void)s; replay_shared("gpt2.trace.gz"); }
+static void test_replay_vit(void **s) { (void)s; replay_shared("vit.trace.gz"); }
+static void test_replay_llama(void **s) { (void)s; replay_shared("llama1b_fsdp.trace.gz"); }
+
+// A synthetic fragmenting trace: small and large blocks interleaved, every
+// other one freed, then a large request that only fits by stitching.
+static void test_min_capacity_synthetic(void **state) {
+  (void)state;
+  const uint64_t G = 64 * 1024;
+  char *text = malloc(1 << 20);
+  uint64_t sizes[64];
+  assert_non_null(text);
+  size_t off = 0;
+  uint64_t seed = nft_env_seed(7);
+  for (unsigned round = 0; round < 4; round++) {
+    for (unsigned i = 0; i < 64; i++) {
+      sizes[i] = G / 2 + nft_rand(&seed) % (2 * G);
+      off += (size_t)sprintf(text + off, "alloc %u %llu %d 0\n", (round * 64 + i + 1) * 1000000,
+                             (unsigned long long)sizes[i], i % 2 ? 0 : 17);
+    }
+    for (unsigned i = 0; i < 64; i += 2)
+      off += (size_t)sprintf(text + off, "free_completed %u %llu 0 0\n", (round * 64 + i + 1) * 1000000,
+                             (unsigned long long)sizes[i]);
+  }
+  off += (size_t)sprintf(text + off, "alloc 1 %llu 0 0\n", (unsigned long long)(20 * G));
+  nf_trace_t t;
+  char err[512] = "";
+  nf__trace_ops o;
+  assert_int_equal(nf__trace_parse_buffer(&t, "syn", text, off, err, sizeof err), NF_OK);
+  if (nf__trace_ops_build(&o, &t, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  assert_int_equal(o.n_streams, 2);
+
+  nf__replay_opts ro;
+  nf__replay_opts_default(&ro);
+  ro.granule = G;
+  ro.verify = 1;
+  nf__replay_bisect b;
+  nf_status_t st = nf__replay_min_capacity(&o, &ro, 0, &b, err, sizeof err);
+  if (st != NF_OK) fail_msg("%s", err);
+  assert_int_equal(b.min_capacity % G, 0);
+  assert_true(b.min_capacity >= o.peak_live);
+  assert_true(b.min_capacity >= b.lower && b.min_capacity <= b.upper);
+  assert_int_equal(b.at_min.status, NF_OK);
+  assert_true(b.at_min.stats.physical_peak <= b.min_capacity);
+  // The guarantee in nofrag.h: an alloc of s succeeds when live granules +
+  // ceil(s/G) + 1 <= L/G. A live block of s bytes overlaps at most
+  // ceil(s/G) + 1 granules, so this limit must always have been enough:
+  uint64_t need = 0, cur = 0, *blk = calloc(o.n_slots, sizeof *blk);
+  assert_non_null(blk);
+  for (size_t k = 0; k < o.n_ops; k++) {
+    const nf__trace_op *op = &o.ops[k];
+    uint64_t gr = (op->size + G - 1) / G + 1;
+    if (op->kind == NF_TRACE_OP_FREE) { cur -= blk[op->slot]; continue; }
+    if (cur + gr > need) need = cur + gr;
+    blk[op->slot] = gr;
+    cur += gr;
+  }
+  free(blk);
+  assert_true(b.min_capacity <= need * G);
+  print_message("synthetic: peak live %llu, min capacity %llu (%.3f x), %u probes\n",
+                (unsigned long long)o.peak_live, (unsigned long long)b.min_capacity,
+                (double)b.min_capacity / (double)o.peak_live, b.probes);
+  // One granule less fails (unless that is under the lower bound).
+  if (b.min_capacity > b.lower) {
+    nf__replay_result *r = malloc(sizeof *r);
+    ro.cfg.limit = b.min_capacity - G;
+    assert_int_equal(nf__replay_run(&o, &ro, r), NF_ERR_OOM);
+    free(r);
+  }
+  nf__trace_ops_free(&o);
+  nf__trace_free(&t);
+  free(text);
+}
+
+// Run the CLI with `args` (a shell fragment); capture stdout+stderr.
+static int run_cli(const char *args, char *out, size_t n) {
+  const char *cli = getenv("NF_CLI");
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", cli, args);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t got = fread(out, 1, n - 1, p);
+  out[got] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_cli(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI"), *data = getenv("NF_DATA");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  size_t n = 1 << 16;
+  char *out = malloc(n), args[1024];
+  assert_non_null(out);
+  assert_int_equal(run_cli("version", out, n), 0);
+  assert_non_null(strstr(out, NF_VERSION));
+  assert_int_equal(run_cli("--help", out, n), 0);
+  assert_non_null(strstr(out, "--min-capacity"));
+  assert_int_equal(run_cli("frobnicate", out, n), 2);
+  assert_int_equal(run_cli("replay", out, n), 2);
+  assert_int_equal(run_cli("replay /nonexistent.trace.gz", out, n), 2);
+  assert_non_null(strstr(out, "/nonexistent.trace.gz"));
+
+  char path[64] = "/tmp/nf_cli_bad_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  const char bad[] = "# bad\nalloc 4096 512 0 1\nalloc 8192 lots 0 2\n";
+  assert_int_equal(write(fd, bad, sizeof bad - 1), (ssize_t)(sizeof bad - 1));
+  close(fd);
+  snprintf(args, sizeof args, "replay %s --json", path);
+  assert_int_equal(run_cli(args, out, n), 2);
+  char want[128];
+  snprintf(want, sizeof want, "%s:3: SIZE is not", path);
+  if (!strstr(out, want)) fail_msg("output '%s' lacks '%s'", out, want);
+  snprintf(args, sizeof args, "replay %s --limit 12parsecs", path);
+  assert_int_equal(run_cli(args, out, n), 2);
+  assert_non_null(strstr(out, "--limit"));
+  snprintf(args, sizeof args, "replay %s --bogus", path);
+  assert_int_equal(run_cli(args, out, n), 2);
+  // A tiny trace that cannot fit its limit: exit 1 with the OOM's line.
+  fd = open(path, O_WRONLY | O_TRUNC);
+  const char oom[] = "alloc 4096 1048576 0 1\nalloc 8192 4194304 0 2\n";
+  assert_int_equal(write(fd, oom, sizeof oom - 1), (ssize_t)(sizeof oom - 1));
+  close(fd);
+  snprintf(args, sizeof args, "replay %s --limit 4MiB --granule 1MiB", path);
+  assert_int_equal(run_cli(args, out, n), 1);
+  snprintf(want, sizeof want, "%s:2: OOM at event 2", path);
+  if (!strstr(out, want)) fail_msg("output '%s' lacks '%s'", out, want);
+  snprintf(args, sizeof args, "replay %s --granule 1MiB --min-capacity --json", path);
+  assert_int_equal(run_cli(args, out, n), 0);
+  // 1 MiB + 4 MiB live: 5 granules at best, 6 by the guarantee.
+  const char *mc = strstr(out, "\"min_capacity\":");
+  if (!mc) fail_msg("output '%s'", out);
+  unsigned long long minc = strtoull(mc + 15, NULL, 10);
+  assert_true(minc >= 5 * NF_MiB && minc <= 6 * NF_MiB);
+  unlink(path);
+
+  snprintf(args, sizeof args, "replay '%s/gpt2.trace.gz' --json --verify", data ? data : "data");
+  int rc = run_cli(args, out, n);
+  if (rc != 0) fail_msg("exit %d: %s", rc, out);
+  const char *keys[] = {"\"peak_live\":", "\"peak_mapped\":", "\"peak_physical\":", "\"min_capacity\":null",
+                        "\"min_capacity_ratio\":null", "\"events\":129673", "\"backend_calls\":", "\"calls\":{",
+                        "\"replay_seconds\":", "\"events_per_second\":", "\"native_peak_reserved\":",
+                        "\"ooms\":0", "\"trace\":", "\"granule\":2097152", "\"limit\":null", "\"status\":\"ok\""};
+  for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+    if (!strstr(out, keys[k])) fail_msg("key %s missing in %s", keys[k], out);
+  // Exactly one JSON object on one line.
+  assert_true(out[0] == '{');
+  char *nl = strchr(out, '\n');
+  assert_non_null(nl);
+  assert_true(nl[-1] == '}' && nl[1] == 0);
+  free(out);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_min_capacity_synthetic),
+      cmocka_unit_test(test_replay_gpt2),
+      cmocka_unit_test(test_replay_vit),
+      cmocka_unit_test(test_replay_llama),
+      cmocka_unit_test(test_cli),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

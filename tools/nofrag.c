@@ -1,0 +1,272 @@
+// nofrag command-line tool: trace replay and minimum-capacity search.
+//
+// The engine lives in the library (src/replay.c, src/trace.c); this file only
+// parses options and prints. Exit codes: 0 ok, 1 the replay failed (OOM, data
+// lost, invariant broken), 2 usage or input error (bad option, unreadable or
+// malformed trace).
+#include "nofrag.h"
+#include "replay.h"
+#include "trace.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: nofrag replay TRACE [options]   replay an allocation trace through nofrag\n"
+    "       nofrag version                  print the version\n"
+    "       nofrag --help                   this text\n"
+    "\n"
+    "TRACE is a text trace, gzip-compressed or not: lines 'ACTION ADDR SIZE STREAM TIME_US'\n"
+    "(alloc, free_requested, free_completed, segment_alloc, segment_free), '#' comments.\n"
+    "Each alloc becomes nf_alloc on its stream, each free_completed nf_free, on a simulated\n"
+    "device (host backend, 2 TiB of untouched memory).\n"
+    "\n"
+    "options:\n"
+    "  --limit BYTES     physical memory limit (default: none). BYTES takes B, KiB, MiB, GiB,\n"
+    "                    TiB or KB, MB, GB, TB suffixes, e.g. 24GiB\n"
+    "  --granule BYTES   granule size, a power of two >= 4 KiB (default 2MiB, as on CUDA)\n"
+    "  --conf STRING     pool configuration 'key:value,...' (as NOFRAG_CONF); --limit and\n"
+    "                    --granule override it\n"
+    "  --min-capacity    bisect the smallest limit, in whole granules, under which the whole\n"
+    "                    trace completes; prints min_capacity and min_capacity / peak live\n"
+    "  --verify          write a signature into every block and check it at its free\n"
+    "  --json            print one JSON object instead of text\n"
+    "\n"
+    "example: nofrag replay data/gpt2.trace.gz --min-capacity\n";
+
+typedef struct cli_s {
+  const char *trace;
+  const char *conf;
+  const char *limit_str, *granule_str;
+  int min_capacity, json, verify;
+} cli_t;
+
+// Sizes go through nf_config_parse so that the syntax is the library's.
+static int parse_bytes(const char *key, const char *val, uint64_t *out) {
+  nf_config_t c;
+  nf_config_default(&c);
+  char buf[256], err[256] = "";
+  if (snprintf(buf, sizeof buf, "%s:%s", key, val) >= (int)sizeof buf || strchr(val, ',') ||
+      nf_config_parse(&c, buf, err, sizeof err) != NF_OK) {
+    fprintf(stderr, "nofrag: --%s '%s': %s\n", key, val, err[0] ? err : "bad size");
+    return -1;
+  }
+  *out = strcmp(key, "limit") == 0 ? c.limit : c.granule;
+  return 0;
+}
+
+static void human(char *buf, size_t n, uint64_t b) {
+  if (b >= NF_GiB) snprintf(buf, n, "%.3f GiB", (double)b / (double)NF_GiB);
+  else if (b >= NF_MiB) snprintf(buf, n, "%.3f MiB", (double)b / (double)NF_MiB);
+  else snprintf(buf, n, "%.3f KiB", (double)b / (double)NF_KiB);
+}
+
+static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
+
+static void json_str(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') printf("\\%c", c);
+    else if (c < 0x20) printf("\\u%04x", c);
+    else putchar(c);
+  }
+  putchar('"');
+}
+
+#define CALLS(X) X(va_reserve) X(va_release) X(create) X(release) X(map) X(unmap) X(set_access) \
+  X(event_create) X(event_record) X(event_query) X(event_sync) X(stream_wait)
+
+static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__replay_opts *ro,
+                       const nf__replay_result *r, const nf__replay_bisect *b, int bisected) {
+  const nf_stats_t *s = &r->stats;
+  printf("{\"trace\":");
+  json_str(cli->trace);
+  printf(",\"granule\":%" PRIu64 ",\"limit\":", r->granule);
+  if (ro->cfg.limit) printf("%" PRIu64, r->limit); else printf("null");
+  printf(",\"capacity\":%" PRIu64 ",\"events\":%zu,\"allocs\":%zu,\"frees\":%zu,\"free_requested\":%zu"
+         ",\"segment_allocs\":%zu,\"segment_frees\":%zu,\"streams\":%zu,\"ops\":%zu,\"ops_done\":%zu",
+         r->capacity, ops->n_events, ops->n_allocs, ops->n_frees, ops->n_free_requested, ops->n_segment_alloc,
+         ops->n_segment_free, ops->n_streams, ops->n_ops, r->ops_done);
+  printf(",\"status\":\"%s\",\"error\":", r->status == NF_OK ? "ok" : r->status == NF_ERR_OOM ? "oom" : "error");
+  if (r->error[0]) json_str(r->error); else printf("null");
+  printf(",\"trace_peak_live\":%" PRIu64 ",\"peak_live\":%" PRIu64 ",\"peak_live_rounded\":%" PRIu64
+         ",\"peak_mapped\":%" PRIu64 ",\"peak_physical\":%" PRIu64 ",\"peak_mapped_ratio\":%.6f"
+         ",\"peak_physical_ratio\":%.6f,\"native_peak_reserved\":%" PRIu64 ",\"native_peak_ratio\":%.6f",
+         ops->peak_live, s->live_peak, s->live_rounded_peak, s->mapped_peak, s->physical_peak,
+         ratio(s->mapped_peak, s->live_peak), ratio(s->physical_peak, s->live_peak), ops->native_peak_reserved,
+         ratio(ops->native_peak_reserved, ops->peak_live));
+  printf(",\"backend_calls\":%" PRIu64 ",\"calls\":{", s->backend_calls);
+  const char *sep = "";
+#define X(f) printf("%s\"" #f "\":%" PRIu64, sep, s->calls.f); sep = ",";
+  CALLS(X)
+#undef X
+  printf("},\"reclaims\":%" PRIu64 ",\"reclaimed_granules\":%" PRIu64 ",\"cross_stream_reuses\":%" PRIu64,
+         s->reclaims, s->reclaimed_granules, s->cross_stream_reuses);
+  // events_per_second counts trace events walked (free_requested and
+  // segment_* included, as no-ops); ops_per_second counts allocator calls.
+  size_t events_done = r->ops_done < ops->n_ops ? (size_t)ops->ops[r->ops_done].event : ops->n_events;
+  printf(",\"replay_seconds\":%.6f,\"events_per_second\":%.1f,\"ops_per_second\":%.1f,\"ooms\":%" PRIu64,
+         r->seconds, r->seconds > 0 ? (double)events_done / r->seconds : 0.0,
+         r->seconds > 0 ? (double)r->ops_done / r->seconds : 0.0, s->ooms);
+  printf(",\"verify\":%s,\"verified\":%" PRIu64 ",\"pool_check\":%s", cli->verify ? "true" : "false", r->verified,
+         r->check == NF_OK ? "\"ok\"" : "\"failed\"");
+  if (bisected) {
+    const nf_stats_t *m = &b->at_min.stats;
+    printf(",\"min_capacity\":%" PRIu64 ",\"min_capacity_ratio\":%.6f,\"min_capacity_granules\":%" PRIu64
+           ",\"min_capacity_lower\":%" PRIu64 ",\"min_capacity_probes\":%u,\"min_capacity_seconds\":%.3f"
+           ",\"at_min_capacity\":{\"backend_calls\":%" PRIu64 ",\"reclaims\":%" PRIu64
+           ",\"reclaimed_granules\":%" PRIu64 ",\"peak_physical\":%" PRIu64 ",\"replay_seconds\":%.6f}",
+           b->min_capacity, ratio(b->min_capacity, ops->peak_live), b->min_capacity / r->granule, b->lower,
+           b->probes, b->seconds, m->backend_calls, m->reclaims, m->reclaimed_granules, m->physical_peak,
+           b->at_min.seconds);
+  } else {
+    printf(",\"min_capacity\":null,\"min_capacity_ratio\":null");
+  }
+  printf("}\n");
+}
+
+static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__replay_opts *ro,
+                       const nf__replay_result *r, const nf__replay_bisect *b, int bisected) {
+  const nf_stats_t *s = &r->stats;
+  char h1[32], h2[32];
+  printf("trace                 %s\n", cli->trace);
+  printf("events                %zu (%zu alloc, %zu free_completed, %zu free_requested, %zu segment_alloc, "
+         "%zu segment_free), %zu stream%s\n", ops->n_events, ops->n_allocs, ops->n_frees, ops->n_free_requested,
+         ops->n_segment_alloc, ops->n_segment_free, ops->n_streams, ops->n_streams == 1 ? "" : "s");
+  human(h1, sizeof h1, r->granule);
+  human(h2, sizeof h2, r->limit);
+  printf("granule               %s\nlimit                 %s\n", h1,
+         ro->cfg.limit ? h2 : "none (simulated capacity 2 TiB)");
+  human(h1, sizeof h1, s->live_peak);
+  printf("peak live             %" PRIu64 " B (%s)\n", s->live_peak, h1);
+  human(h1, sizeof h1, s->mapped_peak);
+  printf("peak mapped           %" PRIu64 " B (%s, %.4f x live)\n", s->mapped_peak, h1,
+         ratio(s->mapped_peak, s->live_peak));
+  human(h1, sizeof h1, s->physical_peak);
+  printf("peak physical         %" PRIu64 " B (%s, %.4f x live)\n", s->physical_peak, h1,
+         ratio(s->physical_peak, s->live_peak));
+  human(h1, sizeof h1, ops->native_peak_reserved);
+  printf("native peak reserved  %" PRIu64 " B (%s, %.4f x live; PyTorch's segments in the trace)\n",
+         ops->native_peak_reserved, h1, ratio(ops->native_peak_reserved, ops->peak_live));
+  printf("backend calls         %" PRIu64 " (", s->backend_calls);
+  const char *sep = "";
+#define X(f) if (s->calls.f) { printf("%s" #f " %" PRIu64, sep, s->calls.f); sep = ", "; }
+  CALLS(X)
+#undef X
+  printf(")\n");
+  printf("reclaims              %" PRIu64 " (%" PRIu64 " granules stitched)\n", s->reclaims, s->reclaimed_granules);
+  printf("replay                %.3f s, %.0f allocator calls/s (%zu of %zu)\n", r->seconds,
+         r->seconds > 0 ? (double)r->ops_done / r->seconds : 0.0, r->ops_done, ops->n_ops);
+  printf("OOMs                  %" PRIu64 "\n", s->ooms);
+  if (cli->verify) printf("verify                %" PRIu64 " signatures checked%s\n", r->verified,
+                          r->status == NF_OK ? ", none lost" : "");
+  if (r->status == NF_OK) printf("pool check            OK\n");
+  else printf("stopped               %s\n", r->error);
+  if (bisected) {
+    human(h1, sizeof h1, b->min_capacity);
+    printf("min capacity          %" PRIu64 " B (%s, %" PRIu64 " granules) = %.4f x peak live\n", b->min_capacity,
+           h1, b->min_capacity / r->granule, ratio(b->min_capacity, ops->peak_live));
+    printf("                      %u probes in %.2f s; at min capacity: %" PRIu64 " backend calls, %" PRIu64
+           " reclaims\n", b->probes, b->seconds, b->at_min.stats.backend_calls, b->at_min.stats.reclaims);
+  }
+}
+
+static int cmd_replay(int argc, char **argv) {
+  cli_t cli = {0};
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    const char **val = NULL;
+    if (strcmp(a, "--min-capacity") == 0) cli.min_capacity = 1;
+    else if (strcmp(a, "--json") == 0) cli.json = 1;
+    else if (strcmp(a, "--verify") == 0) cli.verify = 1;
+    else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { fputs(usage, stdout); return 0; }
+    else if (strncmp(a, "--limit", 7) == 0) val = &cli.limit_str;
+    else if (strncmp(a, "--granule", 9) == 0) val = &cli.granule_str;
+    else if (strncmp(a, "--conf", 6) == 0) val = &cli.conf;
+    else if (a[0] == '-' && a[1]) { fprintf(stderr, "nofrag: unknown option '%s' (see nofrag --help)\n", a); return 2; }
+    else if (!cli.trace) cli.trace = a;
+    else { fprintf(stderr, "nofrag: unexpected argument '%s' (one TRACE only)\n", a); return 2; }
+    if (val) { // --opt VALUE or --opt=VALUE
+      const char *eq = strchr(a, '=');
+      size_t kl = eq ? (size_t)(eq - a) : strlen(a);
+      if (kl != strlen(val == &cli.limit_str ? "--limit" : val == &cli.granule_str ? "--granule" : "--conf")) {
+        fprintf(stderr, "nofrag: unknown option '%s' (see nofrag --help)\n", a);
+        return 2;
+      }
+      if (eq) *val = eq + 1;
+      else if (i + 1 < argc) *val = argv[++i];
+      else { fprintf(stderr, "nofrag: %s needs a value\n", a); return 2; }
+    }
+  }
+  if (!cli.trace) { fprintf(stderr, "nofrag: replay needs a TRACE file (see nofrag --help)\n"); return 2; }
+
+  nf__replay_opts ro;
+  nf__replay_opts_default(&ro);
+  ro.verify = cli.verify;
+  char err[512] = "";
+  if (cli.conf && nf_config_parse(&ro.cfg, cli.conf, err, sizeof err) != NF_OK) {
+    fprintf(stderr, "nofrag: --conf '%s': %s\n", cli.conf, err);
+    return 2;
+  }
+  if (cli.limit_str && parse_bytes("limit", cli.limit_str, &ro.cfg.limit) != 0) return 2;
+  if (cli.granule_str && parse_bytes("granule", cli.granule_str, &ro.granule) != 0) return 2;
+  if (ro.granule) ro.cfg.granule = ro.granule;
+
+  nf_trace_t t;
+  if (nf__trace_load(&t, cli.trace, err, sizeof err) != NF_OK) {
+    fprintf(stderr, "nofrag: %s\n", err);
+    return 2;
+  }
+  nf__trace_ops ops;
+  if (nf__trace_ops_build(&ops, &t, err, sizeof err) != NF_OK) {
+    fprintf(stderr, "nofrag: %s\n", err);
+    nf__trace_free(&t);
+    return 2;
+  }
+
+  int rc = 0;
+  nf__replay_result *r = malloc(sizeof *r);
+  nf__replay_bisect *b = calloc(1, sizeof *b);
+  if (!r || !b) { fprintf(stderr, "nofrag: out of memory\n"); rc = 2; goto out; }
+  nf_status_t st = nf__replay_run(&ops, &ro, r);
+  if (st != NF_OK) {
+    uint32_t line = r->fail_event ? t.events[r->fail_event - 1].line : 0;
+    if (line) fprintf(stderr, "nofrag: %s:%u: %s\n", cli.trace, line, r->error);
+    else fprintf(stderr, "nofrag: %s: %s\n", cli.trace, r->error);
+    rc = 1;
+  }
+  int bisected = 0;
+  if (cli.min_capacity) {
+    // The main run's physical peak is an upper bound only if it was unlimited.
+    uint64_t upper = (st == NF_OK && !ro.cfg.limit) ? r->stats.physical_peak : 0;
+    if (!cli.json) fprintf(stderr, "nofrag: bisecting the limit between %" PRIu64 " and %" PRIu64 " granules...\n",
+                           (ops.peak_live + r->granule - 1) / r->granule, (upper + r->granule - 1) / r->granule);
+    if (nf__replay_min_capacity(&ops, &ro, upper, b, err, sizeof err) == NF_OK) bisected = 1;
+    else { fprintf(stderr, "nofrag: %s: min capacity: %s\n", cli.trace, err); rc = 1; }
+  }
+  if (cli.json) print_json(&cli, &ops, &ro, r, b, bisected);
+  else print_text(&cli, &ops, &ro, r, b, bisected);
+out:
+  free(r);
+  free(b);
+  nf__trace_ops_free(&ops);
+  nf__trace_free(&t);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+    fputs(usage, stdout);
+    return 0;
+  }
+  if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
+    printf("nofrag %s\n", NF_VERSION);
+    return 0;
+  }
+  if (strcmp(argv[1], "replay") == 0) return cmd_replay(argc - 2, argv + 2);
+  fprintf(stderr, "nofrag: unknown command '%s' (see nofrag --help)\n", argv[1]);
+  return 2;
+}
