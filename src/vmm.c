@@ -210,14 +210,21 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
                                 uint64_t size) {
   if (p->gran_free_count >= k) return NF_OK;
   nf_status_t st;
-  // Growing past live memory plus a small slack while cached granules sit in
-  // free ranges: stitch them (where their work is known complete) rather than
-  // create more, so that physical memory tracks live memory even uncapped.
-  uint64_t need = (p->st.live_rounded + size > p->st.live_rounded_peak ? p->st.live_rounded + size : p->st.live_rounded_peak), slack = (need >> NF_SLACK_SHIFT) + (NF_SLACK_GRANULES << p->gshift);
-  if (((p->gran_created + k - p->gran_free_count) << p->gshift) > need + slack &&
-      nf__cached(p) >= p->granule) {
-    nf__unmap_cached(p, k - p->gran_free_count, false, c, g0, g1, &st);
-    if (st != NF_OK) return st;
+  // Growing past the live peak plus a small slack while cached granules sit
+  // in free ranges: stitch them rather than create more, so that physical
+  // memory tracks live memory even without a limit. First those whose work
+  // is known complete; if much more than the slack sits idle, wait for the
+  // streams too. This runs only while memory grows towards a new peak, never
+  // in a steady state that reuses the cache.
+  uint64_t peak = p->st.live_rounded + size;
+  if (peak < p->st.live_rounded_peak) peak = p->st.live_rounded_peak;
+  uint64_t slack = (peak >> NF_SLACK_SHIFT) + ((uint64_t)NF_SLACK_GRANULES << p->gshift);
+  if (((p->gran_created + k - p->gran_free_count) << p->gshift) > peak + slack) {
+    for (int blocking = 0; blocking < 2 && p->gran_free_count < k; blocking++) {
+      if (nf__cached(p) < (blocking ? slack : p->granule)) break;
+      nf__unmap_cached(p, k - p->gran_free_count, blocking, c, g0, g1, &st);
+      if (st != NF_OK) return st;
+    }
     if (p->gran_free_count >= k) return NF_OK;
   }
   st = nf__granules_create(p, k - p->gran_free_count);

@@ -121,6 +121,13 @@ def run_worker(a):
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
+    # cuDNN and flash attention backward use atomics (non-deterministic even
+    # under use_deterministic_algorithms with warn_only): the math kernel is
+    # the one that makes losses comparable bit for bit across allocators.
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_math_sdp(True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     res["torch"] = torch.__version__
@@ -171,7 +178,12 @@ def run_worker(a):
             ms = torch.cuda.memory_stats()
             drv.append(ms.get("num_device_alloc", 0) + ms.get("num_device_free", 0))
         del x, loss
-    steady = max(1, a.steps - WARMUP)
+    # Steady steps: after warm-up, steps that set no new live peak (with
+    # dynamic shapes a longer sequence than ever before must grow memory;
+    # every allocator pays then). Calls/step is averaged over those.
+    def per_steady(cum):
+        d = [cum[i] - cum[i - 1] for i in range(max(1, WARMUP), len(cum)) if live_peaks[i] <= live_peaks[i - 1]]
+        return (sum(d) / len(d)) if d else None
     res.update(losses=losses, step_times=times, seq_lens=lens, live_peak_by_step=live_peaks,
                median_step_s=statistics.median(times[WARMUP:] or times))
     res["peak_live"] = torch.cuda.max_memory_allocated()
@@ -186,11 +198,11 @@ def run_worker(a):
         res["peak_mapped"] = s["mapped_peak"]
         res["peak_physical"] = s["physical_peak"]
         res["calls_by_step"] = calls
-        res["calls_per_steady_step"] = (calls[-1] - calls[WARMUP - 1]) / steady if a.steps > WARMUP else None
+        res["calls_per_steady_step"] = per_steady(calls)
     else:
         res["peak_requested"] = ms.get("requested_bytes.all.peak", 0)
         res["driver_calls_by_step"] = drv
-        res["calls_per_steady_step"] = (drv[-1] - drv[WARMUP - 1]) / steady if a.steps > WARMUP else None
+        res["calls_per_steady_step"] = per_steady(drv)
     res["wall_s"] = time.time() - t_start
     res["status"] = "ok"
     dump()
