@@ -77,14 +77,18 @@ typedef struct nf_config_s {
   uint64_t va_chunk;          //!< virtual address space reserved at a time; 0 = 4 x limit (min 1 GiB)
   int device;                 //!< device ordinal (CUDA backend)
   int backend;                //!< NF_BACKEND_HOST or NF_BACKEND_CUDA (for nf_pool_create_from_config)
-  uint64_t host_capacity;     //!< host backend: simulated device capacity; 0 = 141 GiB... see docs
+  uint64_t host_capacity;     //!< host backend: simulated device capacity; 0 = 141 GiB
+  int tight;                  //!< 1: below the limit too, stitch cached granules rather than grow
+                              //!< past the live peak + 1/64 (fewer bytes, more backend calls)
 } nf_config_t;
 
 #define NF_BACKEND_HOST 0
 #define NF_BACKEND_CUDA 1
 
-//! Fill `cfg` with defaults (limit 0 = capacity, release_threshold = 1/8 of
-//! the limit, small_max 1 MiB, ...). Returns NF_OK.
+//! Fill `cfg` with defaults: limit 0 (= backend capacity), reserve 0,
+//! release_threshold "auto" (= limit/4; UINT64_MAX-1 in the struct, "never" =
+//! UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
+//! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, tight 0.
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
 
 //! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB

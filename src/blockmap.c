@@ -32,8 +32,6 @@ nf_block_t *nf__block_new(nf_pool_t *p) {
 }
 
 void nf__block_delete(nf_pool_t *p, nf_block_t *b) {
-  free(b->pend);
-  b->pend = NULL;
   b->fnext = p->slab_free;
   p->slab_free = b;
 }
@@ -108,12 +106,7 @@ void nf__map_remove(nf_pool_t *p, uintptr_t key) {
 }
 
 void nf__blocks_destroy(nf_pool_t *p) {
-  // Pending-list arrays belong to blocks that may not be on the free list.
-  for (uint64_t i = 0; i < p->nslabs; i++) {
-    nf_block_t *slab = p->slabs[i];
-    for (int k = 0; k < NF_SLAB_BLOCKS; k++) free(slab[k].pend);
-    free(slab);
-  }
+  for (uint64_t i = 0; i < p->nslabs; i++) free(p->slabs[i]);
   free(p->slabs);
   free(p->map.slots);
   p->slabs = NULL;

@@ -32,7 +32,7 @@
 
 static const char VALID_KEYS[] =
     "limit, reserve, release_threshold, retain, granule, small_max, va_chunk, "
-    "device, backend, host_capacity";
+    "device, backend, host_capacity, tight";
 
 nf_status_t nf_config_default(nf_config_t *cfg) {
   if (!cfg) return NF_ERR_INVALID;
@@ -273,6 +273,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
     return NF_OK;
   }
   if (tok_eq(k, "device")) return parse_int(v, "device", NF_CONFIG_MAX_DEVICE, &c->device, err, errlen);
+  if (tok_eq(k, "tight")) return parse_int(v, "tight", 1, &c->tight, err, errlen);
   if (tok_eq(k, "backend")) {
     if (tok_ieq(v, "host")) {
       c->backend = NF_BACKEND_HOST;
@@ -354,7 +355,7 @@ int nf_config_format(const nf_config_t *cfg, char *buf, size_t len) {
   return snprintf(buf, len,
                   "limit:%" PRIu64 ",reserve:%" PRIu64 ",release_threshold:%s,retain:%" PRIu64
                   ",granule:%" PRIu64 ",small_max:%" PRIu64 ",va_chunk:%" PRIu64
-                  ",device:%d,backend:%s,host_capacity:%" PRIu64,
+                  ",device:%d,backend:%s,host_capacity:%" PRIu64 ",tight:%d",
                   cfg->limit, cfg->reserve, rt, cfg->retain, cfg->granule, cfg->small_max,
-                  cfg->va_chunk, cfg->device, be, cfg->host_capacity);
+                  cfg->va_chunk, cfg->device, be, cfg->host_capacity, cfg->tight);
 }

@@ -18,7 +18,6 @@
 #define NF_ALIGN_SHIFT 9 // blocks are 512-byte aligned, sizes multiples of 512
 #define NF_ALIGN ((uint64_t)1 << NF_ALIGN_SHIFT)
 #define NF_MAX_STREAMS 64 // streams are tracked in a 64-bit mask
-#define NF_STREAM_NONE 0xFFFF // free block whose work is known complete
 #define NF_RELEASE_AUTO (UINT64_MAX - 1)
 #define NF_RELEASE_NEVER UINT64_MAX
 
@@ -57,9 +56,9 @@ struct nf_block_s {
   nf_chunk_t *chunk;
   uint64_t req;              // live: requested size
   uint64_t extra;            // live/pending: mask of extra streams (record_stream)
-  uint32_t *pend;            // pending: per extra stream, event number to wait for
-  uint32_t seq;              // free: events recorded on `stream` at free time
-  uint16_t stream;           // live: allocation stream; free: stream that may still use it
+  uint64_t smask;            // free/pending: streams whose work may still use it (0: none)
+  uint64_t tick;             // free/pending: pool tick at the (latest) free
+  uint16_t stream;           // live: allocation stream
   uint8_t state;
   uint8_t arena;
 };
@@ -96,12 +95,14 @@ typedef struct nf_granule_s {
 enum { NF_GR_UNUSED = 0, NF_GR_FREE = 1, NF_GR_MAPPED = 2 };
 
 // ------------------------------------------------------------------ streams
+// Ticks order frees and event records pool-wide: a record at tick r covers
+// every free on its stream at a tick below r.
 typedef struct nf_stream_rec_s {
   nf_stream_t handle;
   nf_event_t event;   // one reusable event, created lazily
-  uint32_t rec;       // events recorded so far (event k is the k-th record)
-  uint32_t done;      // highest event number known complete
-  uint32_t last_free; // first event number covering the newest free (0 = none)
+  uint64_t rec_tick;  // tick of the newest record (0: none)
+  uint64_t done_tick; // tick of the newest record known complete
+  uint64_t last_free; // tick of the newest free on this stream
 } nf_stream_rec_t;
 
 // ------------------------------------------------------------------ hash
@@ -138,7 +139,8 @@ struct nf_pool_s {
   nf_stream_rec_t streams[NF_MAX_STREAMS];
   uint32_t nstreams;
   uint32_t last_stream; // index of the last stream looked up (fast path)
-  uint32_t waited[NF_MAX_STREAMS][NF_MAX_STREAMS]; // [S][A]: A's event S waits on
+  uint64_t tick;                                   // pool clock (frees and records)
+  uint64_t waited[NF_MAX_STREAMS][NF_MAX_STREAMS]; // [S][A]: tick of the A-record S waits on
   bool release_auto;      // release_threshold follows the limit
   uint64_t release_floor; // cached level at which the last release attempt stopped
 

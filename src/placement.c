@@ -140,8 +140,8 @@ static nf_block_t *split_front(nf_pool_t *p, nf_block_t *b, uint64_t size) {
   r->chunk = b->chunk;
   r->arena = b->arena;
   r->state = NF_BLK_FREE;
-  r->stream = b->stream;
-  r->seq = b->seq;
+  r->smask = b->smask;
+  r->tick = b->tick;
   r->prev = b;
   r->next = b->next;
   if (b->next) b->next->prev = r;
@@ -194,29 +194,23 @@ nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size) 
   return b;
 }
 
-// Two free neighbours merge when one stream ordering covers both: same
-// stream, or one of them retired (its work known complete).
-static bool merge_into(nf_pool_t *p, nf_block_t *keep, nf_block_t *gone) {
-  bool rk = nf__block_retired(p, keep), rg = nf__block_retired(p, gone);
-  if (keep->stream != gone->stream && !rk && !rg) return false;
-  if (rk && rg) {
-    keep->stream = NF_STREAM_NONE;
-    keep->seq = 0;
-  } else if (rk) {
-    keep->stream = gone->stream;
-    keep->seq = gone->seq;
-  } else if (!rg && gone->seq > keep->seq) {
-    keep->seq = gone->seq;
-  }
-  return true;
+// Free neighbours always merge: the merged block must be ordered after the
+// work of both (union of streams, the later free tick: conservative, never
+// unsafe); a neighbour whose work is known complete adds nothing.
+static void merge_order(const nf_pool_t *p, nf_block_t *keep, const nf_block_t *gone) {
+  if (keep->smask && nf__block_retired(p, keep)) keep->smask = 0;
+  if (!gone->smask || nf__block_retired(p, gone)) return;
+  if (!keep->smask || gone->tick > keep->tick) keep->tick = gone->tick;
+  keep->smask |= gone->smask;
 }
 
 // Insert a freed block into its arena's index, coalescing with free
-// neighbours. `b` must be detached (state FREE, stream/seq set).
+// neighbours. `b` must be detached (state FREE, smask/tick set).
 void nf__release_block(nf_pool_t *p, nf_block_t *b) {
   nf_tlsf_t *t = &p->tlsf[b->arena];
   nf_block_t *n = b->next;
-  if (n && n->state == NF_BLK_FREE && merge_into(p, b, n)) {
+  if (n && n->state == NF_BLK_FREE) {
+    merge_order(p, b, n);
     nf__tlsf_remove(t, n);
     b->size += n->size;
     b->next = n->next;
@@ -224,7 +218,8 @@ void nf__release_block(nf_pool_t *p, nf_block_t *b) {
     nf__block_delete(p, n);
   }
   nf_block_t *q = b->prev;
-  if (q && q->state == NF_BLK_FREE && merge_into(p, q, b)) {
+  if (q && q->state == NF_BLK_FREE) {
+    merge_order(p, q, b);
     nf__tlsf_remove(t, q);
     q->size += b->size;
     q->next = b->next;

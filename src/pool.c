@@ -282,8 +282,9 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
     nf__unlock(&p->lock);
     return st;
   }
-  nf_stream_rec_t *r = &p->streams[b->stream];
-  b->seq = r->rec;
+  b->tick = ++p->tick;
+  b->smask = 1ull << b->stream;
+  p->streams[b->stream].last_free = b->tick;
   if (NF_UNLIKELY(b->extra)) {
     nf_status_t st = nf__pending_add(p, b);
     if (st != NF_OK) { nf__unlock(&p->lock); return st; }
@@ -291,7 +292,6 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
     b->state = NF_BLK_FREE;
   }
   nf__map_remove(p, b->addr);
-  r->last_free = r->rec + 1;
   p->st.live -= b->req;
   p->st.live_rounded -= b->size;
   p->st.live_blocks--;

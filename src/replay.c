@@ -105,6 +105,11 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
   for (; i < ops->n_ops; i++) {
     const nf__trace_op *op = &ops->ops[i];
     slot_t *s = &slots[op->slot];
+    if (i == ops->n_ops / 2) { // steady-state proxy: calls made in the second half
+      nf_stats_t mid;
+      nf_stats_get(pool, &mid);
+      res->calls_first_half = mid.backend_calls;
+    }
     if (op->kind == NF_TRACE_OP_ALLOC) {
       s->size = op->size;
       s->ptr = NULL;
@@ -145,6 +150,7 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
   res->seconds = now_s() - t0;
   res->ops_done = i;
   nf_stats_get(pool, &res->stats);
+  res->calls_second_half = res->stats.backend_calls - res->calls_first_half;
   if (res->status == NF_OK && verify) { // blocks still live at the end
     for (size_t k = 0; k < ops->n_slots; k++) {
       if (!slots[k].ptr) continue;

@@ -39,6 +39,7 @@ typedef struct nf__replay_result_s {
   uint64_t verified;    // signatures checked
   nf_status_t check;    // nf_pool_check (NF_OK when not run)
   uint64_t limit, granule, capacity; // in force
+  uint64_t calls_first_half, calls_second_half; // backend calls in each half of the ops (steady state)
 } nf__replay_result;
 
 // Defaults: nf_config_default, unlimited, 2 MiB granules, no verify, check.

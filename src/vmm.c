@@ -88,7 +88,7 @@ nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
   c->next = p->chunks;
   p->chunks = c;
   *b = (nf_block_t){.addr = c->base, .size = size, .chunk = c, .state = NF_BLK_FREE,
-                    .stream = NF_STREAM_NONE, .arena = (uint8_t)arena};
+                    .arena = (uint8_t)arena};
   nf__tlsf_insert(&p->tlsf[arena], b);
   return NF_OK;
 }
@@ -210,16 +210,17 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
                                 uint64_t size) {
   if (p->gran_free_count >= k) return NF_OK;
   nf_status_t st;
-  // Growing past the live peak plus a small slack while cached granules sit
-  // in free ranges: stitch them rather than create more, so that physical
-  // memory tracks live memory even without a limit. First those whose work
-  // is known complete; if much more than the slack sits idle, wait for the
-  // streams too. This runs only while memory grows towards a new peak, never
-  // in a steady state that reuses the cache.
+  // `tight`: growing past the live peak plus a small slack while cached
+  // granules sit in free ranges, stitch them rather than create more, so
+  // that physical memory tracks live memory even without a limit. First
+  // those whose work is known complete; if much more than the slack sits
+  // idle, wait for the streams too. Off by default: a step whose layout
+  // differs from the last then pays backend calls (and waits) instead of
+  // growing once -- see docs/design.md.
   uint64_t peak = p->st.live_rounded + size;
   if (peak < p->st.live_rounded_peak) peak = p->st.live_rounded_peak;
   uint64_t slack = (peak >> NF_SLACK_SHIFT) + ((uint64_t)NF_SLACK_GRANULES << p->gshift);
-  if (((p->gran_created + k - p->gran_free_count) << p->gshift) > peak + slack) {
+  if (p->cfg.tight && ((p->gran_created + k - p->gran_free_count) << p->gshift) > peak + slack) {
     for (int blocking = 0; blocking < 2 && p->gran_free_count < k; blocking++) {
       if (nf__cached(p) < (blocking ? slack : p->granule)) break;
       nf__unmap_cached(p, k - p->gran_free_count, blocking, c, g0, g1, &st);

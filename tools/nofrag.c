@@ -98,7 +98,8 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
          ops->peak_live, s->live_peak, s->live_rounded_peak, s->mapped_peak, s->physical_peak,
          ratio(s->mapped_peak, s->live_peak), ratio(s->physical_peak, s->live_peak), ops->native_peak_reserved,
          ratio(ops->native_peak_reserved, ops->peak_live));
-  printf(",\"backend_calls\":%" PRIu64 ",\"calls\":{", s->backend_calls);
+  printf(",\"backend_calls\":%" PRIu64 ",\"calls_second_half\":%" PRIu64 ",\"calls\":{", s->backend_calls,
+         r->calls_second_half);
   const char *sep = "";
 #define X(f) printf("%s\"" #f "\":%" PRIu64, sep, s->calls.f); sep = ",";
   CALLS(X)
@@ -157,6 +158,7 @@ static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   CALLS(X)
 #undef X
   printf(")\n");
+  printf("  in 2nd half         %" PRIu64 " (steady state: the trace's later steps)\n", r->calls_second_half);
   printf("reclaims              %" PRIu64 " (%" PRIu64 " granules stitched)\n", s->reclaims, s->reclaimed_granules);
   printf("replay                %.3f s, %.0f allocator calls/s (%zu of %zu)\n", r->seconds,
          r->seconds > 0 ? (double)r->ops_done / r->seconds : 0.0, r->ops_done, ops->n_ops);

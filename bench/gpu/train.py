@@ -41,7 +41,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-ALLOCS = ("native", "expandable", "nofrag")
+ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight")  # nofrag-tight: config tight:1
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150),
     "vit": dict(batch=128, seq=None, steps=20, timeout=120),
@@ -111,9 +111,11 @@ def run_worker(a):
             json.dump(res, f)
 
     dump()
-    if a.alloc == "nofrag":
+    if a.alloc.startswith("nofrag"):
         import nofrag.torch as nft  # before torch initialises CUDA
         conf = {"limit": str(a.cap)} if a.cap else {}
+        if a.alloc == "nofrag-tight":
+            conf["tight"] = "1"
         res["nofrag_install"] = nft.enable(**conf)
     import torch
     torch.manual_seed(SEED)
@@ -133,12 +135,12 @@ def run_worker(a):
     res["torch"] = torch.__version__
     total = torch.cuda.mem_get_info()[1]
     res["device_total"] = total
-    if a.cap and a.alloc != "nofrag":
+    if a.cap and not a.alloc.startswith("nofrag"):
         frac = min(1.0, a.cap / total)
         torch.cuda.set_per_process_memory_fraction(float(frac), 0)
         res["fraction"] = frac
     nf = None
-    if a.alloc == "nofrag":
+    if a.alloc.startswith("nofrag"):
         import nofrag
         nf = nofrag
     model, vocab = build(a.model, torch)
@@ -250,15 +252,15 @@ def worker_main(argv):
 def dry_worker(a):
     """Fake run: native needs 1.17x live, expandable 1.004x, nofrag 1.001x."""
     live = {"gpt2": 23.2, "vit": 9.5, "llama": 16.2}[a.model] * GiB
-    need = live * {"native": 1.17, "expandable": 1.004, "nofrag": 1.001}[a.alloc]
-    rsv = live * {"native": 1.72, "expandable": 1.07, "nofrag": 1.01}[a.alloc]
+    need = live * {"native": 1.17, "expandable": 1.004}.get(a.alloc, 1.001)
+    rsv = live * {"native": 1.72, "expandable": 1.07}.get(a.alloc, 1.01)
     ok = not a.cap or a.cap >= need
     res = {"model": a.model, "alloc": a.alloc, "steps": a.steps, "cap": a.cap, "status": "ok" if ok else "oom",
            "losses": [(1.0 + i).hex() for i in range(a.steps)], "median_step_s": 0.17,
            "peak_live": int(live), "peak_reserved": int(min(rsv, a.cap or rsv)),
            "peak_requested": int(live), "calls_per_steady_step": 0.0,
            "live_peak_by_step": [int(live)] * a.steps}
-    if a.alloc == "nofrag":
+    if a.alloc.startswith("nofrag"):
         res.update(peak_physical=int(rsv), peak_mapped=int(rsv))
     with open(a.json, "w") as f:
         json.dump(res, f)
@@ -329,7 +331,7 @@ class Runner:
 
     def uncapped(self, models):
         for model in models:
-            for alloc in ALLOCS:
+            for alloc in self.a.allocs.split(","):
                 r = self.run(model, alloc, self.a.steps or MODELS[model]["steps"])
                 self.results["runs"].append(r)
                 self.save()
@@ -341,7 +343,7 @@ class Runner:
         process; stops after --probes probes or on the time budget."""
         k = self.a.probe_steps
         out = {}
-        for alloc in ALLOCS:
+        for alloc in self.a.bisect_allocs.split(","):
             base = next((r for r in self.results["runs"] if r.get("model") == model and r.get("alloc") == alloc
                          and r.get("status") == "ok"), None)
             if not base:
@@ -467,6 +469,8 @@ def main():
     p.add_argument("--models", default="gpt2,vit,llama")
     p.add_argument("--steps", type=int, default=0, help="steps per run (0: per-model default, 20)")
     p.add_argument("--bisect", default="gpt2", help="models to bisect ('' for none)")
+    p.add_argument("--allocs", default=",".join(ALLOCS), help="allocators for the uncapped runs")
+    p.add_argument("--bisect-allocs", default="native,expandable,nofrag", help="allocators to bisect")
     p.add_argument("--probes", type=int, default=6, help="max probes per allocator")
     p.add_argument("--probe-steps", type=int, default=10)
     p.add_argument("--tol", type=float, default=0.002, help="bisection tolerance, fraction of live")
