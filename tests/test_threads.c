@@ -16,7 +16,7 @@ static void *worker(void *arg) {
   uint64_t rng = (uint64_t)(uintptr_t)arg * 7919 + nft_env_seed(1);
   struct { void *p; size_t n; uint64_t tag; } l[SLOTS] = {{0}};
   nf_stream_t s = (nf_stream_t)arg;
-  for (int it = 0; it < 4000; it++) {
+  for (int it = 0; it < 20000; it++) {
     int i = (int)(nft_rand(&rng) % SLOTS);
     if (l[i].p) {
       if (!nft_check(l[i].p, l[i].n, l[i].tag)) errors++;
@@ -44,7 +44,7 @@ static void *worker(void *arg) {
 
 static void test_threads_stress(void **state) {
   nf_backend_t *be;
-  pool = nft_pool(&be, 1ull << 30, G, "limit:24MiB,small_max:16KiB");
+  pool = nft_pool(&be, 1ull << 30, G, "limit:6MiB,small_max:16KiB");
   assert_non_null(pool);
   pthread_t t[THREADS];
   for (uintptr_t i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, worker, (void *)(i + 1));
