@@ -100,13 +100,16 @@ nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64
   // tightest fit wins (first fitting block, usable first).
   bool tight = p->gran_created + (size >> p->gshift) + 2 > p->max_granules;
   int budget = tight ? NF_WALK : NF_SCAN;
-  for (nf_block_t *b = t->heads[fl][sl]; b && budget > 0; b = b->fnext, budget--) {
+  n = 0;
+  for (nf_block_t *b = t->heads[fl][sl]; b && budget > 0 && n < NF_SCAN; b = b->fnext, n++) {
     if (b->size < size) continue;
+    budget--;
     uint64_t c = tight ? !nf__block_usable(p, b, s) : place_cost(p, b, size, s, &o);
     if (c < best_cost) { best = b; best_cost = c; best_off = tight ? 0 : o; }
     if (!c) goto done;
   }
-  if (tight && best) goto done;
+  if (best && (tight || budget <= 0)) goto done;
+  if (budget <= 0) budget = 1; // a larger class's first block always fits
   if (units >= NF_SL_COUNT) units += (1ull << (fls64(units) - NF_SL_LOG2)) - 1;
   mapping(units, &fl, &sl);
   for (; fl < NF_FL_COUNT && budget > 0; fl++, sl = 0) {

@@ -344,13 +344,33 @@ static void test_small_large_share(void **state) {
   nf_backend_destroy(be);
 }
 
+// Many free blocks of the request's size class that are each too small must
+// not hide the free range that fits (found on an H200 run: the scan budget
+// was spent on them and the allocation failed as "fresh range not found").
+static void test_class_full_of_misfits(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:256MiB");
+  enum { N = 120 };
+  const size_t want = 600 * 1024, small = want - 4096; // same TLSF class
+  void *a[2 * N];
+  for (int i = 0; i < 2 * N; i++) assert_non_null(a[i] = nf_alloc(p, i % 2 ? 512 : small, NULL));
+  for (int i = 0; i < 2 * N; i += 2) assert_int_equal(nf_free(p, a[i]), NF_OK); // misfits, kept apart
+  void *q = nf_alloc(p, want, NULL);
+  assert_non_null(q);
+  nf_free(p, q);
+  for (int i = 1; i < 2 * N; i += 2) nf_free(p, a[i]);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_basic),          cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_limits_and_config), cmocka_unit_test(test_random_one_stream),
       cmocka_unit_test(test_random_streams), cmocka_unit_test(test_cross_stream),
       cmocka_unit_test(test_unmap_waits),    cmocka_unit_test(test_release_policy),
-      cmocka_unit_test(test_small_large_share),
+      cmocka_unit_test(test_small_large_share), cmocka_unit_test(test_class_full_of_misfits),
   };
   fprintf(stderr, "NF_SEED=%llu\n", (unsigned long long)nft_env_seed(42));
   return cmocka_run_group_tests(tests, NULL, NULL);
