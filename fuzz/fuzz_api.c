@@ -32,6 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   c.limit = 48 * G;
   c.small_max = 8192;
   c.release_threshold = 8 * G;
+  c.release_after = 4;
   nf_pool_t *p;
   if (nf_pool_create(&p, be, &c) != NF_OK) abort();
   struct { void *p; size_t n; uint8_t tag; } l[SLOTS] = {{0}};

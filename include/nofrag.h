@@ -78,6 +78,8 @@ typedef struct nf_config_s {
   int device;                 //!< device ordinal (CUDA backend)
   int backend;                //!< NF_BACKEND_HOST or NF_BACKEND_CUDA (for nf_pool_create_from_config)
   uint64_t host_capacity;     //!< host backend: simulated device capacity; 0 = 141 GiB
+  uint64_t release_after;     //!< cached memory is released once above the threshold for this many
+                              //!< frees in a row (a decay: a step's swing stays cached); 0 = at once
   int tight;                  //!< 1: below the limit too, stitch cached granules rather than grow
                               //!< past the live peak + 1/64 (fewer bytes, more backend calls)
 } nf_config_t;
@@ -88,7 +90,7 @@ typedef struct nf_config_s {
 //! Fill `cfg` with defaults: limit 0 (= backend capacity), reserve 0,
 //! release_threshold "auto" (= limit/4; UINT64_MAX-1 in the struct, "never" =
 //! UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
-//! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, tight 0.
+//! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, release_after 4096, tight 0.
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
 
 //! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB

@@ -32,7 +32,7 @@
 
 static const char VALID_KEYS[] =
     "limit, reserve, release_threshold, retain, granule, small_max, va_chunk, "
-    "device, backend, host_capacity, tight";
+    "device, backend, host_capacity, release_after, tight";
 
 nf_status_t nf_config_default(nf_config_t *cfg) {
   if (!cfg) return NF_ERR_INVALID;
@@ -43,6 +43,7 @@ nf_status_t nf_config_default(nf_config_t *cfg) {
   cfg->retain = 0;                                  // release unmapped granules
   cfg->granule = 0;                                 // backend's granularity
   cfg->small_max = 1 * NF_MiB;
+  cfg->release_after = 4096;
   cfg->va_chunk = 0;                                // pool: 4 x limit, min 1 GiB
   cfg->device = 0;
   cfg->backend = NF_BACKEND_HOST;
@@ -274,6 +275,12 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
   }
   if (tok_eq(k, "device")) return parse_int(v, "device", NF_CONFIG_MAX_DEVICE, &c->device, err, errlen);
   if (tok_eq(k, "tight")) return parse_int(v, "tight", 1, &c->tight, err, errlen);
+  if (tok_eq(k, "release_after")) {
+    int n = 0;
+    if ((st = parse_int(v, "release_after", 1 << 30, &n, err, errlen)) != NF_OK) return st;
+    c->release_after = (uint64_t)n;
+    return NF_OK;
+  }
   if (tok_eq(k, "backend")) {
     if (tok_ieq(v, "host")) {
       c->backend = NF_BACKEND_HOST;
@@ -355,7 +362,7 @@ int nf_config_format(const nf_config_t *cfg, char *buf, size_t len) {
   return snprintf(buf, len,
                   "limit:%" PRIu64 ",reserve:%" PRIu64 ",release_threshold:%s,retain:%" PRIu64
                   ",granule:%" PRIu64 ",small_max:%" PRIu64 ",va_chunk:%" PRIu64
-                  ",device:%d,backend:%s,host_capacity:%" PRIu64 ",tight:%d",
+                  ",device:%d,backend:%s,host_capacity:%" PRIu64 ",release_after:%" PRIu64 ",tight:%d",
                   cfg->limit, cfg->reserve, rt, cfg->retain, cfg->granule, cfg->small_max,
-                  cfg->va_chunk, cfg->device, be, cfg->host_capacity, cfg->tight);
+                  cfg->va_chunk, cfg->device, be, cfg->host_capacity, cfg->release_after, cfg->tight);
 }

@@ -142,6 +142,7 @@ struct nf_pool_s {
   uint64_t tick;                                   // pool clock (frees and records)
   uint64_t waited[NF_MAX_STREAMS][NF_MAX_STREAMS]; // [S][A]: tick of the A-record S waits on
   bool release_auto;      // release_threshold follows the limit
+  uint64_t above_since;   // tick since which cached memory exceeds release_threshold (0: not)
   uint64_t release_floor; // cached level at which the last release attempt stopped
 
   nf_stats_t st; // counters and peaks (computed fields filled by nf_stats_get)

@@ -67,8 +67,9 @@ void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b) {
 // block (an event is cheap next to a mapping, but it couples the streams, so
 // it only breaks ties). Sets *off to the better end.
 static uint64_t place_cost(const nf_pool_t *p, const nf_block_t *b, uint64_t size, uint32_t s, uint64_t *off) {
-  uint64_t lo = nf__range_unmapped(p, b->chunk, b->addr, size), hi = lo;
   *off = 0;
+  if (nf__range_mapped(p, b->chunk, b->addr, size)) return !nf__block_usable(p, b, s); // common: cached
+  uint64_t lo = nf__range_unmapped(p, b->chunk, b->addr, size), hi = lo;
   if (lo && b->size > size) {
     hi = nf__range_unmapped(p, b->chunk, b->addr + b->size - size, size);
     if (hi < lo) *off = b->size - size;

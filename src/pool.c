@@ -297,7 +297,18 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   p->st.live_blocks--;
   p->st.frees++;
   if (b->state == NF_BLK_FREE) nf__release_block(p, b);
-  if (NF_UNLIKELY(nf__cached(p) > p->cfg.release_threshold)) nf__maybe_release(p);
+  // Release policy with decay: only cached memory that stays above the
+  // threshold for release_after frees in a row goes back (a training step's
+  // swing drops below it every step and stays cached).
+  if (NF_UNLIKELY(nf__cached(p) > p->cfg.release_threshold)) {
+    if (!p->above_since) p->above_since = p->tick;
+    if (p->tick - p->above_since >= p->cfg.release_after) {
+      nf__maybe_release(p);
+      p->above_since = 0;
+    }
+  } else {
+    p->above_since = 0;
+  }
   nf__unlock(&p->lock);
   return NF_OK;
 }

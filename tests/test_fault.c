@@ -75,6 +75,7 @@ static void run(uint64_t fail_at, double prob, uint64_t seed, uint64_t *calls_ou
   c.limit = 32 * G;
   c.small_max = 8192;
   c.release_threshold = 12 * G;
+  c.release_after = 8;
   nf_pool_t *p = NULL;
   assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
   uint64_t base = 0, failed = 0;

@@ -303,7 +303,7 @@ static void test_unmap_waits(void **state) {
 // without any call from the user; physical above `retain` goes back.
 static void test_release_policy(void **state) {
   nf_backend_t *be;
-  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,retain:128KiB");
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,retain:128KiB,release_after:0");
   void *a[16];
   for (int i = 0; i < 16; i++) assert_non_null(a[i] = nf_alloc(p, 2 * G, NULL));
   assert_int_equal(stats(p).mapped, 32 * G);
@@ -312,6 +312,18 @@ static void test_release_policy(void **state) {
   assert_true(s.cached <= 512 * NF_KiB);
   assert_true(s.physical <= 128 * NF_KiB + 512 * NF_KiB);
   assert_true(s.calls.unmap > 0 && s.calls.release > 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  // Decay: memory above the threshold goes back only after staying above it
+  // for release_after frees in a row.
+  p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,release_after:100");
+  for (int i = 0; i < 16; i++) a[i] = nf_alloc(p, 2 * G, NULL);
+  for (int i = 0; i < 16; i++) nf_free(p, a[i]);
+  assert_int_equal(stats(p).calls.unmap, 0);
+  for (int i = 0; i < 100; i++) nf_free(p, nf_alloc(p, 512, NULL));
+  s = stats(p);
+  assert_true(s.calls.unmap > 0);
+  assert_true(s.cached <= 512 * NF_KiB);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
   // Default (auto) keeps a training step's swing cached: no calls on reuse.
