@@ -172,7 +172,7 @@ void nf__blocks_destroy(nf_pool_t *p);
 void nf__tlsf_insert(nf_tlsf_t *t, nf_block_t *b);
 void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b);
 nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64_t *off);
-nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint32_t s, uint64_t *off);
+nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint64_t *off);
 nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
 void nf__release_block(nf_pool_t *p, nf_block_t *b);
 

@@ -230,7 +230,7 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
     if ((st = place_block(p, &b, off, rsize, s)) == NF_OK) break;
     // Out of granules: once stitching has unmapped every cached granule, the
     // placement needing the fewest new ones may still fit.
-    if (st != NF_ERR_OOM || attempt || !(b = nf__place_min(p, rsize, s, &off))) goto fail;
+    if (st != NF_ERR_OOM || attempt || !(b = nf__place_min(p, rsize, &off))) goto fail;
   }
   if (NF_UNLIKELY(nf__map_insert(p, b) != NF_OK)) {
     b->state = NF_BLK_FREE;
