@@ -1,7 +1,7 @@
 // Cached alloc+free pair on the host backend: the fast path (no backend
-// call). Times batches of pairs with CLOCK_MONOTONIC and reports the median
-// and p99 over batches, per pair, for several sizes; also a "mixed" case with
-// a live set of 64 blocks so frees coalesce with neighbours.
+// call). Times batches of 1000 pairs with CLOCK_MONOTONIC and reports the
+// median and p99 over batches, per pair, for several sizes; also a "mixed"
+// case with a live set of 64 blocks of other sizes around the one recycled.
 //
 //   ./build/bench_alloc [pairs_per_size]
 #include "nofrag.h"
@@ -36,39 +36,51 @@ int main(int argc, char **argv) {
     return 1;
   }
   size_t sizes[] = {512, 4096, 65536, 1 << 20, 8 << 20, 256 << 20};
-  double *t = malloc(sizeof(double) * (size_t)batches);
-  printf("%-12s %10s %10s %10s %12s\n", "size", "median_ns", "p99_ns", "mean_ns", "calls/pair");
-  for (int mixed = 0; mixed < 2; mixed++) {
-    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-      size_t n = sizes[k];
-      void *keep[64] = {0};
-      if (mixed) // neighbours: a live set around the block being recycled
-        for (int i = 0; i < 64; i++) keep[i] = nf_alloc(p, n / 2 + 512 * (size_t)i, NULL);
-      void *w = nf_alloc(p, n, NULL); // warm: map once
-      nf_free(p, w);
-      nf_stats_t s0, s1;
-      nf_stats_get(p, &s0);
-      for (long b = 0; b < batches; b++) {
-        double t0 = now_ns();
-        for (int i = 0; i < BATCH; i++) {
-          void *q = nf_alloc(p, n, NULL);
-          if (!q) { fprintf(stderr, "alloc failed: %s\n", nf_last_error()); return 1; }
-          nf_free(p, q);
+  enum { NS = sizeof sizes / sizeof sizes[0], ROUNDS = 8 };
+  // Rounds interleave the sizes so that a slow period of the machine (VM
+  // neighbours) spreads over all of them instead of skewing one.
+  long per = batches / ROUNDS;
+  double *t[2][NS];
+  uint64_t calls[2][NS] = {{0}};
+  for (int m = 0; m < 2; m++)
+    for (int k = 0; k < NS; k++) t[m][k] = malloc(sizeof(double) * (size_t)(per * ROUNDS));
+  for (int r = 0; r < ROUNDS; r++)
+    for (int mixed = 0; mixed < 2; mixed++)
+      for (int k = 0; k < NS; k++) {
+        size_t n = sizes[k];
+        void *keep[64] = {0};
+        if (mixed) // neighbours: a live set around the block being recycled
+          for (int i = 0; i < 64; i++) keep[i] = nf_alloc(p, n / 2 + 512 * (size_t)i, NULL);
+        void *w = nf_alloc(p, n, NULL); // warm: map once
+        nf_free(p, w);
+        nf_stats_t s0, s1;
+        nf_stats_get(p, &s0);
+        for (long b = 0; b < per; b++) {
+          double t0 = now_ns();
+          for (int i = 0; i < BATCH; i++) {
+            void *q = nf_alloc(p, n, NULL);
+            if (!q) { fprintf(stderr, "alloc failed: %s\n", nf_last_error()); return 1; }
+            nf_free(p, q);
+          }
+          t[mixed][k][r * per + b] = (now_ns() - t0) / BATCH;
         }
-        t[b] = (now_ns() - t0) / BATCH;
+        nf_stats_get(p, &s1);
+        calls[mixed][k] += s1.backend_calls - s0.backend_calls;
+        for (int i = 0; i < 64; i++) nf_free(p, keep[i]);
       }
-      nf_stats_get(p, &s1);
-      double sum = 0;
-      for (long b = 0; b < batches; b++) sum += t[b];
-      qsort(t, (size_t)batches, sizeof *t, cmp);
+  printf("%-16s %10s %10s %10s %12s\n", "size", "median_ns", "p99_ns", "mean_ns", "calls/pair");
+  for (int mixed = 0; mixed < 2; mixed++)
+    for (int k = 0; k < NS; k++) {
+      long nb = per * ROUNDS;
+      double sum = 0, *v = t[mixed][k];
+      for (long b = 0; b < nb; b++) sum += v[b];
+      qsort(v, (size_t)nb, sizeof *v, cmp);
       char label[32];
-      snprintf(label, sizeof label, "%s%zu", mixed ? "mixed/" : "", n);
-      printf("%-12s %10.1f %10.1f %10.1f %12.4f\n", label, t[batches / 2], t[batches * 99 / 100],
-             sum / (double)batches, (double)(s1.backend_calls - s0.backend_calls) / (double)(batches * BATCH));
-      for (int i = 0; i < 64; i++) nf_free(p, keep[i]);
+      snprintf(label, sizeof label, "%s%zu", mixed ? "mixed/" : "", sizes[k]);
+      printf("%-16s %10.1f %10.1f %10.1f %12.4f\n", label, v[nb / 2], v[nb * 99 / 100], sum / (double)nb,
+             (double)calls[mixed][k] / (double)(nb * BATCH));
+      free(v);
     }
-  }
-  free(t);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
   return 0;

@@ -70,7 +70,8 @@ typedef struct nf_backend_s nf_backend_t;
 typedef struct nf_config_s {
   uint64_t limit;             //!< max physical bytes (rounded down to granules); 0 = backend capacity
   uint64_t reserve;           //!< physical bytes created up front at pool creation
-  uint64_t release_threshold; //!< cached (mapped, not live) bytes kept before unmapping; UINT64_MAX = never
+  uint64_t release_threshold; //!< cached (mapped, not live) bytes kept before releasing; UINT64_MAX = never,
+                              //!< UINT64_MAX-1 = auto (limit/4)
   uint64_t retain;            //!< unmapped physical bytes kept when releasing; above it granules go back
   uint64_t granule;           //!< granule size; 0 = backend's granularity (host backend: settable)
   uint64_t small_max;         //!< requests up to this size are packed apart from large ones

@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+bash scripts/setup-deps.sh --build
 mkdir -p build
 log=build/run-build.log
 {

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Install the build and test dependencies on Debian 12 (bookworm) / Ubuntu.
 # Idempotent: does nothing (not even `apt-get update`) when all are present.
-# Used by .ci/run; users run it once before ./scripts/test.sh.
+# Called by scripts/run.sh (--build: what the library and CLI need),
+# scripts/test.sh and .ci/run (everything).
 set -euo pipefail
 
+BUILD_PACKAGES=(build-essential cmake zlib1g-dev)
 PACKAGES=(
   build-essential # gcc 12 (+ libasan/libubsan/libtsan runtimes), make
   cmake           # >= 3.16 (bookworm: 3.25)
@@ -14,6 +16,8 @@ PACKAGES=(
   valgrind
   python3
 )
+
+if [ "${1:-}" = "--build" ]; then PACKAGES=("${BUILD_PACKAGES[@]}"); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
