@@ -4,6 +4,7 @@
 // parses options and prints. Exit codes: 0 ok, 1 the replay failed (OOM, data
 // lost, invariant broken), 2 usage or input error (bad option, unreadable or
 // malformed trace).
+#include "model.h"
 #include "nofrag.h"
 #include "replay.h"
 #include "trace.h"
@@ -31,6 +32,10 @@ static const char usage[] =
     "                    --granule override it\n"
     "  --min-capacity    bisect the smallest limit, in whole granules, under which the whole\n"
     "                    trace completes; prints min_capacity and min_capacity / peak live\n"
+    "  --allocator NAME  nofrag (default), native (a model of PyTorch's caching allocator with\n"
+    "                    default settings), expandable (the same with expandable_segments:True)\n"
+    "                    or all (the three, then a side-by-side table). The models take --limit\n"
+    "                    as PyTorch's memory fraction and free their cache and retry before OOM\n"
     "  --verify          write a signature into every block and check it at its free\n"
     "  --json            print one JSON object instead of text\n"
     "\n"
@@ -39,8 +44,9 @@ static const char usage[] =
 typedef struct cli_s {
   const char *trace;
   const char *conf;
-  const char *limit_str, *granule_str;
+  const char *limit_str, *granule_str, *allocator;
   int min_capacity, json, verify;
+  int run_nofrag, run_model[NF_MODEL_NKINDS]; // from --allocator
 } cli_t;
 
 // Sizes go through nf_config_parse so that the syntax is the library's.
@@ -80,7 +86,7 @@ static void json_str(const char *s) {
   X(event_create) X(event_record) X(event_query) X(event_sync) X(stream_wait)
 
 static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__replay_opts *ro,
-                       const nf__replay_result *r, const nf__replay_bisect *b, int bisected) {
+                       const nf__replay_result *r, const nf__replay_bisect *b, int bisected, const char *end) {
   const nf_stats_t *s = &r->stats;
   printf("{\"trace\":");
   json_str(cli->trace);
@@ -126,7 +132,53 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   } else {
     printf(",\"min_capacity\":null,\"min_capacity_ratio\":null");
   }
-  printf("}\n");
+  printf("}%s", end);
+}
+
+// One allocator model's run (and bisection): JSON object, or text lines.
+static void print_model_json(const nf__trace_ops *ops, const nf__model_result *r, const nf__model_bisect *b,
+                             int bisected) {
+  printf("{\"allocator\":\"%s\",\"limit\":", nf__model_name(r->kind));
+  if (r->limit) printf("%" PRIu64, r->limit); else printf("null");
+  printf(",\"status\":\"%s\",\"error\":", r->status == NF_OK ? "ok" : r->status == NF_ERR_OOM ? "oom" : "error");
+  if (r->error[0]) json_str(r->error); else printf("null");
+  printf(",\"ops_done\":%zu,\"peak_live\":%" PRIu64 ",\"peak_allocated\":%" PRIu64 ",\"peak_reserved\":%" PRIu64
+         ",\"peak_reserved_ratio\":%.6f,\"native_peak_reserved\":%" PRIu64 ",\"device_allocs\":%" PRIu64
+         ",\"device_frees\":%" PRIu64 ",\"alloc_retries\":%" PRIu64 ",\"ooms\":%" PRIu64 ",\"segments_peak\":%zu"
+         ",\"replay_seconds\":%.6f", r->ops_done, r->peak_requested, r->peak_allocated, r->peak_reserved,
+         ratio(r->peak_reserved, ops->peak_live), ops->native_peak_reserved, r->device_allocs, r->device_frees,
+         r->alloc_retries, r->ooms, r->segments_peak, r->seconds);
+  if (bisected)
+    printf(",\"min_capacity\":%" PRIu64 ",\"min_capacity_ratio\":%.6f,\"min_capacity_probes\":%u"
+           ",\"min_capacity_seconds\":%.3f", b->min_capacity, ratio(b->min_capacity, ops->peak_live), b->probes,
+           b->seconds);
+  else printf(",\"min_capacity\":null,\"min_capacity_ratio\":null");
+  printf("}");
+}
+
+static void print_model_text(const nf__trace_ops *ops, const nf__model_result *r, const nf__model_bisect *b,
+                             int bisected) {
+  char h[32];
+  printf("allocator             %s (model of PyTorch's caching allocator%s)\n", nf__model_name(r->kind),
+         r->kind == NF_MODEL_EXPANDABLE ? ", expandable_segments:True" : ", default settings");
+  human(h, sizeof h, r->limit);
+  printf("limit                 %s\n", r->limit ? h : "none");
+  human(h, sizeof h, r->peak_allocated);
+  printf("peak allocated        %" PRIu64 " B (%s, block sizes)\n", r->peak_allocated, h);
+  human(h, sizeof h, r->peak_reserved);
+  printf("peak reserved         %" PRIu64 " B (%s, %.4f x live)\n", r->peak_reserved, h,
+         ratio(r->peak_reserved, ops->peak_live));
+  printf("device calls          %" PRIu64 " %s, %" PRIu64 " %s; %" PRIu64 " cache flushes and retries\n",
+         r->device_allocs, r->kind == NF_MODEL_EXPANDABLE ? "maps" : "cudaMalloc", r->device_frees,
+         r->kind == NF_MODEL_EXPANDABLE ? "unmaps" : "cudaFree", r->alloc_retries);
+  printf("segments at peak      %zu\n", r->segments_peak);
+  printf("replay                %.3f s (%zu of %zu ops)\n", r->seconds, r->ops_done, ops->n_ops);
+  if (r->status != NF_OK) printf("stopped               %s\n", r->error);
+  if (bisected) {
+    human(h, sizeof h, b->min_capacity);
+    printf("min capacity          %" PRIu64 " B (%s) = %.4f x peak live (%u probes, %.2f s)\n", b->min_capacity, h,
+           ratio(b->min_capacity, ops->peak_live), b->probes, b->seconds);
+  }
 }
 
 static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__replay_opts *ro,
@@ -188,13 +240,17 @@ static int cmd_replay(int argc, char **argv) {
     else if (strncmp(a, "--limit", 7) == 0) val = &cli.limit_str;
     else if (strncmp(a, "--granule", 9) == 0) val = &cli.granule_str;
     else if (strncmp(a, "--conf", 6) == 0) val = &cli.conf;
+    else if (strncmp(a, "--allocator", 11) == 0) val = &cli.allocator;
     else if (a[0] == '-' && a[1]) { fprintf(stderr, "nofrag: unknown option '%s' (see nofrag --help)\n", a); return 2; }
     else if (!cli.trace) cli.trace = a;
     else { fprintf(stderr, "nofrag: unexpected argument '%s' (one TRACE only)\n", a); return 2; }
     if (val) { // --opt VALUE or --opt=VALUE
       const char *eq = strchr(a, '=');
       size_t kl = eq ? (size_t)(eq - a) : strlen(a);
-      if (kl != strlen(val == &cli.limit_str ? "--limit" : val == &cli.granule_str ? "--granule" : "--conf")) {
+      if (kl != strlen(val == &cli.limit_str     ? "--limit"
+                       : val == &cli.granule_str ? "--granule"
+                       : val == &cli.allocator   ? "--allocator"
+                                                 : "--conf")) {
         fprintf(stderr, "nofrag: unknown option '%s' (see nofrag --help)\n", a);
         return 2;
       }
@@ -204,6 +260,15 @@ static int cmd_replay(int argc, char **argv) {
     }
   }
   if (!cli.trace) { fprintf(stderr, "nofrag: replay needs a TRACE file (see nofrag --help)\n"); return 2; }
+  const char *alloc = cli.allocator ? cli.allocator : "nofrag";
+  if (strcmp(alloc, "nofrag") == 0) cli.run_nofrag = 1;
+  else if (strcmp(alloc, "native") == 0) cli.run_model[NF_MODEL_NATIVE] = 1;
+  else if (strcmp(alloc, "expandable") == 0) cli.run_model[NF_MODEL_EXPANDABLE] = 1;
+  else if (strcmp(alloc, "all") == 0) cli.run_nofrag = cli.run_model[0] = cli.run_model[1] = 1;
+  else {
+    fprintf(stderr, "nofrag: --allocator '%s': expected native, expandable, nofrag or all\n", alloc);
+    return 2;
+  }
 
   nf__replay_opts ro;
   nf__replay_opts_default(&ro);
@@ -229,31 +294,83 @@ static int cmd_replay(int argc, char **argv) {
     return 2;
   }
 
-  int rc = 0;
+  int rc = 0, all = cli.run_nofrag && cli.run_model[0];
   nf__replay_result *r = malloc(sizeof *r);
   nf__replay_bisect *b = calloc(1, sizeof *b);
-  if (!r || !b) { fprintf(stderr, "nofrag: out of memory\n"); rc = 2; goto out; }
-  nf_status_t st = nf__replay_run(&ops, &ro, r);
-  if (st != NF_OK) {
-    uint32_t line = r->fail_event ? t.events[r->fail_event - 1].line : 0;
-    if (line) fprintf(stderr, "nofrag: %s:%u: %s\n", cli.trace, line, r->error);
-    else fprintf(stderr, "nofrag: %s: %s\n", cli.trace, r->error);
-    rc = 1;
+  nf__model_result *mr = calloc(NF_MODEL_NKINDS, sizeof *mr);
+  nf__model_bisect *mb = calloc(NF_MODEL_NKINDS, sizeof *mb);
+  int mbisected[NF_MODEL_NKINDS] = {0};
+  if (!r || !b || !mr || !mb) { fprintf(stderr, "nofrag: out of memory\n"); rc = 2; goto out; }
+  if (cli.json && all) {
+    printf("{\"trace\":");
+    json_str(cli.trace);
+    printf(",\"nofrag\":");
   }
-  int bisected = 0;
-  if (cli.min_capacity) {
-    // The main run's physical peak is an upper bound only if it was unlimited.
-    uint64_t upper = (st == NF_OK && !ro.cfg.limit) ? r->stats.physical_peak : 0;
-    if (!cli.json) fprintf(stderr, "nofrag: bisecting the limit between %" PRIu64 " and %" PRIu64 " granules...\n",
-                           (ops.peak_live + r->granule - 1) / r->granule, (upper + r->granule - 1) / r->granule);
-    if (nf__replay_min_capacity(&ops, &ro, upper, b, err, sizeof err) == NF_OK) bisected = 1;
-    else { fprintf(stderr, "nofrag: %s: min capacity: %s\n", cli.trace, err); rc = 1; }
+  if (cli.run_nofrag) {
+    nf_status_t st = nf__replay_run(&ops, &ro, r);
+    if (st != NF_OK) {
+      uint32_t line = r->fail_event ? t.events[r->fail_event - 1].line : 0;
+      if (line) fprintf(stderr, "nofrag: %s:%u: %s\n", cli.trace, line, r->error);
+      else fprintf(stderr, "nofrag: %s: %s\n", cli.trace, r->error);
+      rc = 1;
+    }
+    int bisected = 0;
+    if (cli.min_capacity) {
+      // The main run's physical peak is an upper bound only if it was unlimited.
+      uint64_t upper = (st == NF_OK && !ro.cfg.limit) ? r->stats.physical_peak : 0;
+      if (!cli.json) fprintf(stderr, "nofrag: bisecting the limit between %" PRIu64 " and %" PRIu64 " granules...\n",
+                             (ops.peak_live + r->granule - 1) / r->granule, (upper + r->granule - 1) / r->granule);
+      if (nf__replay_min_capacity(&ops, &ro, upper, b, err, sizeof err) == NF_OK) bisected = 1;
+      else { fprintf(stderr, "nofrag: %s: min capacity: %s\n", cli.trace, err); rc = 1; }
+    }
+    if (cli.json) print_json(&cli, &ops, &ro, r, b, bisected, all ? "" : "\n");
+    else print_text(&cli, &ops, &ro, r, b, bisected);
   }
-  if (cli.json) print_json(&cli, &ops, &ro, r, b, bisected);
-  else print_text(&cli, &ops, &ro, r, b, bisected);
+  for (int k = 0; k < NF_MODEL_NKINDS; k++) {
+    if (!cli.run_model[k]) continue;
+    // The models bisect in 2 MiB steps (CUDA's granularity) unless --granule says otherwise.
+    uint64_t g = ro.granule ? ro.granule : NF_REPLAY_GRANULE;
+    if (nf__model_run(k, &ops, ro.cfg.limit, &mr[k]) != NF_OK) {
+      uint32_t line = mr[k].fail_event ? t.events[mr[k].fail_event - 1].line : 0;
+      fprintf(stderr, "nofrag: %s:%u: %s: %s\n", cli.trace, line, nf__model_name(k), mr[k].error);
+      rc = 1;
+    }
+    if (cli.min_capacity) {
+      uint64_t upper = mr[k].status == NF_OK && !ro.cfg.limit ? mr[k].peak_reserved : 0;
+      if (nf__model_min_capacity(k, &ops, g, upper, &mb[k], err, sizeof err) == NF_OK) mbisected[k] = 1;
+      else { fprintf(stderr, "nofrag: %s: %s min capacity: %s\n", cli.trace, nf__model_name(k), err); rc = 1; }
+    }
+    if (cli.json) {
+      if (all) printf(",\"%s\":", nf__model_name(k));
+      print_model_json(&ops, &mr[k], &mb[k], mbisected[k]);
+      if (!all) printf("\n");
+    } else {
+      printf("\n");
+      print_model_text(&ops, &mr[k], &mb[k], mbisected[k]);
+    }
+  }
+  if (all && cli.json) printf("}\n");
+  else if (all) { // side by side
+    printf("\n%-11s %14s %14s %9s %14s %9s %12s %9s\n", "allocator", "peak live", "peak reserved", "res/live",
+           "min capacity", "cap/live", "device calls", "replay s");
+    uint64_t cap = cli.min_capacity ? b->min_capacity : 0;
+    printf("%-11s %14" PRIu64 " %14" PRIu64 " %9.4f %14" PRIu64 " %9.4f %12" PRIu64 " %9.3f\n", "nofrag",
+           r->stats.live_peak, r->stats.physical_peak, ratio(r->stats.physical_peak, ops.peak_live), cap,
+           ratio(cap, ops.peak_live), r->stats.backend_calls, r->seconds);
+    for (int k = 0; k < NF_MODEL_NKINDS; k++) {
+      cap = mbisected[k] ? mb[k].min_capacity : 0;
+      printf("%-11s %14" PRIu64 " %14" PRIu64 " %9.4f %14" PRIu64 " %9.4f %12" PRIu64 " %9.3f\n", nf__model_name(k),
+             mr[k].peak_requested, mr[k].peak_reserved, ratio(mr[k].peak_reserved, ops.peak_live), cap,
+             ratio(cap, ops.peak_live), mr[k].device_allocs + mr[k].device_frees, mr[k].seconds);
+    }
+    printf("(nofrag: peak physical; models: PyTorch's reserved bytes; trace's native peak reserved %" PRIu64 ")\n",
+           ops.native_peak_reserved);
+  }
 out:
   free(r);
   free(b);
+  free(mr);
+  free(mb);
   nf__trace_ops_free(&ops);
   nf__trace_free(&t);
   return rc;

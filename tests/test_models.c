@@ -1,0 +1,263 @@
+// Models of PyTorch's caching allocator (src/model.h): on the shared real
+// traces, the native model reproduces PyTorch's own segment peak and the
+// expandable model the measured expandable_segments peak; on small synthetic
+// traces, the segments each rule gives by hand; free-and-retry under a limit;
+// min-capacity bisection.
+#include "nf_test.h"
+#include "model.h"
+#include "trace.h"
+
+#include <unistd.h>
+
+#define MiB NF_MiB
+
+// ------------------------------------------------------------ shared traces
+
+static void shared_path(char *buf, size_t n, const char *file) {
+  const char *dir = getenv("NF_SHARED");
+  snprintf(buf, n, "%s/traces/%s", dir ? dir : "../shared", file);
+}
+
+// Expected within 1% (native: the trace's segment_alloc peak) and 3%
+// (expandable: reserved_bytes.all.peak measured under expandable_segments:True,
+// ../shared/traces/README.md).
+static void check_shared(const char *file, uint64_t expandable_peak) {
+  char path[1024], err[512] = "";
+  shared_path(path, sizeof path, file);
+  if (access(path, R_OK) != 0) { print_message("skipping: %s not found\n", path); skip(); }
+  nf_trace_t t;
+  nf__trace_ops o;
+  if (nf__trace_load(&t, path, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  if (nf__trace_ops_build(&o, &t, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  nf__model_result r;
+  assert_int_equal(nf__model_run(NF_MODEL_NATIVE, &o, 0, &r), NF_OK);
+  assert_int_equal(r.ops_done, o.n_ops);
+  assert_int_equal(r.peak_requested, o.peak_live);
+  double en = (double)r.peak_reserved / (double)o.native_peak_reserved - 1.0;
+  print_message("%s native: peak reserved %llu vs trace %llu (%+.3f%%), %.3f s\n", file,
+                (unsigned long long)r.peak_reserved, (unsigned long long)o.native_peak_reserved, 100 * en, r.seconds);
+  assert_true(en > -0.01 && en < 0.01);
+  assert_true(r.seconds < 2.0);
+  assert_int_equal(r.alloc_retries, 0);
+  assert_true(r.peak_allocated >= o.peak_live);
+  assert_true(nf__model_run(NF_MODEL_EXPANDABLE, &o, 0, &r) == NF_OK);
+  double ee = (double)r.peak_reserved / (double)expandable_peak - 1.0;
+  print_message("%s expandable: peak reserved %llu vs measured %llu (%+.3f%%), %.3f s\n", file,
+                (unsigned long long)r.peak_reserved, (unsigned long long)expandable_peak, 100 * ee, r.seconds);
+  assert_true(ee > -0.03 && ee < 0.03);
+  assert_true(r.seconds < 2.0);
+  assert_true(r.peak_reserved >= o.peak_live);
+  nf__trace_ops_free(&o);
+  nf__trace_free(&t);
+}
+
+static void test_shared_gpt2(void **state) { (void)state; check_shared("gpt2.trace.gz", 26818379776ull); }
+static void test_shared_vit(void **state) { (void)state; check_shared("vit.trace.gz", 10456399872ull); }
+static void test_shared_llama(void **state) { (void)state; check_shared("llama1b_fsdp.trace.gz", 18733858816ull); }
+
+// ------------------------------------------------------- synthetic traces
+
+// A hand-written trace: "a SLOT SIZE STREAM" allocs and "f SLOT" frees.
+typedef struct syn_s {
+  nf__trace_op ops[64];
+  uint64_t streams[4];
+  uint64_t live[16];
+  nf__trace_ops o;
+} syn_t;
+
+static void syn_init(syn_t *s) {
+  memset(s, 0, sizeof *s);
+  s->o.ops = s->ops;
+  s->o.streams = s->streams;
+  s->o.n_streams = 2;
+  s->streams[0] = 0;
+  s->streams[1] = 0x7000; // a side stream, as CUDA stream handles go
+  s->o.n_slots = 16;
+}
+
+static void syn_alloc(syn_t *s, uint32_t slot, uint64_t size, uint32_t stream) {
+  nf__trace_op *op = &s->ops[s->o.n_ops];
+  op->kind = NF_TRACE_OP_ALLOC;
+  op->slot = slot;
+  op->size = size;
+  op->stream = stream;
+  op->event = (uint32_t)s->o.n_ops;
+  s->o.n_ops++;
+  s->o.n_allocs++;
+  s->live[slot] = size;
+  uint64_t live = 0;
+  for (int i = 0; i < 16; i++) live += s->live[i];
+  if (live > s->o.peak_live) s->o.peak_live = live;
+}
+
+static void syn_free(syn_t *s, uint32_t slot) {
+  nf__trace_op *op = &s->ops[s->o.n_ops];
+  op->kind = NF_TRACE_OP_FREE;
+  op->slot = slot;
+  op->size = s->live[slot];
+  op->event = (uint32_t)s->o.n_ops;
+  s->o.n_ops++;
+  s->o.n_frees++;
+  s->live[slot] = 0;
+}
+
+static nf__model_result syn_run(syn_t *s, int kind, uint64_t limit) {
+  nf__model_result r;
+  nf__model_run(kind, &s->o, limit, &r);
+  return r;
+}
+
+// Requests of 1-10 MiB share one 20 MiB segment (kLargeBuffer); 10 MiB and
+// more get their size rounded to 2 MiB (kRoundLarge).
+static void test_native_large_segments(void **state) {
+  (void)state;
+  syn_t s;
+  syn_init(&s);
+  for (uint32_t i = 0; i < 3; i++) syn_alloc(&s, i, 3 * MiB, 0);
+  nf__model_result r = syn_run(&s, NF_MODEL_NATIVE, 0);
+  assert_int_equal(r.status, NF_OK);
+  assert_int_equal(r.peak_reserved, 20 * MiB);
+  assert_int_equal(r.segments_peak, 1);
+  assert_int_equal(r.peak_allocated, 9 * MiB);
+  syn_alloc(&s, 3, 30 * MiB, 0);
+  syn_alloc(&s, 4, 31 * MiB - 100, 0);
+  r = syn_run(&s, NF_MODEL_NATIVE, 0);
+  assert_int_equal(r.peak_reserved, (20 + 30 + 32) * MiB);
+  assert_int_equal(r.segments_peak, 3);
+}
+
+// Small requests (<= 1 MiB) are rounded to 512 B and packed into one 2 MiB
+// segment (kSmallBuffer), split down to 512 B remainders.
+static void test_native_small_pool(void **state) {
+  (void)state;
+  syn_t s;
+  syn_init(&s);
+  for (uint32_t i = 0; i < 10; i++) syn_alloc(&s, i, 1000, 0);
+  syn_alloc(&s, 10, 1 * MiB, 0);
+  nf__model_result r = syn_run(&s, NF_MODEL_NATIVE, 0);
+  assert_int_equal(r.peak_reserved, 2 * MiB);
+  assert_int_equal(r.segments_peak, 1);
+  assert_int_equal(r.peak_allocated, 10 * 1024 + MiB);
+  // A 1 MiB + 1 B request is large: a 20 MiB segment of its own.
+  syn_alloc(&s, 11, MiB + 1, 0);
+  r = syn_run(&s, NF_MODEL_NATIVE, 0);
+  assert_int_equal(r.peak_reserved, 22 * MiB);
+}
+
+// Large pool split rule: only when more than 1 MiB would remain; otherwise
+// the whole block is handed out (allocated counts it whole).
+static void test_native_split_rule(void **state) {
+  (void)state;
+  syn_t s;
+  syn_init(&s);
+  syn_alloc(&s, 0, 9 * MiB, 0);          // 20 MiB segment, 11 MiB remain: split
+  syn_alloc(&s, 1, 10 * MiB + MiB / 2, 0); // fits the 11 MiB rest, 0.5 MiB left: no split
+  nf__model_result r = syn_run(&s, NF_MODEL_NATIVE, 0);
+  assert_int_equal(r.peak_reserved, 20 * MiB);
+  assert_int_equal(r.peak_allocated, 20 * MiB);
+  // Freed neighbours coalesce: the whole segment serves 19 MiB afterwards.
+  syn_free(&s, 0);
+  syn_free(&s, 1);
+  syn_alloc(&s, 2, 19 * MiB, 0);
+  r = syn_run(&s, NF_MODEL_NATIVE, 0);
+  assert_int_equal(r.peak_reserved, 20 * MiB);
+  assert_int_equal(r.device_allocs, 1);
+}
+
+// A block freed on one stream is not reused by another.
+static void test_native_per_stream(void **state) {
+  (void)state;
+  syn_t s;
+  syn_init(&s);
+  syn_alloc(&s, 0, 3 * MiB, 0);
+  syn_free(&s, 0);
+  syn_alloc(&s, 1, 3 * MiB, 0); // same stream: reuses
+  nf__model_result r = syn_run(&s, NF_MODEL_NATIVE, 0);
+  assert_int_equal(r.peak_reserved, 20 * MiB);
+  syn_free(&s, 1);
+  syn_alloc(&s, 2, 3 * MiB, 1); // other stream: a segment of its own
+  r = syn_run(&s, NF_MODEL_NATIVE, 0);
+  assert_int_equal(r.peak_reserved, 40 * MiB);
+  assert_int_equal(r.segments_peak, 2);
+  r = syn_run(&s, NF_MODEL_EXPANDABLE, 0); // one expandable segment per stream
+  assert_int_equal(r.peak_reserved, 40 * MiB);
+  assert_int_equal(r.segments_peak, 2);
+}
+
+// Under a limit, a failing cudaMalloc frees every cached whole segment and
+// retries (release_cached_blocks); only then OOM.
+static void test_native_retry(void **state) {
+  (void)state;
+  syn_t s;
+  syn_init(&s);
+  syn_alloc(&s, 0, 30 * MiB, 0);
+  syn_free(&s, 0);
+  syn_alloc(&s, 1, 32 * MiB, 0); // the cached 30 MiB segment is too small
+  nf__model_result r = syn_run(&s, NF_MODEL_NATIVE, 0);
+  assert_int_equal(r.peak_reserved, 62 * MiB);
+  assert_int_equal(r.alloc_retries, 0);
+  r = syn_run(&s, NF_MODEL_NATIVE, 40 * MiB);
+  assert_int_equal(r.status, NF_OK);
+  assert_int_equal(r.alloc_retries, 1);
+  assert_int_equal(r.device_frees, 1);
+  assert_int_equal(r.peak_reserved, 32 * MiB);
+  r = syn_run(&s, NF_MODEL_NATIVE, 31 * MiB);
+  assert_int_equal(r.status, NF_ERR_OOM);
+  assert_int_equal(r.ooms, 1);
+  assert_int_equal(r.fail_event, 3);
+  // A split segment with a live block cannot be freed: OOM although 17 MiB are cached.
+  // 3 MiB in a 20 MiB segment, then 18 MiB: the free 17 MiB rest cannot serve it.
+  syn_init(&s);
+  syn_alloc(&s, 0, 3 * MiB, 0);
+  syn_alloc(&s, 1, 18 * MiB, 0); // the 17 MiB rest is too small: a new segment
+  r = syn_run(&s, NF_MODEL_NATIVE, 30 * MiB);
+  assert_int_equal(r.status, NF_ERR_OOM);
+  nf__model_bisect b;
+  char err[256];
+  assert_int_equal(nf__model_min_capacity(NF_MODEL_NATIVE, &s.o, 0, 0, &b, err, sizeof err), NF_OK);
+  assert_int_equal(b.min_capacity, 38 * MiB);
+}
+
+// Expandable: pages of 20 MiB (large pool) and 2 MiB (small pool), mapped
+// as blocks need them; the free tail grows in place; OOM retry unmaps.
+static void test_expandable(void **state) {
+  (void)state;
+  syn_t s;
+  syn_init(&s);
+  for (uint32_t i = 0; i < 3; i++) syn_alloc(&s, i, 3 * MiB, 0);
+  nf__model_result r = syn_run(&s, NF_MODEL_EXPANDABLE, 0);
+  assert_int_equal(r.peak_reserved, 20 * MiB);
+  syn_alloc(&s, 3, 30 * MiB, 0); // 9 + 30 MiB: one more 20 MiB page
+  syn_alloc(&s, 4, 1000, 0);     // small pool: one 2 MiB page
+  r = syn_run(&s, NF_MODEL_EXPANDABLE, 0);
+  assert_int_equal(r.peak_reserved, 42 * MiB);
+  assert_int_equal(r.segments_peak, 2);
+
+  syn_init(&s);
+  syn_alloc(&s, 0, 30 * MiB, 0); // maps 40 MiB
+  syn_free(&s, 0);
+  syn_alloc(&s, 1, 50 * MiB, 0); // the free 40 MiB grows by one page
+  r = syn_run(&s, NF_MODEL_EXPANDABLE, 0);
+  assert_int_equal(r.peak_reserved, 60 * MiB);
+  assert_int_equal(r.alloc_retries, 0);
+  // limit 80 MiB: 40 mapped + 50 asked > 80, so unmap the free pages and retry.
+  r = syn_run(&s, NF_MODEL_EXPANDABLE, 80 * MiB);
+  assert_int_equal(r.status, NF_OK);
+  assert_int_equal(r.alloc_retries, 1);
+  assert_int_equal(r.device_frees, 1);
+  assert_int_equal(r.peak_reserved, 60 * MiB);
+  // A native model in the same spot needs 30 + 50.
+  r = syn_run(&s, NF_MODEL_NATIVE, 0);
+  assert_int_equal(r.peak_reserved, 80 * MiB);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_native_large_segments), cmocka_unit_test(test_native_small_pool),
+      cmocka_unit_test(test_native_split_rule),     cmocka_unit_test(test_native_per_stream),
+      cmocka_unit_test(test_native_retry),          cmocka_unit_test(test_expandable),
+      cmocka_unit_test(test_shared_gpt2),           cmocka_unit_test(test_shared_vit),
+      cmocka_unit_test(test_shared_llama),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
