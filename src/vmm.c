@@ -231,10 +231,12 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
   st = nf__granules_create(p, k - p->gran_free_count);
   if (st == NF_OK) return NF_OK;
   if (st != NF_ERR_OOM) return st;
-  for (int round = 0; round < 2 && p->gran_free_count < k; round++) {
-    // Round 2: blocks held back by record_stream are waited for too.
-    if (round == 1 && (st = nf__pending_poll(p, true)) != NF_OK) return st;
-    nf__unmap_cached(p, k - p->gran_free_count, true, c, g0, g1, &st);
+  // At the limit: first what is known complete (no host wait: frees older
+  // than the last completed event), then wait for the streams, then also for
+  // blocks held back by record_stream.
+  for (int round = 0; round < 3 && p->gran_free_count < k; round++) {
+    if (round == 2 && (st = nf__pending_poll(p, true)) != NF_OK) return st;
+    nf__unmap_cached(p, k - p->gran_free_count, round > 0, c, g0, g1, &st);
     if (st != NF_OK) return st;
   }
   return p->gran_free_count >= k ? NF_OK : NF_ERR_OOM;

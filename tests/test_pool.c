@@ -299,6 +299,31 @@ static void test_unmap_waits(void **state) {
   nf_backend_destroy(be);
 }
 
+// Stitching whose frees are covered by an event that already completed takes
+// the granules without a host wait (no event synchronize).
+static void test_stitch_without_wait(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:8MiB"); // 128 granules
+  nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+  void *x = nf_alloc(p, 64 * G, A), *y = nf_alloc(p, 60 * G, A);
+  assert_true(x && y);
+  nft_fill(y, 60 * G, 3);
+  nf_free(p, x);
+  nf_stats_t s0 = stats(p);
+  void *z = nf_alloc(p, 66 * G, B); // fits nowhere mapped: x's granules move
+  assert_non_null(z);
+  nf_stats_t s1 = stats(p);
+  assert_true(s1.reclaims > s0.reclaims);
+  assert_int_equal(s1.calls.event_sync, s0.calls.event_sync);
+  assert_true(s1.calls.event_query > s0.calls.event_query);
+  assert_true(nft_check(y, 60 * G, 3));
+  nf_free(p, y);
+  nf_free(p, z);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 // Release policy: with a small threshold, mapped memory follows live memory
 // without any call from the user; physical above `retain` goes back.
 static void test_release_policy(void **state) {
@@ -383,6 +408,7 @@ int main(void) {
       cmocka_unit_test(test_random_streams), cmocka_unit_test(test_cross_stream),
       cmocka_unit_test(test_unmap_waits),    cmocka_unit_test(test_release_policy),
       cmocka_unit_test(test_small_large_share), cmocka_unit_test(test_class_full_of_misfits),
+      cmocka_unit_test(test_stitch_without_wait),
   };
   fprintf(stderr, "NF_SEED=%llu\n", (unsigned long long)nft_env_seed(42));
   return cmocka_run_group_tests(tests, NULL, NULL);
