@@ -225,6 +225,28 @@ NF_API const char *nf_status_str(nf_status_t st);
 //! NF_ERR_INVALID with a message. O(blocks + granules); for tests.
 NF_API nf_status_t nf_pool_check(nf_pool_t *pool);
 
+// ---------------------------------------------------------------- introspection
+
+//! The pool's whole state as a JSON document, taken under the pool lock in
+//! O(blocks + granules): "totals" (the nf_stats_t byte fields), "granules"
+//! (physical granules by state and tier), "streams" (handles; bit i of a
+//! stream mask is streams[i]) and "chunks", each with its "blocks" in address
+//! order (addresses as "0x..." strings; live and pending blocks carry their
+//! requested size and stream, free and pending ones a stream mask) and its
+//! "mapped" granule runs (first address, count, tier, physical granule
+//! indices). Returns a malloc'd string to release with nf_snapshot_free, or
+//! NULL with nf_last_error() set (NULL pool, out of host memory).
+NF_API char *nf_snapshot(nf_pool_t *pool);
+NF_API void nf_snapshot_free(char *snapshot);
+
+//! The multi-line report of the last NF_ERR_OOM from nf_alloc on this thread
+//! ("" if none): request, limit, live/mapped/physical, largest free ranges, the
+//! largest live blocks, what reclaim did, and one suggestion. The first OOM of
+//! a pool's burst (OOMs less than a second apart) also prints it to stderr,
+//! unless the environment sets NOFRAG_QUIET_OOM=1. Valid until this thread's
+//! next OOM.
+NF_API const char *nf_last_oom_report(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -146,6 +146,13 @@ struct nf_pool_s {
   uint64_t release_floor; // cached level at which the last release attempt stopped
 
   nf_stats_t st; // counters and peaks (computed fields filled by nf_stats_get)
+
+  // OOM report (snapshot.c): a burst is OOMs less than a second apart; only
+  // its first is printed, the next print counts the ones held back.
+  uint64_t oom_last_ns;        // monotonic time of the latest OOM (0: none yet)
+  uint64_t oom_unprinted;      // OOMs of the current burst not printed
+  uint64_t oom_reclaims_mark;  // st.reclaims / st.reclaimed_granules at the previous OOM
+  uint64_t oom_reclaimed_mark;
 };
 
 // Counting wrappers around backend ops: every call is counted in the stats.
@@ -206,5 +213,13 @@ void nf__streams_destroy(nf_pool_t *p);
 // stats.c
 static inline void nf__peak(uint64_t *peak, uint64_t v) { if (v > *peak) *peak = v; }
 uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules);
+
+// snapshot.c: build the multi-line OOM report into this thread's buffer
+// (nf_last_oom_report), under the pool lock. `too_large`: the request exceeds
+// the whole limit (nothing was tried). Returns true when the caller should
+// print it to stderr with nf__oom_print once the lock is released (first OOM
+// of a burst, NOFRAG_QUIET_OOM unset).
+bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large);
+void nf__oom_print(void);
 
 #endif

@@ -154,8 +154,10 @@ void nf_pool_destroy(nf_pool_t *p) {
 
 // ------------------------------------------------------------------ alloc
 
-static void *fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, nf_status_t st) {
-  if (st != NF_ERR_OOM) return NULL; // message already set by the failing call
+// Called under the lock. Sets the one-line message and builds the OOM report;
+// true when the report is to be printed (nf__oom_print) after unlocking.
+static bool fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, nf_status_t st) {
+  if (st != NF_ERR_OOM) return false; // message already set by the failing call
   p->st.ooms++;
   char req[32], live[32], mapped[32], phys[32], lim[32], lf[32];
   nf__fmt_bytes(req, sizeof req, size);
@@ -172,7 +174,7 @@ static void *fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, 
             req, (unsigned long long)size, (unsigned long long)rsize, s, live,
             (unsigned long long)p->st.live_blocks, (unsigned long long)live_gr, mapped, phys, lim,
             (unsigned long long)p->granule, lf);
-  return NULL;
+  return nf__oom_report(p, size, s, false);
 }
 
 // Order, carve and map the detached free block *bp for a request. On error
@@ -201,12 +203,14 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   if (NF_UNLIKELY(!p)) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc: NULL pool"); return NULL; }
   if (NF_UNLIKELY(!size)) { ok(); return NULL; }
   if (NF_UNLIKELY((uint64_t)size > p->cfg.limit)) {
-    nf__lock(&p->lock);
-    p->st.ooms++;
-    nf__unlock(&p->lock);
     char req[32], lim[32];
     nf__fmt_bytes(req, sizeof req, size);
     nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);
+    nf__lock(&p->lock);
+    p->st.ooms++;
+    bool print = nf__oom_report(p, size, stream, true);
+    nf__unlock(&p->lock);
+    if (print) nf__oom_print();
     nf__error(NF_ERR_OOM, "nofrag: out of memory: tried to allocate %s (%llu B), more than the whole limit %s",
               req, (unsigned long long)size, lim);
     return NULL;
@@ -249,9 +253,10 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   nf__peak(&p->st.live_rounded_peak, p->st.live_rounded);
   nf__unlock(&p->lock);
   return (void *)b->addr;
-fail:
-  fail_oom(p, size, rsize, stream, st);
+fail:;
+  bool print = fail_oom(p, size, rsize, stream, st);
   nf__unlock(&p->lock);
+  if (print) nf__oom_print(); // outside the lock: stderr may block
   return NULL;
 }
 

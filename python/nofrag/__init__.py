@@ -10,12 +10,13 @@ nofrag._lib for where it is searched, or set NOFRAG_LIB).
 """
 
 import ctypes
+import json
 
 from . import _lib
 from ._lib import NfStats, conf_string, last_error, load
 
 __version__ = "0.1.0"
-__all__ = ["stats", "configure", "last_error", "conf_string", "load", "NfStats", "counters"]
+__all__ = ["stats", "configure", "last_error", "conf_string", "load", "NfStats", "counters", "pool_snapshot"]
 
 
 def stats(device=0):
@@ -51,3 +52,34 @@ def configure(conf=None, **config):
     if load().nf_torch_configure(s.encode() if s else None) != 0:
         raise ValueError(last_error())
     return s
+
+
+def pool_snapshot(pool):
+    """The whole state of a pool as a dict (nf_snapshot's JSON: "totals",
+    "granules", "streams", "chunks" with their "blocks" and "mapped" granule
+    runs; see include/nofrag.h). `pool` is an nf_pool_t handle (a
+    ctypes.c_void_p or an int address) from nf_pool_create /
+    nf_pool_create_from_string. The PyTorch plug-in's per-device pools are
+    not reachable from here yet: the plug-in exports no pool handle.
+
+    Not named `snapshot`: that name is the submodule nofrag.snapshot (the
+    PyTorch snapshot converter), which would replace a function of that name
+    on the package as soon as it is imported."""
+    lib = load()
+    # Declared here rather than in _lib._declare: c_void_p (not c_char_p) as
+    # the result type keeps the pointer so that the library can free it.
+    lib.nf_snapshot.restype = ctypes.c_void_p
+    lib.nf_snapshot.argtypes = [ctypes.c_void_p]
+    lib.nf_snapshot_free.restype = None
+    lib.nf_snapshot_free.argtypes = [ctypes.c_void_p]
+    if isinstance(pool, ctypes.c_void_p):
+        pool = pool.value
+    if not pool:
+        raise ValueError("pool_snapshot: no pool")
+    ptr = lib.nf_snapshot(pool)
+    if not ptr:
+        raise MemoryError(last_error())
+    try:
+        return json.loads(ctypes.string_at(ptr).decode())
+    finally:
+        lib.nf_snapshot_free(ptr)
