@@ -15,6 +15,7 @@ PACKAGES=(
   libclang-rt-dev # clang's sanitizer/libFuzzer runtimes (only "Recommended" by clang)
   valgrind
   python3
+  chromium        # renders the --html report in tests/test_report.c (headless, under 1 s)
 )
 
 if [ "${1:-}" = "--build" ]; then PACKAGES=("${BUILD_PACKAGES[@]}"); fi

@@ -146,8 +146,18 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
       }
       s->ptr = NULL;
     }
+    if (opts->sample && (opts->sample_every <= 1 || (i + 1) % opts->sample_every == 0)) {
+      nf_stats_t cur;
+      nf_stats_get(pool, &cur);
+      opts->sample(opts->sample_ctx, i + 1, &cur);
+    }
   }
   res->seconds = now_s() - t0;
+  if (opts->sample && i > 0 && opts->sample_every > 1 && i % opts->sample_every != 0) {
+    nf_stats_t cur; // the last op done (or the failing one's predecessor)
+    nf_stats_get(pool, &cur);
+    opts->sample(opts->sample_ctx, i, &cur);
+  }
   res->ops_done = i;
   nf_stats_get(pool, &res->stats);
   res->calls_second_half = res->stats.backend_calls - res->calls_first_half;

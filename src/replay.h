@@ -26,6 +26,13 @@ typedef struct nf__replay_opts_s {
   uint64_t capacity; // 0 = max(NF_REPLAY_CAPACITY, limit)
   int verify;        // write a signature into every block, check it at free
   int check;         // nf_pool_check at the end of a completed replay
+  // Optional sampling hook (NULL: none, no cost): called with the pool's
+  // statistics after every `sample_every`-th op (0 = every op) and once after
+  // the last op done, e.g. to draw a live-vs-reserved timeline (--html).
+  // `op` is the number of ops done. It must not touch the pool.
+  void (*sample)(void *ctx, size_t op, const nf_stats_t *s);
+  void *sample_ctx;
+  size_t sample_every;
 } nf__replay_opts;
 
 typedef struct nf__replay_result_s {

@@ -101,4 +101,24 @@ typedef struct nf__trace_ops_s {
 nf_status_t nf__trace_ops_build(nf__trace_ops *ops, const nf_trace_t *t, char *err, size_t errlen);
 void nf__trace_ops_free(nf__trace_ops *ops);
 
+
+// ---------------------------------------------------------------- RMM CSV logs
+// (src/trace_rmm.c) rmm::mr::logging_resource_adaptor's log: a header line
+// "Thread,Time,Action,Pointer,Size,Stream", then one row per call. allocate
+// becomes alloc, free becomes free_completed, "allocate failure" is skipped;
+// Pointer is hex ("(nil)" = 0), Stream hex with 0x or decimal, Time
+// "HH:MM:SS:uuuuuu" or epoch "S.ffffff" (else 0). Same strict contract as
+// nf__trace_load: errors are "FILE:LINE: ...", nothing kept on failure.
+#include <stdio.h>
+
+// Nonzero when buf starts with the RMM header line (format detection).
+int nf__trace_is_rmm(const char *buf, size_t len);
+nf_status_t nf__trace_parse_rmm_buffer(nf_trace_t *t, const char *name, const char *buf, size_t len,
+                                       char *err, size_t errlen);
+// `path` may be gzip-compressed.
+nf_status_t nf__trace_load_rmm(nf_trace_t *t, const char *path, char *err, size_t errlen);
+// Write alloc and free_completed events as an RMM log (one Thread, so that
+// RMM's replay benchmark keeps our order); *written = rows, if not NULL.
+nf_status_t nf__trace_write_rmm(const nf_trace_t *t, FILE *out, size_t *written);
+
 #endif

@@ -4,11 +4,13 @@
 // parses options and prints. Exit codes: 0 ok, 1 the replay failed (OOM, data
 // lost, invariant broken), 2 usage or input error (bad option, unreadable or
 // malformed trace).
+#include "cli.h"
 #include "model.h"
 #include "nofrag.h"
 #include "replay.h"
 #include "trace.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,11 +18,15 @@
 
 static const char usage[] =
     "usage: nofrag replay TRACE [options]   replay an allocation trace through nofrag\n"
+    "       nofrag convert TRACE OUT.csv     write TRACE as an RMM logging_resource_adaptor log\n"
     "       nofrag version                  print the version\n"
     "       nofrag --help                   this text\n"
     "\n"
     "TRACE is a text trace, gzip-compressed or not: lines 'ACTION ADDR SIZE STREAM TIME_US'\n"
-    "(alloc, free_requested, free_completed, segment_alloc, segment_free), '#' comments.\n"
+    "(alloc, free_requested, free_completed, segment_alloc, segment_free), '#' comments;\n"
+    "or a PyTorch memory snapshot pickle (torch.cuda.memory._dump_snapshot, converted with\n"
+    "python3 -m nofrag.snapshot, which needs python3); or an RMM logging_resource_adaptor CSV\n"
+    "log (header Thread,Time,Action,Pointer,Size,Stream). The format is detected from content.\n"
     "Each alloc becomes nf_alloc on its stream, each free_completed nf_free, on a simulated\n"
     "device (host backend, 2 TiB of untouched memory).\n"
     "\n"
@@ -38,13 +44,16 @@ static const char usage[] =
     "                    as PyTorch's memory fraction and free their cache and retry before OOM\n"
     "  --verify          write a signature into every block and check it at its free\n"
     "  --json            print one JSON object instead of text\n"
+    "  --html FILE       also write a self-contained HTML page: live vs reserved over the replay\n"
+    "                    for nofrag and, when the trace has segment events, for PyTorch's\n"
+    "                    recorded segments, with the peak marked; a table of every allocator run\n"
     "\n"
     "example: nofrag replay data/gpt2.trace.gz --min-capacity\n";
 
 typedef struct cli_s {
   const char *trace;
   const char *conf;
-  const char *limit_str, *granule_str, *allocator;
+  const char *limit_str, *granule_str, *allocator, *html;
   int min_capacity, json, verify;
   int run_nofrag, run_model[NF_MODEL_NKINDS]; // from --allocator
 } cli_t;
@@ -241,6 +250,7 @@ static int cmd_replay(int argc, char **argv) {
     else if (strncmp(a, "--granule", 9) == 0) val = &cli.granule_str;
     else if (strncmp(a, "--conf", 6) == 0) val = &cli.conf;
     else if (strncmp(a, "--allocator", 11) == 0) val = &cli.allocator;
+    else if (strncmp(a, "--html", 6) == 0) val = &cli.html;
     else if (a[0] == '-' && a[1]) { fprintf(stderr, "nofrag: unknown option '%s' (see nofrag --help)\n", a); return 2; }
     else if (!cli.trace) cli.trace = a;
     else { fprintf(stderr, "nofrag: unexpected argument '%s' (one TRACE only)\n", a); return 2; }
@@ -250,6 +260,7 @@ static int cmd_replay(int argc, char **argv) {
       if (kl != strlen(val == &cli.limit_str     ? "--limit"
                        : val == &cli.granule_str ? "--granule"
                        : val == &cli.allocator   ? "--allocator"
+                       : val == &cli.html        ? "--html"
                                                  : "--conf")) {
         fprintf(stderr, "nofrag: unknown option '%s' (see nofrag --help)\n", a);
         return 2;
@@ -283,7 +294,9 @@ static int cmd_replay(int argc, char **argv) {
   if (ro.granule) ro.cfg.granule = ro.granule;
 
   nf_trace_t t;
-  if (nf__trace_load(&t, cli.trace, err, sizeof err) != NF_OK) {
+  nf_html_series hs[2];
+  memset(hs, 0, sizeof hs);
+  if (nf_cli_load_trace(cli.trace, &t, NULL, err, sizeof err) != NF_OK) {
     fprintf(stderr, "nofrag: %s\n", err);
     return 2;
   }
@@ -307,7 +320,15 @@ static int cmd_replay(int argc, char **argv) {
     printf(",\"nofrag\":");
   }
   if (cli.run_nofrag) {
-    nf_status_t st = nf__replay_run(&ops, &ro, r);
+    nf__replay_opts ro_main = ro; // sampled for --html; the bisection's probes are not
+    if (cli.html) {
+      hs[0].name = "nofrag (replayed)";
+      hs[0].reserved_label = "reserved (physical granules)";
+      ro_main.sample = nf_html_sample;
+      ro_main.sample_ctx = &hs[0];
+      ro_main.sample_every = nf_html_every(ops.n_ops);
+    }
+    nf_status_t st = nf__replay_run(&ops, &ro_main, r);
     if (st != NF_OK) {
       uint32_t line = r->fail_event ? t.events[r->fail_event - 1].line : 0;
       if (line) fprintf(stderr, "nofrag: %s:%u: %s\n", cli.trace, line, r->error);
@@ -353,30 +374,117 @@ static int cmd_replay(int argc, char **argv) {
   else if (all) { // side by side
     printf("\n%-11s %14s %14s %9s %14s %9s %12s %9s\n", "allocator", "peak live", "peak reserved", "res/live",
            "min capacity", "cap/live", "device calls", "replay s");
-    uint64_t cap = cli.min_capacity ? b->min_capacity : 0;
-    printf("%-11s %14" PRIu64 " %14" PRIu64 " %9.4f %14" PRIu64 " %9.4f %12" PRIu64 " %9.3f\n", "nofrag",
-           r->stats.live_peak, r->stats.physical_peak, ratio(r->stats.physical_peak, ops.peak_live), cap,
-           ratio(cap, ops.peak_live), r->stats.backend_calls, r->seconds);
+    // Min capacity columns read "-" where no bisection ran.
+    char capc[2][32];
+#define CAPCOLS(c)                                                                      \
+  do {                                                                                  \
+    if (c) {                                                                            \
+      snprintf(capc[0], sizeof capc[0], "%" PRIu64, (uint64_t)(c));                     \
+      snprintf(capc[1], sizeof capc[1], "%.4f", ratio((c), ops.peak_live));            \
+    } else {                                                                            \
+      snprintf(capc[0], sizeof capc[0], "-");                                           \
+      snprintf(capc[1], sizeof capc[1], "-");                                           \
+    }                                                                                   \
+  } while (0)
+    CAPCOLS(cli.min_capacity ? b->min_capacity : 0);
+    printf("%-11s %14" PRIu64 " %14" PRIu64 " %9.4f %14s %9s %12" PRIu64 " %9.3f\n", "nofrag",
+           r->stats.live_peak, r->stats.physical_peak, ratio(r->stats.physical_peak, ops.peak_live), capc[0],
+           capc[1], r->stats.backend_calls, r->seconds);
     for (int k = 0; k < NF_MODEL_NKINDS; k++) {
-      cap = mbisected[k] ? mb[k].min_capacity : 0;
-      printf("%-11s %14" PRIu64 " %14" PRIu64 " %9.4f %14" PRIu64 " %9.4f %12" PRIu64 " %9.3f\n", nf__model_name(k),
-             mr[k].peak_requested, mr[k].peak_reserved, ratio(mr[k].peak_reserved, ops.peak_live), cap,
-             ratio(cap, ops.peak_live), mr[k].device_allocs + mr[k].device_frees, mr[k].seconds);
+      CAPCOLS(mbisected[k] ? mb[k].min_capacity : 0);
+      printf("%-11s %14" PRIu64 " %14" PRIu64 " %9.4f %14s %9s %12" PRIu64 " %9.3f\n", nf__model_name(k),
+             mr[k].peak_requested, mr[k].peak_reserved, ratio(mr[k].peak_reserved, ops.peak_live), capc[0],
+             capc[1], mr[k].device_allocs + mr[k].device_frees, mr[k].seconds);
     }
+#undef CAPCOLS
     printf("(nofrag: peak physical; models: PyTorch's reserved bytes; trace's native peak reserved %" PRIu64 ")\n",
            ops.native_peak_reserved);
+  }
+  if (cli.html) {
+    nf_html_row rows[2 + NF_MODEL_NKINDS];
+    size_t nr = 0, ns = cli.run_nofrag ? 1 : 0;
+    if (cli.run_nofrag)
+      rows[nr++] = (nf_html_row){"nofrag", r->stats.live_peak, r->stats.physical_peak,
+                                 cli.min_capacity ? b->min_capacity : 0, r->seconds,
+                                 r->status == NF_OK ? "ok" : r->error};
+    for (int k = 0; k < NF_MODEL_NKINDS; k++)
+      if (cli.run_model[k])
+        rows[nr++] = (nf_html_row){nf__model_name(k), mr[k].peak_requested, mr[k].peak_reserved,
+                                   mbisected[k] ? mb[k].min_capacity : 0, mr[k].seconds,
+                                   mr[k].status == NF_OK ? "ok" : mr[k].error};
+    if (ops.n_segment_alloc) {
+      rows[nr++] = (nf_html_row){"PyTorch native (recorded)", ops.peak_live, ops.native_peak_reserved, 0, 0.0,
+                                 "recorded"};
+      if (nf_html_trace_series(&t, &ops, nf_html_every(ops.n_ops), &hs[ns]) == 0) ns++;
+    }
+    if (nf_html_write(cli.html, cli.trace, hs, ns, rows, nr) != 0) {
+      fprintf(stderr, "nofrag: --html %s: %s\n", cli.html, strerror(errno));
+      rc = 2;
+    } else if (!cli.json) {
+      fprintf(stderr, "nofrag: wrote %s\n", cli.html);
+    }
   }
 out:
   free(r);
   free(b);
   free(mr);
   free(mb);
+  nf_html_series_free(&hs[0]);
+  nf_html_series_free(&hs[1]);
   nf__trace_ops_free(&ops);
   nf__trace_free(&t);
   return rc;
 }
 
+// nofrag convert TRACE OUT.csv: any input format to RMM's CSV log, so that
+// RMM's REPLAY_BENCHMARK (--log_file) can replay our traces.
+static int cmd_convert(int argc, char **argv) {
+  if (argc != 2 || argv[0][0] == '-' || argv[1][0] == '-') {
+    fprintf(stderr, "nofrag: usage: nofrag convert TRACE OUT.csv\n");
+    return 2;
+  }
+  size_t ol = strlen(argv[1]);
+  if (ol < 4 || strcmp(argv[1] + ol - 4, ".csv") != 0) {
+    fprintf(stderr, "nofrag: convert: '%s': the output must be a .csv file (RMM's log format)\n", argv[1]);
+    return 2;
+  }
+  char err[512] = "";
+  const char *fmt = NULL;
+  nf_trace_t t;
+  if (nf_cli_load_trace(argv[0], &t, &fmt, err, sizeof err) != NF_OK) {
+    fprintf(stderr, "nofrag: %s\n", err);
+    return 2;
+  }
+  // Check the trace replays (alloc/free pairing, sizes) before writing it.
+  nf__trace_ops ops;
+  if (nf__trace_ops_build(&ops, &t, err, sizeof err) != NF_OK) {
+    fprintf(stderr, "nofrag: %s\n", err);
+    nf__trace_free(&t);
+    return 2;
+  }
+  nf__trace_ops_free(&ops);
+  FILE *f = fopen(argv[1], "w");
+  size_t rows = 0;
+  int rc = 0;
+  if (!f) { perror(argv[1]); rc = 2; }
+  else {
+    nf_status_t st = nf__trace_write_rmm(&t, f, &rows);
+    if (fclose(f) != 0 || st != NF_OK) {
+      fprintf(stderr, "nofrag: %s: write error\n", argv[1]);
+      remove(argv[1]);
+      rc = 2;
+    }
+  }
+  if (!rc) fprintf(stderr, "nofrag: %s (%s, %zu events) -> %s (%zu rows)\n", argv[0], fmt, t.n_events, argv[1], rows);
+  nf__trace_free(&t);
+  return rc;
+}
+
 int main(int argc, char **argv) {
+  // A replay's OOMs are expected (min-capacity probes, what-if limits) and
+  // reported by the tool itself: the library's stderr OOM report stays off
+  // unless the user asks for it (NOFRAG_QUIET_OOM=0).
+  setenv("NOFRAG_QUIET_OOM", "1", 0);
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
     fputs(usage, stdout);
     return 0;
@@ -386,6 +494,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(argv[1], "replay") == 0) return cmd_replay(argc - 2, argv + 2);
+  if (strcmp(argv[1], "convert") == 0) return cmd_convert(argc - 2, argv + 2);
   fprintf(stderr, "nofrag: unknown command '%s' (see nofrag --help)\n", argv[1]);
   return 2;
 }

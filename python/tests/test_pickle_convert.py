@@ -1,0 +1,127 @@
+"""nofrag.snapshot: PyTorch memory snapshot pickle -> text trace (stdlib only).
+
+    python3 -m unittest discover -s python/tests -v
+"""
+
+import gzip
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.normpath(os.path.join(HERE, ".."))
+sys.path.insert(0, PYDIR)
+
+from nofrag import snapshot  # noqa: E402
+
+SHARED = os.environ.get("NF_SHARED", os.path.join(PYDIR, "..", "..", "shared"))
+REAL = os.path.join(SHARED, "traces", "gpt2_small_snapshot.pickle.gz")
+
+
+def entry(action, addr, size, stream=0, t=1):
+    return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": t, "frames": []}
+
+
+class TestPickleConvert(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def path(self, name):
+        return os.path.join(self.tmp.name, name)
+
+    def write_pickle(self, obj, name="s.pickle"):
+        p = self.path(name)
+        with open(p, "wb") as f:
+            pickle.dump(obj, f)
+        return p
+
+    def read_lines(self, p):
+        opener = gzip.open if p.endswith(".gz") else open
+        with opener(p, "rt") as f:
+            return [ln.rstrip("\n") for ln in f if not ln.startswith("#")]
+
+    @unittest.skipUnless(os.path.exists(REAL), "shared snapshot not found")
+    def test_real_snapshot_converts_every_entry(self):
+        out = self.path("real.trace.gz")
+        st = snapshot.convert(REAL, out)
+        lines = self.read_lines(out)
+        self.assertEqual(len(lines), 9139)  # every entry of device_traces[0]
+        self.assertEqual(st["lines"], 9139)
+        counts = {}
+        for ln in lines:
+            f = ln.split()
+            self.assertEqual(len(f), 5)
+            self.assertTrue(all(x.isdigit() for x in f[1:]))
+            counts[f[0]] = counts.get(f[0], 0) + 1
+        self.assertEqual(counts, {"alloc": 3175, "free_requested": 2942, "free_completed": 2942,
+                                  "segment_alloc": 80})
+        # Same fields, in the same order, as the pickle holds.
+        snap = snapshot.load(REAL)
+        e = snap["device_traces"][0][1]
+        self.assertEqual(lines[1], f"{e['action']} {e['addr']} {e['size']} {e['stream']} {e['time_us']}")
+
+    def test_markers_skipped_and_early_frees_dropped(self):
+        snap = {"segments": [], "device_traces": [[
+            entry("free_completed", 5, 10),       # allocated before the ring buffer began
+            entry("segment_free", 7, 100),
+            {"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": 2},
+            entry("segment_alloc", 100, 2 << 20),
+            entry("alloc", 100, 512, 3),
+            entry("free_requested", 100, 512),
+            entry("free_completed", 100, 512),
+            entry("segment_free", 100, 2 << 20),
+        ]]}
+        out = self.path("o.trace")
+        st = snapshot.convert(self.write_pickle(snap), out)
+        self.assertEqual(st, {"lines": 5, "skipped": 1, "dropped_frees": 2})
+        self.assertEqual(self.read_lines(out)[1], "alloc 100 512 3 1")
+
+    def test_malformed_entries_named(self):
+        for bad, what in ((entry("alloc", -1, 5), "'addr'"), (entry("explode", 1, 1), "unknown action"),
+                          ({"action": "alloc", "addr": 1, "size": "9", "stream": 0}, "'size'")):
+            p = self.write_pickle({"device_traces": [[entry("alloc", 8, 8), bad]]})
+            with self.assertRaises(snapshot.SnapshotError) as cm:
+                snapshot.convert(p, self.path("x.trace"))
+            self.assertIn("entry 1", str(cm.exception))
+            self.assertIn(what, str(cm.exception))
+            self.assertFalse(os.path.exists(self.path("x.trace")))
+
+    def test_not_a_snapshot(self):
+        for obj in ([1, 2], {"segments": []}, "text"):
+            with self.assertRaises(snapshot.SnapshotError):
+                snapshot.load(self.write_pickle(obj))
+        p = self.path("junk")
+        with open(p, "wb") as f:
+            f.write(b"\x80\x04garbage")
+        with self.assertRaises(snapshot.SnapshotError):
+            snapshot.load(p)
+
+    def test_globals_refused(self):
+        # A pickle that would call os.system on load must not run it.
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("true",))
+        p = self.write_pickle({"device_traces": [[Evil()]]})
+        with self.assertRaises(snapshot.SnapshotError) as cm:
+            snapshot.load(p)
+        self.assertIn("not allowed", str(cm.exception))
+
+    def test_command_line(self):
+        p = self.write_pickle({"device_traces": [[entry("alloc", 1, 2)]]})
+        out = self.path("c.trace.gz")
+        env = dict(os.environ, PYTHONPATH=PYDIR)
+        for mod in (["-m", "nofrag.snapshot"], ["-m", "nofrag", "snapshot"]):
+            r = subprocess.run([sys.executable] + mod + [p, out], env=env, capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(self.read_lines(out), ["alloc 1 2 0 1"])
+        r = subprocess.run([sys.executable, "-m", "nofrag.snapshot", p], env=env, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("usage", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,149 @@
+// `nofrag replay --html`: the replay's sampling hook (no effect on the
+// result; called every N ops and after the last), and the page, rendered in
+// headless Chromium when it is installed (skipped otherwise): the script
+// must have drawn every chart with the peak marked.
+#include "nf_test.h"
+#include "replay.h"
+#include "trace.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct samples_s { size_t n, last_op; uint64_t max_physical; } samples_t;
+
+static void on_sample(void *ctx, size_t op, const nf_stats_t *s) {
+  samples_t *c = ctx;
+  assert_true(op > c->last_op);
+  c->n++;
+  c->last_op = op;
+  if (s->physical > c->max_physical) c->max_physical = s->physical;
+}
+
+// A trace with a sawtooth of live memory and PyTorch segment events.
+static char *synthetic(size_t *len) {
+  size_t cap = 1 << 20, n = 0;
+  char *buf = malloc(cap);
+  assert_non_null(buf);
+  n += (size_t)snprintf(buf + n, cap - n, "segment_alloc 1 1073741824 0 0\n");
+  for (int step = 0; step < 5; step++)
+    for (int k = 0; k < 40; k++) {
+      unsigned long long a = 4096ull * (unsigned long long)(k + 1), sz = (1ull << 20) * (unsigned long long)(k % 7 + 1);
+      n += (size_t)snprintf(buf + n, cap - n, "alloc %llu %llu %d 1\n", a, sz, k % 2);
+      if (k >= 3) {
+        unsigned long long b = 4096ull * (unsigned long long)(k - 2), bs = (1ull << 20) * (unsigned long long)((k - 3) % 7 + 1);
+        n += (size_t)snprintf(buf + n, cap - n, "free_completed %llu %llu 0 2\n", b, bs);
+      }
+      if (k == 39)
+        for (int j = 37; j <= 39; j++)
+          n += (size_t)snprintf(buf + n, cap - n, "free_completed %llu %llu 0 3\n", 4096ull * (unsigned long long)(j + 1),
+                                (1ull << 20) * (unsigned long long)(j % 7 + 1));
+    }
+  *len = n;
+  return buf;
+}
+
+static void test_sample_hook(void **state) {
+  (void)state;
+  size_t len;
+  char *text = synthetic(&len), err[256] = "";
+  nf_trace_t t;
+  nf__trace_ops o;
+  if (nf__trace_parse_buffer(&t, "syn", text, len, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  if (nf__trace_ops_build(&o, &t, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  nf__replay_opts ro;
+  nf__replay_opts_default(&ro);
+  nf__replay_result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_int_equal(nf__replay_run(&o, &ro, a), NF_OK);
+  samples_t c = {0};
+  ro.sample = on_sample;
+  ro.sample_ctx = &c;
+  ro.sample_every = 7;
+  assert_int_equal(nf__replay_run(&o, &ro, b), NF_OK);
+  assert_int_equal(c.n, (o.n_ops + 6) / 7); // every 7th op, and the last
+  assert_int_equal(c.last_op, o.n_ops);
+  assert_true(c.max_physical <= b->stats.physical_peak);
+  assert_true(a->stats.physical_peak == b->stats.physical_peak);
+  assert_true(a->stats.backend_calls == b->stats.backend_calls);
+  assert_int_equal(a->ops_done, b->ops_done);
+  free(a);
+  free(b);
+  nf__trace_ops_free(&o);
+  nf__trace_free(&t);
+  free(text);
+}
+
+static size_t count(const char *hay, const char *needle) {
+  size_t n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+  return n;
+}
+
+static char *slurp(const char *cmd) {
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t cap = 1 << 22, n = 0, got;
+  char *buf = malloc(cap + 1);
+  assert_non_null(buf);
+  while (n < cap && (got = fread(buf + n, 1, cap - n, p)) > 0) n += got;
+  buf[n] = 0;
+  pclose(p);
+  return buf;
+}
+
+static void test_html_page(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  char dir[] = "/tmp/nf-report-XXXXXX", path[256], cmd[2048];
+  assert_non_null(mkdtemp(dir));
+  size_t len;
+  char *text = synthetic(&len);
+  snprintf(path, sizeof path, "%s/syn.trace", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  assert_int_equal(fwrite(text, 1, len, f), len);
+  fclose(f);
+  free(text);
+  snprintf(cmd, sizeof cmd, "'%s' replay %s --allocator all --html %s/r.html >/dev/null 2>&1", cli, path, dir);
+  assert_int_equal(system(cmd), 0);
+  snprintf(cmd, sizeof cmd, "cat %s/r.html", dir);
+  char *page = slurp(cmd);
+  // Self-contained: nothing is fetched (the SVG namespace is a name, not a URL fetched).
+  assert_int_equal(count(page, "src="), 0);
+  assert_int_equal(count(page, "href="), 0);
+  assert_int_equal(count(page, "http://"), 1);
+  assert_int_equal(count(page, "https:"), 0);
+  assert_non_null(strstr(page, "\"name\":\"nofrag (replayed)\""));
+  assert_non_null(strstr(page, "\"name\":\"PyTorch native, recorded in the trace\""));
+  free(page);
+
+  if (system("command -v chromium >/dev/null 2>&1") != 0) {
+    print_message("skipping the rendering check: chromium not installed (apt-get install chromium)\n");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    skip();
+  }
+  snprintf(cmd, sizeof cmd, "HOME=%s timeout 120 chromium --headless --no-sandbox --disable-gpu "
+           "--disable-background-networking --user-data-dir=%s/chromium --dump-dom file://%s/r.html 2>/dev/null",
+           dir, dir, dir);
+  char *dom = slurp(cmd);
+  if (!strstr(dom, "data-drawn=\"2\"")) fail_msg("chart not drawn; DOM: %.2000s", dom);
+  assert_int_equal(count(dom, "<polyline"), 4); // live + reserved, two charts
+  assert_int_equal(count(dom, "class=\"peak-label\""), 2);
+  assert_non_null(strstr(dom, "peak reserved 1.000 GiB")); // the recorded segment
+  assert_non_null(strstr(dom, "<td>nofrag</td>"));
+  assert_non_null(strstr(dom, "<td>expandable</td>"));
+  free(dom);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sample_hook),
+      cmocka_unit_test(test_html_page),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,189 @@
+// `nofrag replay --html FILE`: one self-contained page (no network) with a
+// live-vs-reserved timeline per allocator run and the peak marked.
+//
+// The data go into the page as JSON and inline JavaScript draws SVG, so the
+// file stays small (about 2000 samples per series, whatever the trace
+// length) and opens anywhere. When the script has drawn every chart it sets
+// <body data-drawn="N">, which the test reads back from headless Chromium.
+#include "cli.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+size_t nf_html_every(size_t n_ops) { return n_ops / 2000 + 1; }
+
+static int push(nf_html_series *s, uint64_t x, uint64_t live, uint64_t reserved) {
+  if (s->n == s->cap) {
+    size_t nc = s->cap ? s->cap * 2 : 2048;
+    uint64_t *nx = realloc(s->x, nc * sizeof *nx);
+    if (nx) s->x = nx;
+    uint64_t *nl = realloc(s->live, nc * sizeof *nl);
+    if (nl) s->live = nl;
+    uint64_t *nr = realloc(s->reserved, nc * sizeof *nr);
+    if (nr) s->reserved = nr;
+    if (!nx || !nl || !nr) return -1;
+    s->cap = nc;
+  }
+  s->x[s->n] = x;
+  s->live[s->n] = live;
+  s->reserved[s->n++] = reserved;
+  return 0;
+}
+
+void nf_html_sample(void *ctx, size_t op, const nf_stats_t *st) {
+  nf_html_series *s = ctx;
+  // The pool's cumulative peak tells where the true peak fell even when it
+  // lies between two samples: the first sample whose peak reached it.
+  if (st->physical_peak > s->peak_reserved) { s->peak_reserved = st->physical_peak; s->peak_x = op; }
+  (void)push(s, op, st->live, st->physical); // out of memory: the chart just gets fewer points
+}
+
+int nf_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t every, nf_html_series *out) {
+  memset(out, 0, sizeof *out);
+  out->name = "PyTorch native, recorded in the trace";
+  out->reserved_label = "reserved (segments)";
+  // Running sums over the events; sampled after the event of every
+  // `every`-th op, so the x axis matches the replay's.
+  // Each point is the maximum over its interval, so short spikes (the live
+  // peak) stay visible however long the trace.
+  size_t k = 0, done = 0;
+  uint64_t live = 0, seg = 0, peak = 0, peak_x = 0, max_live = 0, max_seg = 0;
+  for (size_t e = 0; e < t->n_events && k < ops->n_ops; e++) {
+    const nf_trace_event_t *ev = &t->events[e];
+    if (ev->action == NF_TRACE_SEGMENT_ALLOC) seg += ev->size;
+    else if (ev->action == NF_TRACE_SEGMENT_FREE) seg = seg >= ev->size ? seg - ev->size : 0;
+    if (seg > peak) { peak = seg; peak_x = done; } // ops done when it was reached
+    if (seg > max_seg) max_seg = seg;
+    if (ops->ops[k].event != e) continue;
+    if (ops->ops[k].kind == NF_TRACE_OP_ALLOC) live += ops->ops[k].size;
+    else live = live >= ops->ops[k].size ? live - ops->ops[k].size : 0;
+    done = ++k;
+    if (live > max_live) max_live = live;
+    if (done % every == 0 || done == ops->n_ops) {
+      if (push(out, done, max_live, max_seg) != 0) return -1;
+      max_live = live;
+      max_seg = seg;
+    }
+  }
+  out->peak_reserved = peak;
+  out->peak_x = peak_x;
+  return 0;
+}
+
+void nf_html_series_free(nf_html_series *s) {
+  free(s->x);
+  free(s->live);
+  free(s->reserved);
+  memset(s, 0, sizeof *s);
+}
+
+// A JSON string that is also safe inside <script> and HTML text.
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 0x20 || c == '<' || c == '>' || c == '&') fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+static void json_arr(FILE *f, const uint64_t *v, size_t n) {
+  fputc('[', f);
+  for (size_t i = 0; i < n; i++) fprintf(f, "%s%" PRIu64, i ? "," : "", v[i]);
+  fputc(']', f);
+}
+
+static const char page_head[] =
+    "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+    "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'\">\n<title>nofrag replay</title>\n<style>\n"
+    "body{font:14px system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}h2{font-size:16px;margin:24px 0 4px}\n"
+    "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}\n"
+    "td:first-child{text-align:left}svg{display:block}.live{stroke:#1f77b4}.res{stroke:#d62728}\n"
+    ".key span{display:inline-block;width:14px;height:3px;margin:0 4px 3px 12px;vertical-align:middle}\n"
+    "</style></head>\n<body>\n<h1>nofrag replay: <span id=\"trace\"></span></h1>\n"
+    "<table id=\"summary\"></table>\n<div id=\"charts\"></div>\n<script>\n";
+
+// Drawing: one SVG per series; x = allocator calls done, y = bytes.
+static const char page_script[] =
+    "const GiB=1073741824, NS='http://www.w3.org/2000/svg';\n"
+    "function el(n,a,p){const e=document.createElementNS(NS,n);for(const k in a)e.setAttribute(k,a[k]);"
+    "if(p)p.appendChild(e);return e;}\n"
+    "function gib(b){return (b/GiB).toFixed(3)+' GiB';}\n"
+    "document.getElementById('trace').textContent=DATA.trace;\n"
+    "const tb=document.getElementById('summary');\n"
+    "tb.insertRow().innerHTML='<th>allocator</th><th>peak live</th><th>peak reserved</th><th>reserved / live</th>"
+    "<th>min capacity / live</th><th>replay s</th><th>status</th>';\n"
+    "for(const r of DATA.rows){const tr=tb.insertRow();for(const v of [r.name,gib(r.peak_live),gib(r.peak_reserved),"
+    "(r.peak_reserved/r.peak_live).toFixed(4),r.min_capacity?(r.min_capacity/r.peak_live).toFixed(4):'',"
+    "r.seconds.toFixed(3),r.status])tr.insertCell().textContent=v;}\n"
+    "let drawn=0;const W=960,H=300,L=70,R=20,T=16,B=36;\n"
+    "for(const s of DATA.series){\n"
+    " const box=document.getElementById('charts');const h=document.createElement('h2');h.textContent=s.name;box.appendChild(h);\n"
+    " const key=document.createElement('div');key.className='key';"
+    "key.innerHTML='<span style=\"background:#1f77b4\"></span>live<span style=\"background:#d62728\"></span>';"
+    "key.appendChild(document.createTextNode(s.reserved_label));box.appendChild(key);\n"
+    " const svg=el('svg',{width:W,height:H,viewBox:'0 0 '+W+' '+H,'class':'chart'},box);\n"
+    " const n=s.x.length;if(!n)continue;const xmax=Math.max(1,s.x[n-1]);\n"
+    " const ymax=Math.max(1,s.peak_reserved,...s.reserved,...s.live)*1.05;\n"
+    " const X=v=>L+(W-L-R)*v/xmax,Y=v=>H-B-(H-T-B)*v/ymax;\n"
+    " el('line',{x1:L,y1:H-B,x2:W-R,y2:H-B,stroke:'#888'},svg);el('line',{x1:L,y1:T,x2:L,y2:H-B,stroke:'#888'},svg);\n"
+    " for(let i=0;i<=4;i++){const v=ymax*i/4;const t=el('text',{x:L-6,y:Y(v)+4,'text-anchor':'end','font-size':11},svg);"
+    "t.textContent=(v/GiB).toFixed(1)+' GiB';}\n"
+    " const xl=el('text',{x:(L+W-R)/2,y:H-8,'text-anchor':'middle','font-size':11},svg);"
+    "xl.textContent='allocator calls replayed (of '+xmax+')';\n"
+    " for(const [k,c] of [['live','live'],['reserved','res']]){const pts=[];"
+    "for(let i=0;i<n;i++)pts.push(X(s.x[i]).toFixed(1)+','+Y(s[k][i]).toFixed(1));"
+    "el('polyline',{points:pts.join(' '),fill:'none','class':c,'stroke-width':1.2,'data-points':n},svg);}\n"
+    " const px=X(s.peak_x),py=Y(s.peak_reserved);\n"
+    " el('line',{x1:px,y1:T,x2:px,y2:H-B,stroke:'#d62728','stroke-dasharray':'4 3','class':'peak'},svg);\n"
+    " el('circle',{cx:px,cy:py,r:4,fill:'#d62728','class':'peak-dot'},svg);\n"
+    " const pl=el('text',{x:Math.min(px+6,W-R-200),y:T+10,'font-size':12,fill:'#d62728','class':'peak-label'},svg);\n"
+    " pl.textContent='peak reserved '+gib(s.peak_reserved)+' at call '+s.peak_x;\n"
+    " drawn++;\n}\n"
+    "document.body.setAttribute('data-drawn',String(drawn));\n";
+
+int nf_html_write(const char *path, const char *trace, const nf_html_series *series, size_t n_series,
+                  const nf_html_row *rows, size_t n_rows) {
+  FILE *f = fopen(path, "w");
+  if (!f) return -1;
+  fputs(page_head, f);
+  fputs("const DATA={\"trace\":", f);
+  json_str(f, trace);
+  fputs(",\"rows\":[", f);
+  for (size_t i = 0; i < n_rows; i++) {
+    const nf_html_row *r = &rows[i];
+    fprintf(f, "%s{\"name\":", i ? "," : "");
+    json_str(f, r->name);
+    fprintf(f, ",\"peak_live\":%" PRIu64 ",\"peak_reserved\":%" PRIu64 ",\"min_capacity\":%" PRIu64
+            ",\"seconds\":%.6f,\"status\":", r->peak_live, r->peak_reserved, r->min_capacity, r->seconds);
+    json_str(f, r->status);
+    fputc('}', f);
+  }
+  fputs("],\"series\":[", f);
+  for (size_t i = 0; i < n_series; i++) {
+    const nf_html_series *s = &series[i];
+    fprintf(f, "%s{\"name\":", i ? "," : "");
+    json_str(f, s->name);
+    fputs(",\"reserved_label\":", f);
+    json_str(f, s->reserved_label);
+    fprintf(f, ",\"peak_reserved\":%" PRIu64 ",\"peak_x\":%" PRIu64 ",\"x\":", s->peak_reserved, s->peak_x);
+    json_arr(f, s->x, s->n);
+    fputs(",\"live\":", f);
+    json_arr(f, s->live, s->n);
+    fputs(",\"reserved\":", f);
+    json_arr(f, s->reserved, s->n);
+    fputc('}', f);
+  }
+  fputs("]};\n", f);
+  fputs(page_script, f);
+  fputs("</script>\n</body></html>\n", f);
+  int bad = ferror(f);
+  if (fclose(f) != 0 || bad) { if (!errno) errno = EIO; return -1; }
+  return 0;
+}
