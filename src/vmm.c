@@ -198,11 +198,21 @@ uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_c
       }
     }
   }
-  if (got) { p->st.reclaims++; p->st.reclaimed_granules += got; }
   return got;
 }
 
 // ------------------------------------------------------------ mapping
+
+// Stitching: unmap cached granules for a request (counted as reclaims; the
+// release policy and trim use nf__unmap_cached directly and are not).
+static void stitch(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *c, uint64_t g0, uint64_t g1,
+                   nf_status_t *st) {
+  uint64_t got = nf__unmap_cached(p, want, blocking, c, g0, g1, st);
+  if (got) {
+    p->st.reclaims++;
+    p->st.reclaimed_granules += got;
+  }
+}
 
 // Make `k` free granules available: free list, then new granules up to the
 // limit, then stitching (unmapping cached granules outside the target).
@@ -223,7 +233,7 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
   if (p->cfg.tight && ((p->gran_created + k - p->gran_free_count) << p->gshift) > peak + slack) {
     for (int blocking = 0; blocking < 2 && p->gran_free_count < k; blocking++) {
       if (nf__cached(p) < (blocking ? slack : p->granule)) break;
-      nf__unmap_cached(p, k - p->gran_free_count, blocking, c, g0, g1, &st);
+      stitch(p, k - p->gran_free_count, blocking, c, g0, g1, &st);
       if (st != NF_OK) return st;
     }
     if (p->gran_free_count >= k) return NF_OK;
@@ -236,7 +246,7 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
   // blocks held back by record_stream.
   for (int round = 0; round < 3 && p->gran_free_count < k; round++) {
     if (round == 2 && (st = nf__pending_poll(p, true)) != NF_OK) return st;
-    nf__unmap_cached(p, k - p->gran_free_count, round > 0, c, g0, g1, &st);
+    stitch(p, k - p->gran_free_count, round > 0, c, g0, g1, &st);
     if (st != NF_OK) return st;
   }
   return p->gran_free_count >= k ? NF_OK : NF_ERR_OOM;
