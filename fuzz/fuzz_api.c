@@ -26,6 +26,7 @@ static int ok(const void *p, size_t n, uint8_t tag) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static nf_backend_t *be;
+  setenv("NOFRAG_MONITOR", "0", 0); // a pool per input: no shared-memory file each time
   if (!be && nf_backend_host_create(&be, 1ull << 30, G) != NF_OK) abort();
   nf_config_t c;
   nf_config_default(&c);

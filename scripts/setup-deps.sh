@@ -15,6 +15,7 @@ PACKAGES=(
   libclang-rt-dev # clang's sanitizer/libFuzzer runtimes (only "Recommended" by clang)
   valgrind
   python3
+  tmux            # drives `nofrag top` in tests/test_top.sh (send-keys / capture-pane)
   chromium        # renders the --html report in tests/test_report.c (headless, under 1 s)
 )
 

@@ -153,6 +153,11 @@ struct nf_pool_s {
   uint64_t oom_unprinted;      // OOMs of the current burst not printed
   uint64_t oom_reclaims_mark;  // st.reclaims / st.reclaimed_granules at the previous OOM
   uint64_t oom_reclaimed_mark;
+
+  // Live monitor (monitor.c): the mmap'd shared-memory file, NULL when off.
+  struct nf_mon_shm_s *mon;
+  uint64_t mon_mapped, mon_created; // gran_mapped / gran_created last published in full
+  uint64_t mon_lf_ns;               // monotonic time largest_free was last walked
 };
 
 // Counting wrappers around backend ops: every call is counted in the stats.
@@ -178,8 +183,8 @@ void nf__blocks_destroy(nf_pool_t *p);
 // placement.c
 void nf__tlsf_insert(nf_tlsf_t *t, nf_block_t *b);
 void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b);
-nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64_t *off);
-nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint64_t *off);
+nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64_t *off, bool *mapped);
+nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint64_t *off, bool *mapped);
 nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
 void nf__release_block(nf_pool_t *p, nf_block_t *b);
 
@@ -221,5 +226,86 @@ uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules);
 // of a burst, NOFRAG_QUIET_OOM unset).
 bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large);
 void nf__oom_print(void);
+
+// ------------------------------------------------------------------ monitor
+// monitor.c: each pool publishes its counters to a shared-memory file
+// ($NOFRAG_SHM_DIR, else /dev/shm)/nofrag.<uid>.<pid>.<pool-id>, mode 0600,
+// that `nofrag top` reads from outside the process. Writers are serialised by
+// the pool lock; readers (other processes) by a seqlock: `seq` is odd while a
+// write is in progress. Fields are relaxed/release atomics so that the
+// protocol is data-race free in the C11 sense (and TSan-clean) without fences;
+// on x86 every one of these stores is a plain mov.
+#define NF_MON_MAGIC 0x314e4f4d4746524eull // "NRFGMON1" little-endian
+#define NF_MON_VERSION 1
+enum {
+  NF_MON_LIVE, NF_MON_LIVE_PEAK, NF_MON_ALLOCS, NF_MON_FREES, // fast path: every alloc/free
+  NF_MON_MAPPED, NF_MON_PHYSICAL, NF_MON_LIMIT, NF_MON_GRANULE,
+  NF_MON_LARGEST_FREE, // may be stale: walked on slow paths at most every 100 ms
+  NF_MON_SPILLED,      // 0 until the spill feature
+  NF_MON_OOMS, NF_MON_RECLAIMS, NF_MON_BACKEND_CALLS,
+  NF_MON_NFIELDS
+};
+typedef struct nf_mon_shm_s {
+  uint64_t magic;    // written last at creation (release): readers skip files without it
+  uint32_t version, size;
+  int32_t pid;
+  uint32_t uid, pool_id, reserved;
+  uint64_t start_ns; // CLOCK_REALTIME at pool creation
+  char device[32];   // "host", "cuda:0", ...
+  _Atomic uint64_t seq;
+  _Atomic uint64_t v[NF_MON_NFIELDS];
+} nf_mon_shm_t;
+
+void nf__mon_open(nf_pool_t *p);  // at pool creation; failures leave p->mon NULL
+void nf__mon_close(nf_pool_t *p); // at destroy: unmap and unlink
+void nf__mon_full(nf_pool_t *p);  // publish every field (slow paths), under the lock
+
+// Fast path, under the pool lock, after an alloc (`alloc` true) or a free:
+// the two or three counters that changed, or everything when the mapping
+// changed (the caller made backend calls anyway) and every 4096th operation
+// (backend calls of event polling, stale largest-free). Plain stores, no
+// read-modify-write: the pool lock orders writers.
+static inline void nf__mon_fast(nf_pool_t *p, bool alloc) {
+  nf_mon_shm_t *m = p->mon;
+  if (!m) return;
+  if (NF_UNLIKELY(p->gran_mapped != p->mon_mapped || p->gran_created != p->mon_created ||
+                  !((p->st.allocs + p->st.frees) & 4095))) {
+    nf__mon_full(p);
+    return;
+  }
+  uint64_t s = atomic_load_explicit(&m->seq, memory_order_relaxed);
+  atomic_store_explicit(&m->seq, s + 1, memory_order_relaxed);
+  // Release stores: a reader that sees any new value also sees seq odd.
+  atomic_store_explicit(&m->v[NF_MON_LIVE], p->st.live, memory_order_release);
+  if (alloc) {
+    atomic_store_explicit(&m->v[NF_MON_ALLOCS], p->st.allocs, memory_order_release);
+    atomic_store_explicit(&m->v[NF_MON_LIVE_PEAK], p->st.live_peak, memory_order_release);
+  } else {
+    atomic_store_explicit(&m->v[NF_MON_FREES], p->st.frees, memory_order_release);
+  }
+  atomic_store_explicit(&m->seq, s + 2, memory_order_release);
+}
+
+// Reader side (tools/top.c, tests). One pool's file, read consistently.
+typedef struct nf_mon_entry_s {
+  char path[512];
+  int pid;
+  uint32_t uid, pool_id;
+  uint64_t start_ns;
+  char device[32];
+  uint64_t v[NF_MON_NFIELDS];
+  double fragmentation; // 1 - live/mapped, from the same snapshot
+} nf_mon_entry_t;
+
+// The directory monitor files go to: $NOFRAG_SHM_DIR, else /dev/shm.
+const char *nf__mon_dir(void);
+// Read one file: 0 ok, 1 its process is dead, -1 not a monitor file, unreadable
+// or torn for too long (a writer killed mid-update).
+int nf__mon_read(const char *path, nf_mon_entry_t *e);
+// Every readable monitor file of live processes in `dir` (NULL: nf__mon_dir()),
+// sorted by pid then pool id, as a malloc'd array in *out (free() it). Files of
+// dead processes are skipped, and removed when `clean`; *dead (if non-NULL)
+// counts them. Returns the number of entries, or -1 if dir cannot be opened.
+long nf__mon_list(const char *dir, bool clean, nf_mon_entry_t **out, long *dead);
 
 #endif

@@ -52,8 +52,25 @@ typedef struct nf__model_result_s {
   uint64_t alloc_retries;   // num_alloc_retries: cache flushed and alloc retried
   uint64_t ooms;            // allocations that failed after the retry (0 or 1: the run stops)
   size_t segments_peak, segments_end; // cudaMalloc segments (native) or expandable segments
+  size_t peak_op;           // ops done when peak_reserved was first reached (the state to inspect)
   double seconds;           // the replay loop alone
 } nf__model_result;
+
+struct nf__model_s;
+
+// Optional observers of a model run (all NULL/0: no cost, same result).
+// Like nf__replay_opts.sample: `sample` gets live (requested) and reserved
+// bytes after every `sample_every`-th op (0 = every op) and after the last op
+// done, for the --html timelines and the progress bar. `inspect` sees the
+// whole model state once, after op number `inspect_at` (1-based; e.g. a
+// first run's peak_op), for the hotspot attribution. Neither may change it.
+typedef struct nf__model_hooks_s {
+  void (*sample)(void *ctx, size_t op, uint64_t live, uint64_t reserved);
+  size_t sample_every;
+  void (*inspect)(void *ctx, const struct nf__model_s *m);
+  size_t inspect_at;
+  void *ctx;
+} nf__model_hooks;
 
 // Name of a model kind ("native", "expandable"), "?" if out of range.
 const char *nf__model_name(int kind);
@@ -61,6 +78,9 @@ const char *nf__model_name(int kind);
 // Replay `ops` through model `kind` under `limit` bytes (0 = unlimited).
 // Returns out->status.
 nf_status_t nf__model_run(int kind, const nf__trace_ops *ops, uint64_t limit, nf__model_result *out);
+// The same with observers (hooks may be NULL).
+nf_status_t nf__model_run_hooked(int kind, const nf__trace_ops *ops, uint64_t limit, const nf__model_hooks *h,
+                                 nf__model_result *out);
 
 typedef struct nf__model_bisect_s {
   uint64_t min_capacity;   // smallest limit (whole granules) under which the replay completes
@@ -91,6 +111,8 @@ typedef struct nf__mblock_s {
   int32_t prev, next; // neighbours in the segment, -1 none (Block::prev/next)
   int32_t seg;        // expandable segment id, -1 for a cudaMalloc segment
   uint64_t requested; // bytes the program asked for (allocated blocks)
+  uint32_t event;     // trace event of the alloc holding it (allocated blocks): its call site
+  uint32_t origin;    // trace event of the alloc that made its memory reserved (segment / mapping)
   uint8_t small, allocated, mapped, in_use; // in_use: id not on the recycle list
 } nf__mblock;
 
@@ -118,6 +140,8 @@ typedef struct nf__model_s {
   uint64_t next_addr;   // bump pointer for fresh address ranges
   uint64_t reserved, allocated, requested;
   size_t segments;
+  uint32_t cur_event;   // trace event of the op being replayed (origin of new memory)
+  size_t cur_op;        // ops done before the current one
   int nomem;            // the host ran out of memory (the run fails with NF_ERR_NOMEM-like error)
   nf__model_result *res;
 } nf__model;

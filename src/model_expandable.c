@@ -72,6 +72,7 @@ static int32_t map_block(nf__model *m, int32_t id, uint64_t size) {
   int pool = b->small;
   nf__m_set_erase(m, &m->unmapped[pool], id, 0);
   b->mapped = 1;
+  b->origin = m->cur_event; // these pages are mapped for the current alloc
   if (mapped < b->size) {
     int32_t r = nf__m_new_block(m);
     if (r < 0) return -1;

@@ -99,7 +99,12 @@ void nf__m_set_erase(nf__model *m, nf__mvec *s, int32_t id, int by_size) {
 
 void nf__m_add_reserved(nf__model *m, uint64_t bytes) {
   m->reserved += bytes;
-  if (m->reserved > m->res->peak_reserved) m->res->peak_reserved = m->reserved;
+  if (m->reserved > m->res->peak_reserved) {
+    m->res->peak_reserved = m->reserved;
+    // Reserved only grows inside an op after its releases (malloc: release,
+    // then alloc_block), so the state after this op holds the peak.
+    m->res->peak_op = m->cur_op + 1;
+  }
 }
 
 // try_merge_blocks: absorb neighbour `src` into `dst` when src is free and in
@@ -185,6 +190,7 @@ static int32_t alloc_block(nf__model *m, int pool, uint64_t stream, uint64_t siz
   b->size = alloc_size;
   b->stream = stream;
   b->small = (uint8_t)pool;
+  b->origin = m->cur_event;
   m->next_addr += alloc_size; // a fresh address range: ties in best fit go to older segments
   nf__m_add_reserved(m, alloc_size);
   m->res->device_allocs++;
@@ -255,6 +261,7 @@ static int32_t model_malloc(nf__model *m, uint64_t req, uint64_t stream) {
     b->stream = stream;
     b->small = r->small;
     b->seg = r->seg;
+    b->origin = r->origin;
     b->prev = r->prev;
     if (b->prev >= 0) m->b[b->prev].next = id;
     b->next = rest;
@@ -293,6 +300,13 @@ static void model_free_all(nf__model *m) {
 }
 
 nf_status_t nf__model_run(int kind, const nf__trace_ops *ops, uint64_t limit, nf__model_result *out) {
+  return nf__model_run_hooked(kind, ops, limit, NULL, out);
+}
+
+nf_status_t nf__model_run_hooked(int kind, const nf__trace_ops *ops, uint64_t limit, const nf__model_hooks *h,
+                                 nf__model_result *out) {
+  static const nf__model_hooks none = {0};
+  if (!h) h = &none;
   memset(out, 0, sizeof *out);
   out->kind = kind;
   out->limit = limit;
@@ -317,6 +331,8 @@ nf_status_t nf__model_run(int kind, const nf__trace_ops *ops, uint64_t limit, nf
   size_t i;
   for (i = 0; i < ops->n_ops; i++) {
     const nf__trace_op *op = &ops->ops[i];
+    m.cur_op = i;
+    m.cur_event = op->event;
     if (op->kind == NF_TRACE_OP_ALLOC) {
       uint64_t stream = op->stream < ops->n_streams ? ops->streams[op->stream] : op->stream;
       int32_t id = model_malloc(&m, op->size, stream);
@@ -336,6 +352,7 @@ nf_status_t nf__model_run(int kind, const nf__trace_ops *ops, uint64_t limit, nf
         break;
       }
       slot[op->slot] = id;
+      m.b[id].event = op->event;
       m.requested += op->size;
       if (m.requested > out->peak_requested) out->peak_requested = m.requested;
     } else {
@@ -348,8 +365,13 @@ nf_status_t nf__model_run(int kind, const nf__trace_ops *ops, uint64_t limit, nf
       strcpy(out->error, "out of host memory");
       break;
     }
+    if (h->sample && (h->sample_every <= 1 || (i + 1) % h->sample_every == 0))
+      h->sample(h->ctx, i + 1, m.requested, m.reserved);
+    if (h->inspect && i + 1 == h->inspect_at) h->inspect(h->ctx, &m);
   }
   out->seconds = now_s() - t0;
+  if (h->sample && i > 0 && h->sample_every > 1 && i % h->sample_every != 0)
+    h->sample(h->ctx, i, m.requested, m.reserved); // the last op done
   out->ops_done = i;
   out->reserved_end = m.reserved;
   out->allocated_end = m.allocated;

@@ -77,12 +77,13 @@ static uint64_t place_cost(const nf_pool_t *p, const nf_block_t *b, uint64_t siz
   return hi < lo ? hi : lo;
 }
 
-nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64_t *off) {
+nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64_t *off, bool *mapped) {
   nf_tlsf_t *t = &p->tlsf[arena];
   uint64_t units = size >> NF_ALIGN_SHIFT;
   int fl, sl;
   mapping(units, &fl, &sl);
   *off = 0;
+  *mapped = true;
   // 1. The exact class may hold blocks that fit (TLSF's rounding skips them):
   //    a mapped one there is the fast path.
   int n = 0;
@@ -133,6 +134,7 @@ nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64
 done:
   nf__tlsf_remove(t, best);
   *off = best_off;
+  *mapped = !tight && !best_cost; // cost 0: every granule of the placement is ready
   return best;
 }
 
@@ -159,7 +161,7 @@ static nf_block_t *split_front(nf_pool_t *p, nf_block_t *b, uint64_t size) {
 // smaller block). After stitching has unmapped all cached granules, this
 // finds the holes whose partial granules, shared with live neighbours, are
 // still mapped. O(free blocks); only on the way to an OOM.
-nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint64_t *off) {
+nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint64_t *off, bool *mapped) {
   nf_block_t *best = NULL;
   uint64_t best_cost = UINT64_MAX, o;
   for (int a = 0; a < NF_ARENA_COUNT; a++)
@@ -177,6 +179,7 @@ nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint64_t *off) {
         }
     }
   if (best) nf__tlsf_remove(&p->tlsf[best->arena], best);
+  *mapped = best && !best_cost;
   return best;
 }
 

@@ -63,6 +63,7 @@ void nf__lock_slow(nf_lock_t *l) {
 // ------------------------------------------------------------------ lifetime
 
 static void pool_free(nf_pool_t *p) {
+  nf__mon_close(p);
   nf__streams_destroy(p);
   nf__chunks_destroy(p);
   nf__blocks_destroy(p);
@@ -120,6 +121,7 @@ nf_status_t nf_pool_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t 
     pool_free(p);
     return st;
   }
+  nf__mon_open(p); // best effort: no monitor file is not an error
   *out = p;
   ok();
   return NF_OK;
@@ -179,7 +181,8 @@ static bool fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, n
 
 // Order, carve and map the detached free block *bp for a request. On error
 // the block is back in the free index and nothing else changed.
-static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint64_t rsize, uint32_t s) {
+static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint64_t rsize, uint32_t s,
+                               bool mapped) {
   nf_block_t *b = *bp;
   nf_status_t st;
   if (NF_UNLIKELY(!nf__block_usable(p, b, s)) && (st = nf__order_after(p, b, s)) != NF_OK) {
@@ -190,7 +193,7 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   // Live from here: stitching and pending-block release must neither unmap
   // nor coalesce the block being placed.
   b->state = NF_BLK_LIVE;
-  if (!nf__range_mapped(p, b->chunk, b->addr, rsize) && (st = nf__map_block(p, b)) != NF_OK) {
+  if (!mapped && !nf__range_mapped(p, b->chunk, b->addr, rsize) && (st = nf__map_block(p, b)) != NF_OK) {
     b->state = NF_BLK_FREE;
     nf__release_block(p, b);
     return st;
@@ -209,6 +212,7 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
     nf__lock(&p->lock);
     p->st.ooms++;
     bool print = nf__oom_report(p, size, stream, true);
+    nf__mon_full(p);
     nf__unlock(&p->lock);
     if (print) nf__oom_print();
     nf__error(NF_ERR_OOM, "nofrag: out of memory: tried to allocate %s (%llu B), more than the whole limit %s",
@@ -222,19 +226,20 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   nf_status_t st = nf__stream_index(p, stream, &s);
   if (NF_UNLIKELY(st != NF_OK)) goto fail;
   uint64_t off;
-  nf_block_t *b = nf__place(p, arena, rsize, s, &off);
+  bool mapped;
+  nf_block_t *b = nf__place(p, arena, rsize, s, &off, &mapped);
   if (NF_UNLIKELY(!b)) {
     if ((st = nf__chunk_new(p, arena, rsize)) != NF_OK) goto fail;
-    if (!(b = nf__place(p, arena, rsize, s, &off))) {
+    if (!(b = nf__place(p, arena, rsize, s, &off, &mapped))) {
       st = nf__error(NF_ERR_INVALID, "nofrag: internal error: fresh range not found");
       goto fail;
     }
   }
   for (int attempt = 0;; attempt++) {
-    if ((st = place_block(p, &b, off, rsize, s)) == NF_OK) break;
+    if ((st = place_block(p, &b, off, rsize, s, mapped)) == NF_OK) break;
     // Out of granules: once stitching has unmapped every cached granule, the
     // placement needing the fewest new ones may still fit.
-    if (st != NF_ERR_OOM || attempt || !(b = nf__place_min(p, rsize, &off))) goto fail;
+    if (st != NF_ERR_OOM || attempt || !(b = nf__place_min(p, rsize, &off, &mapped))) goto fail;
   }
   if (NF_UNLIKELY(nf__map_insert(p, b) != NF_OK)) {
     b->state = NF_BLK_FREE;
@@ -251,10 +256,12 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   p->st.allocs++;
   nf__peak(&p->st.live_peak, p->st.live);
   nf__peak(&p->st.live_rounded_peak, p->st.live_rounded);
+  nf__mon_fast(p, true);
   nf__unlock(&p->lock);
   return (void *)b->addr;
 fail:;
   bool print = fail_oom(p, size, rsize, stream, st);
+  nf__mon_full(p);
   nf__unlock(&p->lock);
   if (print) nf__oom_print(); // outside the lock: stderr may block
   return NULL;
@@ -314,6 +321,7 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   } else {
     p->above_since = 0;
   }
+  nf__mon_fast(p, false);
   nf__unlock(&p->lock);
   return NF_OK;
 }
@@ -347,6 +355,7 @@ nf_status_t nf_trim(nf_pool_t *p) {
   nf_status_t st = nf__pending_poll(p, true);
   if (st == NF_OK) nf__unmap_cached(p, UINT64_MAX, true, NULL, 0, 0, &st);
   if (st == NF_OK) st = nf__granules_release(p, p->cfg.retain >> p->gshift);
+  nf__mon_full(p);
   nf__unlock(&p->lock);
   return st;
 }
@@ -362,6 +371,7 @@ nf_status_t nf_reserve(nf_pool_t *p, uint64_t bytes) {
     uint64_t want = (bytes + p->granule - 1) >> p->gshift;
     if (want > p->gran_created) st = nf__granules_create(p, want - p->gran_created);
   }
+  nf__mon_full(p);
   nf__unlock(&p->lock);
   return st;
 }
@@ -389,6 +399,7 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
       if (st == NF_OK) st = nf__granules_release(p, p->max_granules);
     }
   }
+  nf__mon_full(p);
   nf__unlock(&p->lock);
   return st;
 }

@@ -52,6 +52,50 @@ static void check_shared(const char *file, uint64_t expandable_peak) {
 }
 
 static void test_shared_gpt2(void **state) { (void)state; check_shared("gpt2.trace.gz", 26818379776ull); }
+
+// nf__model_run_hooked: observers change nothing; sampled every op, the
+// samples' maximum is the peak, reached at peak_op; inspect at peak_op sees it.
+typedef struct hook_s { size_t n, last, at_max; uint64_t max_res, seen_res, seen_req; } hook_t;
+static void on_sample(void *ctx, size_t op, uint64_t live, uint64_t reserved) {
+  hook_t *h = ctx;
+  (void)live;
+  assert_true(op == h->last + 1);
+  h->n++;
+  h->last = op;
+  if (reserved > h->max_res) { h->max_res = reserved; h->at_max = op; }
+}
+static void on_inspect(void *ctx, const nf__model *m) {
+  hook_t *h = ctx;
+  h->seen_res = m->reserved;
+  h->seen_req = m->requested;
+}
+
+static void test_hooks(void **state) {
+  (void)state;
+  char path[1024], err[512] = "";
+  shared_path(path, sizeof path, "gpt2.trace.gz");
+  if (access(path, R_OK) != 0) { print_message("skipping: %s not found\n", path); skip(); }
+  nf_trace_t t;
+  nf__trace_ops o;
+  if (nf__trace_load(&t, path, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  if (nf__trace_ops_build(&o, &t, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  for (int k = 0; k < NF_MODEL_NKINDS; k++) {
+    nf__model_result a, b;
+    assert_int_equal(nf__model_run(k, &o, 0, &a), NF_OK);
+    hook_t h = {0};
+    nf__model_hooks hk = {on_sample, 1, on_inspect, a.peak_op, &h};
+    assert_int_equal(nf__model_run_hooked(k, &o, 0, &hk, &b), NF_OK);
+    assert_int_equal(h.n, o.n_ops);
+    assert_true(a.peak_reserved == b.peak_reserved && a.device_allocs == b.device_allocs);
+    assert_int_equal(a.peak_op, b.peak_op);
+    assert_true(h.max_res == a.peak_reserved);
+    assert_int_equal(h.at_max, a.peak_op);
+    assert_true(h.seen_res == a.peak_reserved);
+    assert_true(h.seen_req <= a.peak_requested);
+  }
+  nf__trace_ops_free(&o);
+  nf__trace_free(&t);
+}
 static void test_shared_vit(void **state) { (void)state; check_shared("vit.trace.gz", 10456399872ull); }
 static void test_shared_llama(void **state) { (void)state; check_shared("llama1b_fsdp.trace.gz", 18733858816ull); }
 
@@ -257,7 +301,7 @@ int main(void) {
       cmocka_unit_test(test_native_split_rule),     cmocka_unit_test(test_native_per_stream),
       cmocka_unit_test(test_native_retry),          cmocka_unit_test(test_expandable),
       cmocka_unit_test(test_shared_gpt2),           cmocka_unit_test(test_shared_vit),
-      cmocka_unit_test(test_shared_llama),
+      cmocka_unit_test(test_shared_llama),          cmocka_unit_test(test_hooks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

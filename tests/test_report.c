@@ -1,7 +1,9 @@
 // `nofrag replay --html`: the replay's sampling hook (no effect on the
 // result; called every N ops and after the last), and the page, rendered in
 // headless Chromium when it is installed (skipped otherwise): the script
-// must have drawn every chart with the peak marked.
+// must have drawn every chart with the peak marked. The progress bar stays
+// off when stderr is not a terminal. Hotspots on the shared PyTorch snapshot:
+// every unused byte at the peak attributed to a FILE:LINE site.
 #include "nf_test.h"
 #include "replay.h"
 #include "trace.h"
@@ -106,8 +108,17 @@ static void test_html_page(void **state) {
   assert_int_equal(fwrite(text, 1, len, f), len);
   fclose(f);
   free(text);
-  snprintf(cmd, sizeof cmd, "'%s' replay %s --allocator all --html %s/r.html >/dev/null 2>&1", cli, path, dir);
+  // stderr to a file: not a terminal, so no progress bar (NOFRAG_PROGRESS would force it).
+  snprintf(cmd, sizeof cmd, "env -u NOFRAG_PROGRESS '%s' replay %s --allocator all --html %s/r.html >/dev/null 2>%s/err",
+           cli, path, dir, dir);
   assert_int_equal(system(cmd), 0);
+  snprintf(cmd, sizeof cmd, "cat %s/err", dir);
+  char *errtext = slurp(cmd);
+  assert_null(strchr(errtext, '\r'));
+  assert_null(strchr(errtext, '\033'));
+  assert_null(strchr(errtext, '%'));
+  assert_null(strchr(errtext, '#'));
+  free(errtext);
   snprintf(cmd, sizeof cmd, "cat %s/r.html", dir);
   char *page = slurp(cmd);
   // Self-contained: nothing is fetched (the SVG namespace is a name, not a URL fetched).
@@ -117,6 +128,9 @@ static void test_html_page(void **state) {
   assert_int_equal(count(page, "https:"), 0);
   assert_non_null(strstr(page, "\"name\":\"nofrag (replayed)\""));
   assert_non_null(strstr(page, "\"name\":\"PyTorch native, recorded in the trace\""));
+  assert_non_null(strstr(page, "\"name\":\"native (model of PyTorch's caching allocator)\""));
+  assert_non_null(strstr(page, "\"name\":\"expandable (model, expandable_segments:True)\""));
+  assert_non_null(strstr(page, "\"hot\":[]")); // a text trace without '#site' lines: no hotspots
   free(page);
 
   if (system("command -v chromium >/dev/null 2>&1") != 0) {
@@ -129,9 +143,10 @@ static void test_html_page(void **state) {
            "--disable-background-networking --user-data-dir=%s/chromium --dump-dom file://%s/r.html 2>/dev/null",
            dir, dir, dir);
   char *dom = slurp(cmd);
-  if (!strstr(dom, "data-drawn=\"2\"")) fail_msg("chart not drawn; DOM: %.2000s", dom);
-  assert_int_equal(count(dom, "<polyline"), 4); // live + reserved, two charts
-  assert_int_equal(count(dom, "class=\"peak-label\""), 2);
+  // nofrag, the native and expandable models, PyTorch's recorded segments.
+  if (!strstr(dom, "data-drawn=\"4\"")) fail_msg("chart not drawn; DOM: %.2000s", dom);
+  assert_int_equal(count(dom, "<polyline"), 8); // live + reserved, four charts
+  assert_int_equal(count(dom, "class=\"peak-label\""), 4);
   assert_non_null(strstr(dom, "peak reserved 1.000 GiB")); // the recorded segment
   assert_non_null(strstr(dom, "<td>nofrag</td>"));
   assert_non_null(strstr(dom, "<td>expandable</td>"));
@@ -140,10 +155,95 @@ static void test_html_page(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+// The number after `"key":` in s, or fail.
+static uint64_t num_after(const char *s, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":", key);
+  const char *p = strstr(s, k);
+  if (!p) fail_msg("no %s in %.300s", key, s);
+  return strtoull(p + strlen(k), NULL, 10);
+}
+
+static void test_hotspots_pickle(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI"), *shared = getenv("NF_SHARED");
+  char snap[1024], cmd[4096], dir[] = "/tmp/nf-hot-XXXXXX";
+  snprintf(snap, sizeof snap, "%s/traces/gpt2_small_snapshot.pickle.gz", shared ? shared : "../shared");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  if (access(snap, R_OK) != 0) { print_message("skipping: %s not found\n", snap); skip(); }
+  if (system("command -v python3 >/dev/null 2>&1") != 0) { print_message("skipping: no python3\n"); skip(); }
+  const char *data = getenv("NF_DATA"); // the checkout's data/: python/ is next to it
+  if (data && !getenv("NOFRAG_PYTHON_DIR")) { // a build directory outside the checkout
+    snprintf(cmd, sizeof cmd, "%s/../python", data);
+    setenv("NOFRAG_PYTHON_DIR", cmd, 1);
+  }
+  assert_non_null(mkdtemp(dir));
+  snprintf(cmd, sizeof cmd, "'%s' replay '%s' --allocator all --hotspots --json --html %s/h.html 2>/dev/null", cli,
+           snap, dir);
+  char *js = slurp(cmd);
+  for (int k = 0; k < 2; k++) {
+    const char *name = k ? "\"expandable\":{\"allocator\"" : "\"native\":{\"allocator\"";
+    const char *m = strstr(js, name);
+    if (!m) fail_msg("no %s in %.500s", name, js);
+    uint64_t peak = num_after(m, "peak_reserved");
+    const char *h = strstr(m, "\"hotspots\":{");
+    assert_non_null(h);
+    uint64_t reserved = num_after(h, "reserved"), live = num_after(h, "live"), unused = num_after(h, "unused");
+    assert_true(reserved == peak); // inspected at the peak
+    assert_true(unused == reserved - live);
+    assert_true(unused > 0);
+    assert_true(num_after(h, "attributed") == unused);
+    // Sum "all" ourselves: every site a FILE:LINE string, exactly `unused` in all.
+    const char *p = strstr(h, "\"all\":{");
+    assert_non_null(p);
+    p += 7;
+    uint64_t sum = 0;
+    size_t sites = 0;
+    while (*p == '"' || *p == ',') {
+      if (*p == ',') p++;
+      const char *key = ++p;
+      while (*p && *p != '"') p += p[0] == '\\' ? 2 : 1;
+      const char *colon = key;
+      for (const char *q = key; q < p; q++) if (*q == ':') colon = q;
+      assert_true(colon > key && colon + 1 < p); // FILE:LINE
+      for (const char *q = colon + 1; q < p; q++) assert_true(*q >= '0' && *q <= '9');
+      assert_int_equal(p[1], ':');
+      sum += strtoull(p + 2, (char **)&p, 10);
+      sites++;
+    }
+    assert_int_equal(*p, '}');
+    assert_true(sites > 1);
+    assert_true(sum == unused);
+    print_message("%s: %llu B unused at peak over %zu sites\n", k ? "expandable" : "native",
+                  (unsigned long long)unused, sites);
+  }
+  assert_non_null(strstr(js, "\"site\":\"transformers/")); // a site outside torch
+  free(js);
+  // Text: the top sites under a "hotspots" line per model.
+  snprintf(cmd, sizeof cmd, "'%s' replay '%s' --allocator native --hotspots 2>/dev/null", cli, snap);
+  char *txt = slurp(cmd);
+  assert_non_null(strstr(txt, "hotspots              "));
+  assert_non_null(strstr(txt, "loss_utils.py:40"));
+  free(txt);
+  if (system("command -v chromium >/dev/null 2>&1") == 0) { // the page's two hotspot tables
+    snprintf(cmd, sizeof cmd, "HOME=%s timeout 120 chromium --headless --no-sandbox --disable-gpu "
+             "--disable-background-networking --user-data-dir=%s/chromium --dump-dom file://%s/h.html 2>/dev/null",
+             dir, dir, dir);
+    char *dom = slurp(cmd);
+    if (!strstr(dom, "data-drawn=\"4\"")) fail_msg("charts not drawn; DOM: %.2000s", dom);
+    assert_int_equal(count(dom, "class=\"hotspots\""), 2);
+    assert_non_null(strstr(dom, "<td>transformers/"));
+    free(dom);
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sample_hook),
       cmocka_unit_test(test_html_page),
+      cmocka_unit_test(test_hotspots_pickle),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,6 +41,10 @@ void nf_html_sample(void *ctx, size_t op, const nf_stats_t *st) {
   (void)push(s, op, st->live, st->physical); // out of memory: the chart just gets fewer points
 }
 
+void nf_html_model_sample(void *ctx, size_t op, uint64_t live, uint64_t reserved) {
+  (void)push(ctx, op, live, reserved); // out of memory: fewer points
+}
+
 int nf_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t every, nf_html_series *out) {
   memset(out, 0, sizeof *out);
   out->name = "PyTorch native, recorded in the trace";
@@ -107,7 +111,7 @@ static const char page_head[] =
     "td:first-child{text-align:left}svg{display:block}.live{stroke:#1f77b4}.res{stroke:#d62728}\n"
     ".key span{display:inline-block;width:14px;height:3px;margin:0 4px 3px 12px;vertical-align:middle}\n"
     "</style></head>\n<body>\n<h1>nofrag replay: <span id=\"trace\"></span></h1>\n"
-    "<table id=\"summary\"></table>\n<div id=\"charts\"></div>\n<script>\n";
+    "<table id=\"summary\"></table>\n<div id=\"charts\"></div>\n<div id=\"hot\"></div>\n<script>\n";
 
 // Drawing: one SVG per series; x = allocator calls done, y = bytes.
 static const char page_script[] =
@@ -146,10 +150,19 @@ static const char page_script[] =
     " const pl=el('text',{x:Math.min(px+6,W-R-200),y:T+10,'font-size':12,fill:'#d62728','class':'peak-label'},svg);\n"
     " pl.textContent='peak reserved '+gib(s.peak_reserved)+' at call '+s.peak_x;\n"
     " drawn++;\n}\n"
+    // Hotspot tables: one per model, when the trace had stacks.
+    "for(const hs of DATA.hot){const box=document.getElementById('hot');const h=document.createElement('h2');"
+    "h.textContent='Hotspots, '+hs.model+': reserved-but-unused memory at peak reserved ('+gib(hs.unused)+' of '"
+    "+gib(hs.reserved)+', after call '+hs.peak_op+')';box.appendChild(h);\n"
+    " const t=document.createElement('table');t.className='hotspots';box.appendChild(t);"
+    "t.insertRow().innerHTML='<th>call site</th><th>function</th><th>unused</th><th>share</th>';\n"
+    " for(const r of hs.top){const tr=t.insertRow();for(const v of [r.site,r.func,gib(r.bytes),"
+    "(100*r.bytes/Math.max(1,hs.unused)).toFixed(1)+' %'])tr.insertCell().textContent=v;}}\n"
     "document.body.setAttribute('data-drawn',String(drawn));\n";
 
 int nf_html_write(const char *path, const char *trace, const nf_html_series *series, size_t n_series,
-                  const nf_html_row *rows, size_t n_rows) {
+                  const nf_html_row *rows, size_t n_rows, const nf_hotspots *hot, size_t n_hot,
+                  const nf_cli_sites *sites) {
   FILE *f = fopen(path, "w");
   if (!f) return -1;
   fputs(page_head, f);
@@ -179,6 +192,20 @@ int nf_html_write(const char *path, const char *trace, const nf_html_series *ser
     fputs(",\"reserved\":", f);
     json_arr(f, s->reserved, s->n);
     fputc('}', f);
+  }
+  fputs("],\"hot\":[", f);
+  for (size_t i = 0; i < n_hot; i++) {
+    const nf_hotspots *h = &hot[i];
+    fprintf(f, "%s{\"model\":\"%s\",\"reserved\":%" PRIu64 ",\"unused\":%" PRIu64 ",\"peak_op\":%zu,\"top\":[",
+            i ? "," : "", nf__model_name(h->kind), h->reserved, h->unused, h->peak_op);
+    for (size_t k = 0; k < h->n_top; k++) {
+      fputs(k ? ",{\"site\":" : "{\"site\":", f);
+      json_str(f, sites->site[h->top[k]]);
+      fputs(",\"func\":", f);
+      json_str(f, sites->func[h->top[k]]);
+      fprintf(f, ",\"bytes\":%" PRIu64 "}", h->by_site[h->top[k]]);
+    }
+    fputs("]}", f);
   }
   fputs("]};\n", f);
   fputs(page_script, f);

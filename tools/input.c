@@ -59,7 +59,105 @@ static void copy_file_to_stderr(int fd) {
   while ((r = read(fd, b, sizeof b)) > 0) fwrite(b, 1, (size_t)r, stderr);
 }
 
-static nf_status_t load_pickle(const char *path, nf_trace_t *t, char *err, size_t errlen) {
+// ------------------------------------------------------------ call sites
+
+void nf_cli_sites_free(nf_cli_sites *s) {
+  for (size_t i = 0; i < s->n; i++) { free(s->site[i]); free(s->func[i]); }
+  free(s->site);
+  free(s->func);
+  free(s->of_event);
+  free(s->hash);
+  memset(s, 0, sizeof *s);
+}
+
+static uint64_t fnv(const char *a, const char *b) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *a; a++) h = (h ^ (unsigned char)*a) * 1099511628211ull;
+  h = (h ^ 9) * 1099511628211ull;
+  for (; *b; b++) h = (h ^ (unsigned char)*b) * 1099511628211ull;
+  return h;
+}
+
+static char *str_dup(const char *s) {
+  size_t n = strlen(s) + 1;
+  char *d = malloc(n);
+  if (d) memcpy(d, s, n);
+  return d;
+}
+
+// Id of (site, func), added if new; 0 on out of memory (the alloc then
+// counts as having no stack: a smaller report, not a wrong one).
+static uint32_t intern(nf_cli_sites *s, const char *site, const char *func) {
+  if (2 * (s->n + 1) > s->hcap) { // grow and rehash: load factor <= 1/2
+    size_t hc = s->hcap ? s->hcap * 2 : 1024;
+    uint32_t *h = calloc(hc, sizeof *h);
+    if (!h) return 0;
+    for (size_t i = 1; i < s->n; i++) {
+      size_t k = (size_t)fnv(s->site[i], s->func[i]) & (hc - 1);
+      while (h[k]) k = (k + 1) & (hc - 1);
+      h[k] = (uint32_t)i;
+    }
+    free(s->hash);
+    s->hash = h;
+    s->hcap = hc;
+  }
+  size_t k = (size_t)fnv(site, func) & (s->hcap - 1);
+  for (; s->hash[k]; k = (k + 1) & (s->hcap - 1))
+    if (!strcmp(s->site[s->hash[k]], site) && !strcmp(s->func[s->hash[k]], func)) return s->hash[k];
+  if (s->n == s->cap) {
+    size_t nc = s->cap * 2;
+    char **a = realloc(s->site, nc * sizeof *a);
+    if (a) s->site = a;
+    char **b = realloc(s->func, nc * sizeof *b);
+    if (b) s->func = b;
+    if (!a || !b) return 0;
+    s->cap = nc;
+  }
+  char *ds = str_dup(site), *df = str_dup(func);
+  if (!ds || !df || s->n >= UINT32_MAX) { free(ds); free(df); return 0; }
+  s->site[s->n] = ds;
+  s->func[s->n] = df;
+  s->hash[k] = (uint32_t)s->n;
+  return (uint32_t)s->n++;
+}
+
+// Read the '#site' lines of the text trace at `file`, which `t` was loaded
+// from (event lines are known, so a site line is matched to the event on the
+// line just before it). Returns 0, -1 on out of memory or read error.
+static int load_sites(const char *file, const nf_trace_t *t, nf_cli_sites *s) {
+  memset(s, 0, sizeof *s);
+  s->cap = 64;
+  s->n_events = t->n_events;
+  s->site = calloc(s->cap, sizeof *s->site);
+  s->func = calloc(s->cap, sizeof *s->func);
+  s->of_event = calloc(t->n_events ? t->n_events : 1, sizeof *s->of_event);
+  if (!s->site || !s->func || !s->of_event) return -1;
+  s->site[0] = str_dup("<no stack>:0");
+  s->func[0] = str_dup("");
+  if (!s->site[0] || !s->func[0]) return -1;
+  s->n = 1;
+  gzFile gz = gzopen(file, "rb");
+  if (!gz) return -1;
+  char buf[NF_TRACE_MAX_LINE + 2];
+  size_t e = 0;
+  uint64_t line = 0;
+  while (gzgets(gz, buf, sizeof buf)) {
+    size_t len = strlen(buf);
+    if (len && buf[len - 1] == '\n') { buf[--len] = 0; line++; }
+    else line++; // the last line (the parser already refused over-long ones)
+    if (strncmp(buf, "#site\t", 6) != 0) continue;
+    while (e < t->n_events && t->events[e].line < line) e++;
+    if (!e || t->events[e - 1].line + 1 != line || t->events[e - 1].action != NF_TRACE_ALLOC) continue;
+    char *site = buf + 6, *tab = strchr(site, '\t');
+    if (tab) *tab = 0;
+    uint32_t id = intern(s, site, tab ? tab + 1 : "");
+    s->of_event[e - 1] = id;
+  }
+  gzclose(gz);
+  return 0;
+}
+
+static nf_status_t load_pickle(const char *path, nf_trace_t *t, nf_cli_sites *sites, char *err, size_t errlen) {
   char pybuf[PATH_MAX];
   const char *pydir = python_dir(pybuf, sizeof pybuf);
   if (!pydir) {
@@ -105,6 +203,12 @@ static nf_status_t load_pickle(const char *path, nf_trace_t *t, char *err, size_
     snprintf(err, errlen, "%s: converting the snapshot with python3 -m nofrag.snapshot failed (above)", path);
   } else {
     st = nf__trace_load(t, tmp, err, errlen);
+    if (st == NF_OK && sites && load_sites(tmp, t, sites) != 0) {
+      snprintf(err, errlen, "%s: out of memory reading call sites", path);
+      nf_cli_sites_free(sites);
+      nf__trace_free(t);
+      st = NF_ERR_NOMEM;
+    }
     if (st == NF_OK) { // messages should name the user's file, not our temporary
       char *name = malloc(strlen(path) + 1);
       if (name) { strcpy(name, path); free(t->name); t->name = name; }
@@ -116,14 +220,29 @@ static nf_status_t load_pickle(const char *path, nf_trace_t *t, char *err, size_
 }
 
 nf_status_t nf_cli_load_trace(const char *path, nf_trace_t *t, const char **format, char *err, size_t errlen) {
+  return nf_cli_load_trace_sites(path, t, NULL, format, err, errlen);
+}
+
+nf_status_t nf_cli_load_trace_sites(const char *path, nf_trace_t *t, nf_cli_sites *sites, const char **format,
+                                    char *err, size_t errlen) {
   unsigned char head[64];
+  if (sites) memset(sites, 0, sizeof *sites);
   int got = peek(path, head, sizeof head);
   const char *fmt = "text";
   nf_status_t st;
   memset(t, 0, sizeof *t);
-  if (got > 0 && head[0] == 0x80) { fmt = "pickle"; st = load_pickle(path, t, err, errlen); }
+  if (got > 0 && head[0] == 0x80) { fmt = "pickle"; st = load_pickle(path, t, sites, err, errlen); }
   else if (got > 0 && nf__trace_is_rmm((const char *)head, (size_t)got)) { fmt = "rmm"; st = nf__trace_load_rmm(t, path, err, errlen); }
-  else st = nf__trace_load(t, path, err, errlen); // also reports unreadable files
+  else {
+    st = nf__trace_load(t, path, err, errlen); // also reports unreadable files
+    // A converted trace keeps its '#site' lines: the two-step route works too.
+    if (st == NF_OK && sites && load_sites(path, t, sites) != 0) {
+      snprintf(err, errlen, "%s: out of memory reading call sites", path);
+      nf_cli_sites_free(sites);
+      nf__trace_free(t);
+      st = NF_ERR_NOMEM;
+    }
+  }
   if (format) *format = fmt;
   return st;
 }

@@ -19,6 +19,7 @@
 static const char usage[] =
     "usage: nofrag replay TRACE [options]   replay an allocation trace through nofrag\n"
     "       nofrag convert TRACE OUT.csv     write TRACE as an RMM logging_resource_adaptor log\n"
+    "       nofrag top [--once [--json]] [--clean]  live memory of every nofrag process (q quits)\n"
     "       nofrag version                  print the version\n"
     "       nofrag --help                   this text\n"
     "\n"
@@ -47,6 +48,13 @@ static const char usage[] =
     "  --html FILE       also write a self-contained HTML page: live vs reserved over the replay\n"
     "                    for nofrag and, when the trace has segment events, for PyTorch's\n"
     "                    recorded segments, with the peak marked; a table of every allocator run\n"
+    "                    and, for the models run, their own timelines; with call sites (below),\n"
+    "                    the hotspot tables\n"
+    "  --hotspots        for the models run (native, expandable): the 10 call sites holding the\n"
+    "                    most reserved-but-unused memory at peak reserved. Needs stacks: a PyTorch\n"
+    "                    snapshot, or a trace converted from one ('#site' lines)\n"
+    "\n"
+    "A progress bar is drawn on stderr when it is a terminal (NOFRAG_PROGRESS=0 hides it).\n"
     "\n"
     "example: nofrag replay data/gpt2.trace.gz --min-capacity\n";
 
@@ -54,7 +62,7 @@ typedef struct cli_s {
   const char *trace;
   const char *conf;
   const char *limit_str, *granule_str, *allocator, *html;
-  int min_capacity, json, verify;
+  int min_capacity, json, verify, hotspots;
   int run_nofrag, run_model[NF_MODEL_NKINDS]; // from --allocator
 } cli_t;
 
@@ -144,7 +152,7 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   printf("}%s", end);
 }
 
-// One allocator model's run (and bisection): JSON object, or text lines.
+// One allocator model's run (and bisection): JSON object (left open), or text lines.
 static void print_model_json(const nf__trace_ops *ops, const nf__model_result *r, const nf__model_bisect *b,
                              int bisected) {
   printf("{\"allocator\":\"%s\",\"limit\":", nf__model_name(r->kind));
@@ -162,7 +170,7 @@ static void print_model_json(const nf__trace_ops *ops, const nf__model_result *r
            ",\"min_capacity_seconds\":%.3f", b->min_capacity, ratio(b->min_capacity, ops->peak_live), b->probes,
            b->seconds);
   else printf(",\"min_capacity\":null,\"min_capacity_ratio\":null");
-  printf("}");
+  // The caller closes the object (after an optional "hotspots" member).
 }
 
 static void print_model_text(const nf__trace_ops *ops, const nf__model_result *r, const nf__model_bisect *b,
@@ -245,6 +253,7 @@ static int cmd_replay(int argc, char **argv) {
     if (strcmp(a, "--min-capacity") == 0) cli.min_capacity = 1;
     else if (strcmp(a, "--json") == 0) cli.json = 1;
     else if (strcmp(a, "--verify") == 0) cli.verify = 1;
+    else if (strcmp(a, "--hotspots") == 0) cli.hotspots = 1;
     else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { fputs(usage, stdout); return 0; }
     else if (strncmp(a, "--limit", 7) == 0) val = &cli.limit_str;
     else if (strncmp(a, "--granule", 9) == 0) val = &cli.granule_str;
@@ -293,10 +302,19 @@ static int cmd_replay(int argc, char **argv) {
   if (cli.granule_str && parse_bytes("granule", cli.granule_str, &ro.granule) != 0) return 2;
   if (ro.granule) ro.cfg.granule = ro.granule;
 
+  if (cli.hotspots && !cli.run_model[0] && !cli.run_model[1]) {
+    fprintf(stderr, "nofrag: --hotspots needs --allocator native, expandable or all (the models' segments)\n");
+    return 2;
+  }
   nf_trace_t t;
-  nf_html_series hs[2];
+  nf_cli_sites sites;
+  // Timelines: nofrag, native, expandable, the trace's recorded segments.
+  nf_html_series hs[2 + NF_MODEL_NKINDS];
+  nf_hotspots hot[NF_MODEL_NKINDS];
+  size_t n_hot = 0;
   memset(hs, 0, sizeof hs);
-  if (nf_cli_load_trace(cli.trace, &t, NULL, err, sizeof err) != NF_OK) {
+  memset(hot, 0, sizeof hot);
+  if (nf_cli_load_trace_sites(cli.trace, &t, &sites, NULL, err, sizeof err) != NF_OK) {
     fprintf(stderr, "nofrag: %s\n", err);
     return 2;
   }
@@ -304,8 +322,12 @@ static int cmd_replay(int argc, char **argv) {
   if (nf__trace_ops_build(&ops, &t, err, sizeof err) != NF_OK) {
     fprintf(stderr, "nofrag: %s\n", err);
     nf__trace_free(&t);
+    nf_cli_sites_free(&sites);
     return 2;
   }
+  if (cli.hotspots && sites.n <= 1)
+    fprintf(stderr, "nofrag: %s: no call sites in this trace (--hotspots needs a PyTorch snapshot with stacks)\n",
+            cli.trace);
 
   int rc = 0, all = cli.run_nofrag && cli.run_model[0];
   nf__replay_result *r = malloc(sizeof *r);
@@ -320,15 +342,21 @@ static int cmd_replay(int argc, char **argv) {
     printf(",\"nofrag\":");
   }
   if (cli.run_nofrag) {
-    nf__replay_opts ro_main = ro; // sampled for --html; the bisection's probes are not
+    nf__replay_opts ro_main = ro; // sampled for --html and the progress bar
+    nf_watch w = {.hs = NULL};
+    nf_progress_start(&w.prog, "nofrag", ops.n_ops);
     if (cli.html) {
       hs[0].name = "nofrag (replayed)";
       hs[0].reserved_label = "reserved (physical granules)";
-      ro_main.sample = nf_html_sample;
-      ro_main.sample_ctx = &hs[0];
-      ro_main.sample_every = nf_html_every(ops.n_ops);
+      w.hs = &hs[0];
+    }
+    if (w.hs || w.prog.on) {
+      ro_main.sample = nf_watch_replay;
+      ro_main.sample_ctx = &w;
+      ro_main.sample_every = nf_watch_every(&w, ops.n_ops);
     }
     nf_status_t st = nf__replay_run(&ops, &ro_main, r);
+    nf_progress_end(&w.prog);
     if (st != NF_OK) {
       uint32_t line = r->fail_event ? t.events[r->fail_event - 1].line : 0;
       if (line) fprintf(stderr, "nofrag: %s:%u: %s\n", cli.trace, line, r->error);
@@ -341,7 +369,17 @@ static int cmd_replay(int argc, char **argv) {
       uint64_t upper = (st == NF_OK && !ro.cfg.limit) ? r->stats.physical_peak : 0;
       if (!cli.json) fprintf(stderr, "nofrag: bisecting the limit between %" PRIu64 " and %" PRIu64 " granules...\n",
                              (ops.peak_live + r->granule - 1) / r->granule, (upper + r->granule - 1) / r->granule);
-      if (nf__replay_min_capacity(&ops, &ro, upper, b, err, sizeof err) == NF_OK) bisected = 1;
+      nf__replay_opts ro_bis = ro; // each probe's progress, no timeline
+      nf_watch wb = {.hs = NULL};
+      nf_progress_start(&wb.prog, "bisecting", ops.n_ops);
+      if (wb.prog.on) {
+        ro_bis.sample = nf_watch_replay;
+        ro_bis.sample_ctx = &wb;
+        ro_bis.sample_every = nf_watch_every(&wb, ops.n_ops);
+      }
+      nf_status_t bst = nf__replay_min_capacity(&ops, &ro_bis, upper, b, err, sizeof err);
+      nf_progress_end(&wb.prog);
+      if (bst == NF_OK) bisected = 1;
       else { fprintf(stderr, "nofrag: %s: min capacity: %s\n", cli.trace, err); rc = 1; }
     }
     if (cli.json) print_json(&cli, &ops, &ro, r, b, bisected, all ? "" : "\n");
@@ -351,7 +389,28 @@ static int cmd_replay(int argc, char **argv) {
     if (!cli.run_model[k]) continue;
     // The models bisect in 2 MiB steps (CUDA's granularity) unless --granule says otherwise.
     uint64_t g = ro.granule ? ro.granule : NF_REPLAY_GRANULE;
-    if (nf__model_run(k, &ops, ro.cfg.limit, &mr[k]) != NF_OK) {
+    nf_watch w = {.hs = NULL};
+    nf__model_hooks hk = {0};
+    nf_progress_start(&w.prog, nf__model_name(k), ops.n_ops);
+    if (cli.html) {
+      w.hs = &hs[1 + k];
+      w.hs->name = k == NF_MODEL_NATIVE ? "native (model of PyTorch's caching allocator)"
+                                        : "expandable (model, expandable_segments:True)";
+      w.hs->reserved_label = "reserved (model's reserved_bytes)";
+    }
+    if (w.hs || w.prog.on) {
+      hk.sample = nf_watch_model;
+      hk.sample_every = nf_watch_every(&w, ops.n_ops);
+      hk.ctx = &w;
+    }
+    nf_status_t mst = nf__model_run_hooked(k, &ops, ro.cfg.limit, &hk, &mr[k]);
+    nf_progress_end(&w.prog);
+    if (w.hs) { w.hs->peak_reserved = mr[k].peak_reserved; w.hs->peak_x = mr[k].peak_op; } // exact peak
+    if ((cli.hotspots || cli.html) && sites.n > 1) {
+      if (nf_hotspots_run(k, &ops, ro.cfg.limit, &mr[k], &sites, &hot[n_hot]) == 0) n_hot++;
+      else { nf_hotspots_free(&hot[n_hot]); fprintf(stderr, "nofrag: out of memory for hotspots\n"); rc = 1; }
+    }
+    if (mst != NF_OK) {
       uint32_t line = mr[k].fail_event ? t.events[mr[k].fail_event - 1].line : 0;
       fprintf(stderr, "nofrag: %s:%u: %s: %s\n", cli.trace, line, nf__model_name(k), mr[k].error);
       rc = 1;
@@ -364,10 +423,16 @@ static int cmd_replay(int argc, char **argv) {
     if (cli.json) {
       if (all) printf(",\"%s\":", nf__model_name(k));
       print_model_json(&ops, &mr[k], &mb[k], mbisected[k]);
+      if (cli.hotspots && n_hot && hot[n_hot - 1].kind == k) {
+        printf(",\"hotspots\":");
+        nf_hotspots_json(stdout, &hot[n_hot - 1], &sites);
+      }
+      printf("}");
       if (!all) printf("\n");
     } else {
       printf("\n");
       print_model_text(&ops, &mr[k], &mb[k], mbisected[k]);
+      if (cli.hotspots && n_hot && hot[n_hot - 1].kind == k) nf_hotspots_print(&hot[n_hot - 1], &sites);
     }
   }
   if (all && cli.json) printf("}\n");
@@ -402,7 +467,11 @@ static int cmd_replay(int argc, char **argv) {
   }
   if (cli.html) {
     nf_html_row rows[2 + NF_MODEL_NKINDS];
-    size_t nr = 0, ns = cli.run_nofrag ? 1 : 0;
+    size_t nr = 0, ns = 0;
+    nf_html_series shown[2 + NF_MODEL_NKINDS]; // the runs made, in order (shallow copies)
+    if (cli.run_nofrag) shown[ns++] = hs[0];
+    for (int k = 0; k < NF_MODEL_NKINDS; k++)
+      if (cli.run_model[k]) shown[ns++] = hs[1 + k];
     if (cli.run_nofrag)
       rows[nr++] = (nf_html_row){"nofrag", r->stats.live_peak, r->stats.physical_peak,
                                  cli.min_capacity ? b->min_capacity : 0, r->seconds,
@@ -415,9 +484,10 @@ static int cmd_replay(int argc, char **argv) {
     if (ops.n_segment_alloc) {
       rows[nr++] = (nf_html_row){"PyTorch native (recorded)", ops.peak_live, ops.native_peak_reserved, 0, 0.0,
                                  "recorded"};
-      if (nf_html_trace_series(&t, &ops, nf_html_every(ops.n_ops), &hs[ns]) == 0) ns++;
+      if (nf_html_trace_series(&t, &ops, nf_html_every(ops.n_ops), &hs[1 + NF_MODEL_NKINDS]) == 0)
+        shown[ns++] = hs[1 + NF_MODEL_NKINDS];
     }
-    if (nf_html_write(cli.html, cli.trace, hs, ns, rows, nr) != 0) {
+    if (nf_html_write(cli.html, cli.trace, shown, ns, rows, nr, hot, n_hot, &sites) != 0) {
       fprintf(stderr, "nofrag: --html %s: %s\n", cli.html, strerror(errno));
       rc = 2;
     } else if (!cli.json) {
@@ -429,8 +499,9 @@ out:
   free(b);
   free(mr);
   free(mb);
-  nf_html_series_free(&hs[0]);
-  nf_html_series_free(&hs[1]);
+  for (size_t k = 0; k < sizeof hs / sizeof *hs; k++) nf_html_series_free(&hs[k]);
+  for (size_t k = 0; k < n_hot; k++) nf_hotspots_free(&hot[k]);
+  nf_cli_sites_free(&sites);
   nf__trace_ops_free(&ops);
   nf__trace_free(&t);
   return rc;
@@ -493,6 +564,10 @@ int main(int argc, char **argv) {
     printf("nofrag %s\n", NF_VERSION);
     return 0;
   }
+  if (strcmp(argv[1], "top") == 0) { extern int nf_cli_top(int, char **); return nf_cli_top(argc - 2, argv + 2); }
+  // A replay's pools are simulations (one per bisection probe): they do not
+  // belong in `nofrag top` unless the user asks (NOFRAG_MONITOR=1).
+  setenv("NOFRAG_MONITOR", "0", 0);
   if (strcmp(argv[1], "replay") == 0) return cmd_replay(argc - 2, argv + 2);
   if (strcmp(argv[1], "convert") == 0) return cmd_convert(argc - 2, argv + 2);
   fprintf(stderr, "nofrag: unknown command '%s' (see nofrag --help)\n", argv[1]);

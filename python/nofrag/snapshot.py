@@ -17,6 +17,12 @@ What is not a line of our format:
   before the first entry are dropped and counted in a ``#`` comment, since
   the replay could not know their sizes otherwise.
 Anything else malformed raises SnapshotError naming the entry index.
+
+Call sites: an ``alloc`` entry with a Python stack (``frames``, innermost
+first) is followed by a comment line ``#site<TAB>FILE:LINE<TAB>FUNCTION``: the
+first frame outside torch's own modules (else the innermost frame), the path
+shortened after ``site-packages/``. Old readers skip it as a comment; the CLI
+reads it for ``--hotspots`` (docs/replay.md).
 """
 
 import gzip
@@ -65,10 +71,36 @@ def _uint(path, i, entry, key):
     return v
 
 
-def iter_lines(snapshot, device=0, path="<snapshot>", stats=None):
+SITE_MAX = 400  # a site line stays far below the trace format's 4096-byte line limit
+
+
+def site_of(frames):
+    """'FILE:LINE' and function of the allocation's call site, or None: the
+    first frame not inside torch (whose frames are the same few wrappers for
+    every tensor: module.py, functional.py, autograd), else the innermost."""
+    if not isinstance(frames, list):
+        return None
+    good = [f for f in frames if isinstance(f, dict) and isinstance(f.get("filename"), str)
+            and isinstance(f.get("line"), int) and not isinstance(f.get("line"), bool)]
+    if not good:
+        return None
+    pick = next((f for f in good if "/torch/" not in f["filename"].replace("\\", "/")
+                 and not f["filename"].startswith("torch/")), good[0])
+    fn = pick["filename"]
+    k = fn.rfind("site-packages/")
+    if k >= 0:
+        fn = fn[k + len("site-packages/"):]
+    name = pick.get("name") if isinstance(pick.get("name"), str) else "?"
+    clean = lambda x: "".join(c if c.isprintable() and c != "\t" else " " for c in x)  # noqa: E731
+    site = clean(fn)[-SITE_MAX:] + f":{pick['line']}"
+    return site, clean(name)[:SITE_MAX]
+
+
+def iter_lines(snapshot, device=0, path="<snapshot>", stats=None, sites=False):
     """Yield trace lines (without newline) for one device's trace entries.
     `stats`, if a dict, receives counts of converted, skipped and dropped
-    entries."""
+    entries. With `sites`, each alloc with a stack is followed by its
+    '#site' comment line (not counted in stats)."""
     traces = snapshot["device_traces"]
     if not 0 <= device < len(traces):
         raise SnapshotError(f"{path}: no device {device} (snapshot has {len(traces)})")
@@ -102,6 +134,10 @@ def iter_lines(snapshot, device=0, path="<snapshot>", stats=None):
             live.discard(addr)
         st["lines"] += 1
         yield f"{action} {addr} {size} {stream} {t}"
+        if sites and action == "alloc":
+            site = site_of(e.get("frames"))
+            if site:
+                yield f"#site\t{site[0]}\t{site[1]}"
     if stats is not None:
         stats.update(st)
 
@@ -110,10 +146,10 @@ def convert(src, dst, device=0):
     """Convert snapshot file `src` to trace file `dst`; returns the stats dict."""
     snap = load(src)
     stats = {}
-    lines = list(iter_lines(snap, device, src, stats))
+    lines = list(iter_lines(snap, device, src, stats, sites=True))
     opener = gzip.open if dst.endswith(".gz") else open
     tmp = dst + ".tmp"
-    with opener(tmp, "wt", encoding="ascii") as f:
+    with opener(tmp, "wt", encoding="utf-8") as f:  # file names in #site lines may be non-ASCII
         f.write(f"# converted by nofrag.snapshot from {os.path.basename(src)}, device {device}\n")
         f.write("# ACTION ADDR SIZE STREAM TIME_US\n")
         if stats["skipped"] or stats["dropped_frees"]:

@@ -44,6 +44,31 @@ class TestPickleConvert(unittest.TestCase):
         with opener(p, "rt") as f:
             return [ln.rstrip("\n") for ln in f if not ln.startswith("#")]
 
+    def test_site_is_first_frame_outside_torch(self):
+        torch = {"filename": "/venv/lib/python3.12/site-packages/torch/nn/modules/module.py", "line": 1790,
+                 "name": "_call_impl"}
+        user = {"filename": "/venv/lib/python3.12/site-packages/transformers/activations.py", "line": 66,
+                "name": "forward"}
+        self.assertEqual(snapshot.site_of([torch, user, torch]), ("transformers/activations.py:66", "forward"))
+        self.assertEqual(snapshot.site_of([torch]), ("torch/nn/modules/module.py:1790", "_call_impl"))
+        self.assertIsNone(snapshot.site_of([]))
+        self.assertIsNone(snapshot.site_of("junk"))
+        self.assertEqual(snapshot.site_of([{"filename": "a\tb.py", "line": 3}]), ("a b.py:3", "?"))
+
+    @unittest.skipUnless(os.path.exists(REAL), "shared snapshot not found")
+    def test_real_snapshot_site_lines(self):
+        out = self.path("real.trace")
+        snapshot.convert(REAL, out)
+        with open(out, encoding="utf-8") as f:
+            raw = [ln.rstrip("\n") for ln in f]
+        sites = [(k, ln) for k, ln in enumerate(raw) if ln.startswith("#site\t")]
+        self.assertGreater(len(sites), 1000)  # allocs with a Python stack (backward ones have none)
+        for k, ln in sites:
+            self.assertTrue(raw[k - 1].startswith("alloc "), raw[k - 1])  # right after its alloc
+            _, site, _func = ln.split("\t")
+            path, _, line = site.rpartition(":")
+            self.assertTrue(path and line.isdigit(), site)
+
     @unittest.skipUnless(os.path.exists(REAL), "shared snapshot not found")
     def test_real_snapshot_converts_every_entry(self):
         out = self.path("real.trace.gz")

@@ -1,0 +1,269 @@
+// Live monitor (src/monitor.c): the shared-memory file's lifetime and mode,
+// its values against nf_stats_get, a reader racing a writer (named *threads*
+// so that CI's TSan stage runs it), and dead-process detection and cleaning.
+// Every test points NOFRAG_SHM_DIR at its own temporary directory.
+#include "nf_test.h"
+#include "internal.h"
+
+#include <dirent.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+static char dir[64];
+
+static int setup(void **state) {
+  (void)state;
+  snprintf(dir, sizeof dir, "/tmp/nf_mon_XXXXXX");
+  if (!mkdtemp(dir)) return -1;
+  setenv("NOFRAG_SHM_DIR", dir, 1);
+  setenv("NOFRAG_QUIET_OOM", "1", 1); // the OOMs here are deliberate
+  unsetenv("NOFRAG_MONITOR");
+  return 0;
+}
+
+// Removes whatever a failed test left, then the directory.
+static int teardown(void **state) {
+  (void)state;
+  DIR *d = opendir(dir);
+  struct dirent *de;
+  char path[512];
+  while (d && (de = readdir(d)))
+    if (de->d_name[0] != '.' && snprintf(path, sizeof path, "%s/%s", dir, de->d_name) < (int)sizeof path)
+      unlink(path);
+  if (d) closedir(d);
+  rmdir(dir);
+  return 0;
+}
+
+// Names of the files in dir (up to 8), returns the count.
+static int list_files(char names[8][256]) {
+  int n = 0;
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  struct dirent *de;
+  while ((de = readdir(d)))
+    if (de->d_name[0] != '.' && n < 8) snprintf(names[n++], 256, "%s", de->d_name);
+  closedir(d);
+  return n;
+}
+
+static nf_pool_t *new_pool(uint64_t limit) {
+  nf_pool_t *p = NULL;
+  char conf[64];
+  snprintf(conf, sizeof conf, "limit:%llu,granule:64KiB", (unsigned long long)limit);
+  assert_int_equal(nf_pool_create_from_string(&p, conf), NF_OK);
+  return p;
+}
+
+static void test_file_lifecycle(void **state) {
+  (void)state;
+  char names[8][256];
+  nf_pool_t *p = new_pool(64 * NF_MiB);
+  assert_int_equal(list_files(names), 1);
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "nofrag.%u.%d.", (unsigned)getuid(), (int)getpid());
+  assert_memory_equal(names[0], prefix, strlen(prefix));
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, names[0]);
+  struct stat sb;
+  assert_int_equal(stat(path, &sb), 0);
+  assert_int_equal(sb.st_mode & 07777, 0600); // readable by the owning user only
+  nf_mon_entry_t e;
+  assert_int_equal(nf__mon_read(path, &e), 0);
+  assert_int_equal(e.pid, getpid());
+  assert_string_equal(e.device, "host");
+  assert_int_equal(e.v[NF_MON_LIMIT], 64 * NF_MiB);
+  nf_pool_destroy(p);
+  assert_int_equal(list_files(names), 0);
+
+  setenv("NOFRAG_MONITOR", "0", 1); // off: no file
+  p = new_pool(64 * NF_MiB);
+  assert_int_equal(list_files(names), 0);
+  nf_pool_destroy(p);
+  unsetenv("NOFRAG_MONITOR");
+
+  // A process that exits without destroying its pool: the atexit handler
+  // removes the file.
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    nf_pool_t *q = NULL;
+    if (nf_pool_create_from_string(&q, "limit:64MiB") != NF_OK || !nf_alloc(q, 4096, NULL)) _exit(3);
+    exit(list_files(names) == 1 ? 0 : 4);
+  }
+  int ws = 0;
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  assert_true(WIFEXITED(ws));
+  assert_int_equal(WEXITSTATUS(ws), 0);
+  assert_int_equal(list_files(names), 0);
+}
+
+static void check_match(nf_pool_t *p, bool all) {
+  nf_mon_entry_t *v;
+  long dead = -1;
+  assert_int_equal(nf__mon_list(NULL, false, &v, &dead), 1);
+  assert_int_equal(dead, 0);
+  nf_stats_t s;
+  nf_stats_get(p, &s);
+  assert_int_equal(v[0].v[NF_MON_LIVE], s.live);
+  assert_int_equal(v[0].v[NF_MON_LIVE_PEAK], s.live_peak);
+  assert_int_equal(v[0].v[NF_MON_ALLOCS], s.allocs);
+  assert_int_equal(v[0].v[NF_MON_FREES], s.frees);
+  assert_int_equal(v[0].v[NF_MON_MAPPED], s.mapped);
+  assert_int_equal(v[0].v[NF_MON_PHYSICAL], s.physical);
+  assert_int_equal(v[0].v[NF_MON_LIMIT], s.limit);
+  assert_int_equal(v[0].v[NF_MON_GRANULE], s.granule);
+  assert_int_equal(v[0].v[NF_MON_OOMS], s.ooms);
+  assert_int_equal(v[0].v[NF_MON_SPILLED], 0);
+  assert_true(v[0].v[NF_MON_LARGEST_FREE] <= s.mapped);
+  assert_true(v[0].fragmentation >= 0.0 && v[0].fragmentation <= 1.0);
+  if (all) { // after a slow path (trim): the slow-path fields too
+    assert_int_equal(v[0].v[NF_MON_RECLAIMS], s.reclaims);
+    assert_int_equal(v[0].v[NF_MON_BACKEND_CALLS], s.backend_calls);
+    assert_int_equal(v[0].v[NF_MON_LARGEST_FREE], s.largest_free_mapped);
+  }
+  free(v);
+}
+
+static void test_values_match_stats(void **state) {
+  (void)state;
+  nf_pool_t *p = new_pool(32 * NF_MiB);
+  uint64_t seed = nft_env_seed(42);
+  void *blk[64] = {0};
+  for (int i = 0; i < 20000; i++) { // random sizes under a tight limit: maps, stitches, OOMs
+    int k = (int)(nft_rand(&seed) % 64);
+    if (blk[k]) { assert_int_equal(nf_free(p, blk[k]), NF_OK); blk[k] = NULL; }
+    else blk[k] = nf_alloc(p, 512 + nft_rand(&seed) % (2 * NF_MiB), NULL);
+    if (i % 5000 == 4999) check_match(p, false);
+  }
+  assert_null(nf_alloc(p, 64 * NF_MiB, NULL)); // over the limit: an OOM is published at once
+  check_match(p, false);
+  for (int k = 0; k < 64; k++) nf_free(p, blk[k]);
+  usleep(110000); // past the largest-free walk's rate limit
+  assert_int_equal(nf_trim(p), NF_OK);
+  check_match(p, true);
+  nf_pool_destroy(p);
+}
+
+// ------------------------------------------------------------------ race
+
+#define RACE_SIZE 4096
+typedef struct race_s {
+  nf_pool_t *p;
+  char path[512];
+  atomic_int stop;
+  long reads, torn;
+} race_t;
+
+// Writer: 1..4 live blocks of one size, so live == (allocs - frees) x size
+// in every consistent snapshot; trims now and then so that full publishes
+// (mapping changes) race the reader too.
+static void *writer(void *arg) {
+  race_t *r = arg;
+  void *b[4] = {0};
+  uint64_t seed = 7;
+  for (long i = 0; !atomic_load(&r->stop); i++) {
+    int k = (int)(nft_rand(&seed) & 3);
+    if (b[k]) { nf_free(r->p, b[k]); b[k] = NULL; }
+    else b[k] = nf_alloc(r->p, RACE_SIZE, NULL);
+    if (i % 1000 == 999) nf_trim(r->p);
+  }
+  for (int k = 0; k < 4; k++) nf_free(r->p, b[k]);
+  return NULL;
+}
+
+static void test_reader_races_writer(void **state) {
+  (void)state;
+  race_t r = {.p = new_pool(64 * NF_MiB)};
+  char names[8][256];
+  assert_int_equal(list_files(names), 1);
+  snprintf(r.path, sizeof r.path, "%s/%s", dir, names[0]);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, writer, &r), 0);
+  uint64_t last_allocs = 0;
+  for (long i = 0; i < 20000; i++) {
+    nf_mon_entry_t e;
+    assert_int_equal(nf__mon_read(r.path, &e), 0);
+    const uint64_t *v = e.v;
+    bool ok = v[NF_MON_ALLOCS] >= v[NF_MON_FREES] && v[NF_MON_ALLOCS] - v[NF_MON_FREES] <= 4 &&
+              v[NF_MON_LIVE] == (v[NF_MON_ALLOCS] - v[NF_MON_FREES]) * RACE_SIZE &&
+              v[NF_MON_LIVE] <= v[NF_MON_LIVE_PEAK] && v[NF_MON_LIVE] <= v[NF_MON_MAPPED] &&
+              v[NF_MON_MAPPED] <= v[NF_MON_PHYSICAL] && v[NF_MON_ALLOCS] >= last_allocs;
+    if (!ok) {
+      print_error("torn: live %llu peak %llu allocs %llu frees %llu mapped %llu physical %llu\n",
+                  (unsigned long long)v[NF_MON_LIVE], (unsigned long long)v[NF_MON_LIVE_PEAK],
+                  (unsigned long long)v[NF_MON_ALLOCS], (unsigned long long)v[NF_MON_FREES],
+                  (unsigned long long)v[NF_MON_MAPPED], (unsigned long long)v[NF_MON_PHYSICAL]);
+      r.torn++;
+    }
+    last_allocs = v[NF_MON_ALLOCS];
+    r.reads++;
+  }
+  atomic_store(&r.stop, 1);
+  pthread_join(t, NULL);
+  assert_int_equal(r.torn, 0);
+  nf_mon_entry_t e;
+  assert_int_equal(nf__mon_read(r.path, &e), 0);
+  assert_true(e.v[NF_MON_ALLOCS] > 100); // the writer did run concurrently
+  nf_pool_destroy(r.p);
+}
+
+// ------------------------------------------------------------------ dead
+
+static void test_dead_process_ignored_and_cleaned(void **state) {
+  (void)state;
+  pid_t child = fork(); // a pid that is certainly dead once reaped
+  assert_true(child >= 0);
+  if (child == 0) _exit(0);
+  assert_int_equal(waitpid(child, NULL, 0), child);
+  char path[512];
+  snprintf(path, sizeof path, "%s/nofrag.%u.%d.0", dir, (unsigned)getuid(), (int)child);
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+  assert_true(fd >= 0);
+  nf_mon_shm_t m;
+  memset(&m, 0, sizeof m);
+  m.magic = NF_MON_MAGIC;
+  m.version = NF_MON_VERSION;
+  m.size = sizeof m;
+  m.pid = (int32_t)child;
+  snprintf(m.device, sizeof m.device, "host");
+  assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
+  close(fd);
+  char junk[512]; // not a monitor file: skipped, never removed
+  snprintf(junk, sizeof junk, "%s/nofrag.junk", dir);
+  FILE *f = fopen(junk, "w");
+  assert_non_null(f);
+  fputs("hello", f);
+  fclose(f);
+  nf_pool_t *p = new_pool(64 * NF_MiB); // one live pool beside them
+  nf_mon_entry_t e, *v;
+  assert_int_equal(nf__mon_read(path, &e), 1);
+  long dead = 0;
+  assert_int_equal(nf__mon_list(NULL, false, &v, &dead), 1);
+  assert_int_equal(v[0].pid, getpid());
+  assert_int_equal(dead, 1);
+  free(v);
+  assert_int_equal(access(path, F_OK), 0); // not cleaned without the flag
+  assert_int_equal(nf__mon_list(NULL, true, &v, &dead), 1);
+  assert_int_equal(dead, 1);
+  free(v);
+  assert_int_equal(access(path, F_OK), -1);
+  assert_int_equal(access(junk, F_OK), 0);
+  assert_int_equal(nf__mon_list(NULL, true, &v, &dead), 1);
+  assert_int_equal(dead, 0);
+  free(v);
+  nf_pool_destroy(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_file_lifecycle, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_values_match_stats, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_reader_races_writer, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_dead_process_ignored_and_cleaned, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,71 @@
+#!/bin/sh
+# `nofrag top` against a real process, under tmux (issue 5): a holder process
+# (`nofrag top --selftest-hold`, a host pool with 12345678 live bytes and a
+# steady allocation rate) publishes its stats; `nofrag top` runs in a detached
+# tmux session; capture-pane must show the holder's pid and live bytes; `q`
+# must quit and give the shell back. Then --once --json and file removal at
+# exit. Exit 77 (ctest SKIP_RETURN_CODE) when tmux is missing.
+#
+#   sh tests/test_top.sh path/to/nofrag
+set -u
+CLI=${1:?usage: test_top.sh NOFRAG_CLI}
+command -v tmux >/dev/null 2>&1 || { echo "tmux not installed: skipped"; exit 77; }
+: "${TERM:=xterm}"
+export TERM
+dir=$(mktemp -d /tmp/nf_top_XXXXXX)
+out=$dir.hold
+sock=nf_top_$$
+export NOFRAG_SHM_DIR=$dir
+holder=
+cleanup() {
+  tmux -L "$sock" kill-server 2>/dev/null
+  [ -n "$holder" ] && kill "$holder" 2>/dev/null && wait "$holder" 2>/dev/null
+  rm -rf "$dir" "$out"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- pane:"; tmux -L "$sock" capture-pane -p -t top 2>/dev/null; exit 1; }
+
+# Poll `cond` (a shell command) up to $2 tenths of a second.
+wait_for() {
+  i=0
+  while ! eval "$1"; do
+    i=$((i + 1))
+    [ "$i" -ge "$2" ] && return 1
+    sleep 0.1
+  done
+}
+
+"$CLI" top --selftest-hold 60 >"$out" 2>&1 &
+holder=$!
+wait_for 'grep -q "^ready" "$out"' 100 || fail "holder did not start: $(cat "$out")"
+pid=$(sed -n 's/^ready //p' "$out")
+[ "$pid" = "$holder" ] || fail "holder pid $pid != $holder"
+
+tmux -L "$sock" new-session -d -s top -x 160 -y 24 \
+  "env NOFRAG_SHM_DIR='$dir' '$CLI' top; echo TOP-EXITED rc=\$?; sleep 60" || fail "tmux new-session"
+pane() { tmux -L "$sock" capture-pane -p -t top; }
+# The holder's row: its pid, device and 12345678 B = 11.77 MiB live.
+wait_for 'pane | grep -Eq "^$pid +0 +host +11\.77M "' 50 || fail "no row for pid $pid with 11.77M live"
+pane | grep -q "ALLOC/S" || fail "no header"
+# Second frame on: the rate is allocs per second over the refresh (~1000/s; > 0).
+sleep 2.2
+rate=$(pane | awk -v p="$pid" '$1 == p { print $11 }')
+[ -n "$rate" ] && [ "$rate" -gt 0 ] || fail "allocation rate '$rate'"
+tmux -L "$sock" send-keys -t top q
+wait_for 'pane | grep -q "TOP-EXITED rc=0"' 50 || fail "q did not quit top"
+
+json=$("$CLI" top --once --json) || fail "top --once --json"
+echo "$json" | grep -q "\"pid\": $pid, " || fail "json lacks pid: $json"
+echo "$json" | grep -q '"live": 12345678,' || fail "json lacks live: $json"
+if command -v python3 >/dev/null 2>&1; then
+  echo "$json" | python3 -c 'import json,sys; a=json.load(sys.stdin); assert len(a)==1 and a[0]["live"]==12345678' ||
+    fail "json does not parse: $json"
+fi
+
+# SIGTERM: the holder destroys its pool at exit and its file goes away.
+kill "$holder"
+wait "$holder"
+holder=
+[ -z "$(ls -A "$dir")" ] || fail "files left: $(ls -A "$dir")"
+"$CLI" top --once | grep -q "no nofrag pools" || fail "top --once with no pools"
+echo "test_top: ok (pid $pid, rate $rate/s)"
