@@ -64,6 +64,9 @@ typedef struct nf_backend_s nf_backend_t;
 #define NF_MiB ((uint64_t)1 << 20)
 #define NF_GiB ((uint64_t)1 << 30)
 
+//! Longest trace path (NUL included) a config can hold.
+#define NF_TRACE_PATH_MAX 256
+
 //! Pool configuration. `nf_config_default` fills defaults; `nf_config_parse`
 //! applies a string such as "limit:40GiB,reserve:8GiB,release_threshold:512MiB".
 //! A value of 0 for limit means "the backend's capacity".
@@ -83,6 +86,12 @@ typedef struct nf_config_s {
                               //!< frees in a row (a decay: a step's swing stays cached); 0 = at once
   int tight;                  //!< 1: below the limit too, stitch cached granules rather than grow
                               //!< past the live peak + 1/64 (fewer bytes, more backend calls)
+  uint64_t trace_max;         //!< trace recording: the file stops growing at this many bytes
+                              //!< (recording stops at the first row that would not fit); 0 = no bound
+  char trace[NF_TRACE_PATH_MAX]; //!< "" = off; else every successful nf_alloc and every nf_free of
+                              //!< the pool is recorded to this file in RMM's logging_resource_adaptor
+                              //!< CSV format (replay with `nofrag replay FILE`). Stored in the struct
+                              //!< (NUL-terminated, zero-filled) so that configs copy by value.
 } nf_config_t;
 
 #define NF_BACKEND_HOST 0
@@ -91,13 +100,18 @@ typedef struct nf_config_s {
 //! Fill `cfg` with defaults: limit 0 (= backend capacity), reserve 0,
 //! release_threshold "auto" (= limit/4; UINT64_MAX-1 in the struct, "never" =
 //! UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
-//! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, release_after 4096, tight 0.
+//! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, release_after 4096, tight 0,
+//! trace "" (off), trace_max 256 MiB.
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
 
 //! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB
 //! (binary) or KB/MB/GB/TB (decimal) suffixes. Unknown keys or bad values
 //! return NF_ERR_CONFIG with a message in `err` (if non-NULL) and leave `cfg`
-//! unchanged. NULL or "" is valid and changes nothing.
+//! unchanged. NULL or "" is valid and changes nothing. `trace:PATH` takes the
+//! rest of the item as a path (trimmed; it cannot contain ',' and must be
+//! shorter than NF_TRACE_PATH_MAX); `trace:` alone turns recording off. The
+//! file is opened (created, truncated) by nf_pool_create, which fails with
+//! NF_ERR_CONFIG naming the path when it cannot be.
 NF_API nf_status_t nf_config_parse(nf_config_t *cfg, const char *str, char *err, size_t errlen);
 
 //! Format `cfg` as a config string (round-trips through nf_config_parse).

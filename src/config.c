@@ -32,7 +32,7 @@
 
 static const char VALID_KEYS[] =
     "limit, reserve, release_threshold, retain, granule, small_max, va_chunk, "
-    "device, backend, host_capacity, release_after, tight";
+    "device, backend, host_capacity, release_after, tight, trace, trace_max";
 
 nf_status_t nf_config_default(nf_config_t *cfg) {
   if (!cfg) return NF_ERR_INVALID;
@@ -48,6 +48,7 @@ nf_status_t nf_config_default(nf_config_t *cfg) {
   cfg->device = 0;
   cfg->backend = NF_BACKEND_HOST;
   cfg->host_capacity = 0;                           // host backend's default
+  cfg->trace_max = 256 * NF_MiB;                    // trace recording: off (trace ""), bounded
   return NF_OK;
 }
 
@@ -239,6 +240,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
       {"retain", offsetof(nf_config_t, retain)},
       {"va_chunk", offsetof(nf_config_t, va_chunk)},
       {"host_capacity", offsetof(nf_config_t, host_capacity)},
+      {"trace_max", offsetof(nf_config_t, trace_max)},
   };
   for (size_t i = 0; i < sizeof SIZE_KEYS / sizeof SIZE_KEYS[0]; i++) {
     if (!tok_eq(k, SIZE_KEYS[i].key)) continue;
@@ -279,6 +281,21 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
     int n = 0;
     if ((st = parse_int(v, "release_after", 1 << 30, &n, err, errlen)) != NF_OK) return st;
     c->release_after = (uint64_t)n;
+    return NF_OK;
+  }
+  if (tok_eq(k, "trace")) {
+    // The rest of the item, trimmed, is the path (the config is split at
+    // commas, so a path cannot hold one). Stored zero-filled in the struct:
+    // configs copy by value, and the parse works on a copy, so a failed parse
+    // still leaves cfg unchanged.
+    if (v.n >= sizeof c->trace) {
+      char q[QUOTE_MAX + 4];
+      quote(q, v);
+      return fail(err, errlen, "trace: path '%s' is %zu bytes, longer than the maximum of %d", q, v.n,
+                  NF_TRACE_PATH_MAX - 1);
+    }
+    memset(c->trace, 0, sizeof c->trace);
+    memcpy(c->trace, v.p, v.n);
     return NF_OK;
   }
   if (tok_eq(k, "backend")) {
@@ -362,7 +379,10 @@ int nf_config_format(const nf_config_t *cfg, char *buf, size_t len) {
   return snprintf(buf, len,
                   "limit:%" PRIu64 ",reserve:%" PRIu64 ",release_threshold:%s,retain:%" PRIu64
                   ",granule:%" PRIu64 ",small_max:%" PRIu64 ",va_chunk:%" PRIu64
-                  ",device:%d,backend:%s,host_capacity:%" PRIu64 ",release_after:%" PRIu64 ",tight:%d",
+                  ",device:%d,backend:%s,host_capacity:%" PRIu64 ",release_after:%" PRIu64 ",tight:%d"
+                  ",trace_max:%" PRIu64 "%s%.*s",
                   cfg->limit, cfg->reserve, rt, cfg->retain, cfg->granule, cfg->small_max,
-                  cfg->va_chunk, cfg->device, be, cfg->host_capacity, cfg->release_after, cfg->tight);
+                  cfg->va_chunk, cfg->device, be, cfg->host_capacity, cfg->release_after, cfg->tight,
+                  cfg->trace_max, cfg->trace[0] ? ",trace:" : "", (int)strnlen(cfg->trace, sizeof cfg->trace - 1),
+                  cfg->trace);
 }

@@ -154,6 +154,10 @@ struct nf_pool_s {
   uint64_t oom_reclaims_mark;  // st.reclaims / st.reclaimed_granules at the previous OOM
   uint64_t oom_reclaimed_mark;
 
+  // Trace recording (record.c): NULL when cfg.trace is "" (the only cost
+  // when off: one predictable branch per alloc and free).
+  struct nf_rec_s *rec;
+
   // Live monitor (monitor.c): the mmap'd shared-memory file, NULL when off.
   struct nf_mon_shm_s *mon;
   uint64_t mon_mapped, mon_created; // gran_mapped / gran_created last published in full
@@ -226,6 +230,14 @@ uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules);
 // of a burst, NOFRAG_QUIET_OOM unset).
 bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large);
 void nf__oom_print(void);
+
+// ------------------------------------------------------------------ record
+// record.c: `trace:PATH` writes every successful nf_alloc and every nf_free to
+// PATH as an RMM logging_resource_adaptor CSV log, buffered (64 KiB) and
+// written with write(2) under the pool lock, at most cfg.trace_max bytes.
+nf_status_t nf__rec_open(nf_pool_t *p);  // at pool creation when cfg.trace[0]; error names the path
+void nf__rec_close(nf_pool_t *p);        // at destroy: flush, close, free
+void nf__rec_row(nf_pool_t *p, bool alloc, uintptr_t ptr, uint64_t size, nf_stream_t stream);
 
 // ------------------------------------------------------------------ monitor
 // monitor.c: each pool publishes its counters to a shared-memory file

@@ -63,6 +63,7 @@ void nf__lock_slow(nf_lock_t *l) {
 // ------------------------------------------------------------------ lifetime
 
 static void pool_free(nf_pool_t *p) {
+  nf__rec_close(p);
   nf__mon_close(p);
   nf__streams_destroy(p);
   nf__chunks_destroy(p);
@@ -118,6 +119,10 @@ nf_status_t nf_pool_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t 
   if (cfg->reserve && (st = nf__granules_create(p, (cfg->reserve + g - 1) >> p->gshift)) != NF_OK) {
     if (st == NF_ERR_OOM) nf__error(st, "nofrag: reserve %llu B exceeds the limit %llu B",
                                     (unsigned long long)cfg->reserve, (unsigned long long)p->cfg.limit);
+    pool_free(p);
+    return st;
+  }
+  if (p->cfg.trace[0] && (st = nf__rec_open(p)) != NF_OK) { // names the path and errno's text
     pool_free(p);
     return st;
   }
@@ -256,6 +261,7 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   p->st.allocs++;
   nf__peak(&p->st.live_peak, p->st.live);
   nf__peak(&p->st.live_rounded_peak, p->st.live_rounded);
+  if (NF_UNLIKELY(p->rec)) nf__rec_row(p, true, b->addr, size, stream);
   nf__mon_fast(p, true);
   nf__unlock(&p->lock);
   return (void *)b->addr;
@@ -303,6 +309,7 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   } else {
     b->state = NF_BLK_FREE;
   }
+  if (NF_UNLIKELY(p->rec)) nf__rec_row(p, false, b->addr, b->req, p->streams[b->stream].handle);
   nf__map_remove(p, b->addr);
   p->st.live -= b->req;
   p->st.live_rounded -= b->size;

@@ -380,6 +380,48 @@ static void test_format_roundtrip(void **state) {
   }
 }
 
+static void test_trace_keys(void **state) {
+  nf_config_t c = def();
+  assert_int_equal(c.trace[0], 0);
+  assert_int_equal(c.trace_max, 256 * NF_MiB);
+  c = ok("trace:/tmp/job.csv,trace_max:1MiB");
+  assert_string_equal(c.trace, "/tmp/job.csv");
+  assert_int_equal(c.trace_max, NF_MiB);
+  c = ok(" trace :  /a b/c:d.csv  ,limit:1GiB"); // trimmed; ':' and spaces inside the path kept
+  assert_string_equal(c.trace, "/a b/c:d.csv");
+  c = ok("trace:/x/long-name.csv,trace:/y.csv"); // the last wins, zero-filled behind it
+  assert_string_equal(c.trace, "/y.csv");
+  for (size_t i = strlen("/y.csv"); i < sizeof c.trace; i++) assert_int_equal(c.trace[i], 0);
+  c = ok("trace:/y.csv,trace:"); // empty: off
+  assert_int_equal(c.trace[0], 0);
+  c = ok("trace_max:0");
+  assert_int_equal(c.trace_max, 0);
+  char longp[NF_TRACE_PATH_MAX + 16];
+  memset(longp, 'p', sizeof longp);
+  snprintf(longp, sizeof longp, "trace:/");
+  longp[7] = 'p';
+  longp[6 + NF_TRACE_PATH_MAX - 1] = '\0'; // path of NF_TRACE_PATH_MAX - 1 bytes: fits
+  c = ok(longp);
+  assert_int_equal(strlen(c.trace), NF_TRACE_PATH_MAX - 1);
+  memset(longp, 'p', sizeof longp);
+  memcpy(longp, "trace:/", 7);
+  longp[6 + NF_TRACE_PATH_MAX] = '\0'; // one more: too long
+  bad(longp, "trace: path", "longer than the maximum of 255");
+  bad("trace_max:-1", "trace_max", "negative");
+  bad("trace_max:lots", "trace_max", NULL);
+  bad("limit:1GiB,trace:/ok.csv,trace_max:5%", "trace_max", "percentages");
+  // Round trip, with and without a path.
+  c = ok("trace:/tmp/t.csv,trace_max:12345");
+  roundtrip(&c);
+  char buf[512];
+  nf_config_format(&c, buf, sizeof buf);
+  assert_non_null(strstr(buf, ",trace_max:12345,trace:/tmp/t.csv"));
+  c = def();
+  nf_config_format(&c, buf, sizeof buf);
+  assert_null(strstr(buf, "trace:"));
+  assert_non_null(strstr(buf, "trace_max:268435456"));
+}
+
 static void test_format_buffers(void **state) {
   nf_config_t c = def();
   char full[512];
@@ -410,7 +452,7 @@ int main(void) {
       cmocka_unit_test(test_decimals),       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_null_and_empty), cmocka_unit_test(test_small_err_buffers),
       cmocka_unit_test(test_long_garbage),   cmocka_unit_test(test_format_roundtrip),
-      cmocka_unit_test(test_format_buffers),
+      cmocka_unit_test(test_format_buffers), cmocka_unit_test(test_trace_keys),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

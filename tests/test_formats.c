@@ -1,6 +1,6 @@
 // Input/output formats: RMM logging_resource_adaptor CSV (parse, write,
 // round trip, strict errors) and, through the CLI, PyTorch snapshot pickles
-// (converted by python3 -m nofrag.snapshot) and `nofrag convert`.
+// (converted by python3 -m nofrag.torch_trace) and `nofrag convert`.
 #include "nf_test.h"
 #include "trace.h"
 

@@ -12,7 +12,7 @@
 
 // Load TRACE in any input format the CLI reads, detected by content:
 // - a PyTorch snapshot pickle (gzip or not; first byte 0x80, pickle's
-//   PROTO opcode): converted by python3 -m nofrag.snapshot into a temporary
+//   PROTO opcode): converted by python3 -m nofrag.torch_trace into a temporary
 //   text trace, which is then loaded (python3 must be on PATH; the package is
 //   found through NOFRAG_PYTHON_DIR, else ../python next to the executable);
 // - an RMM logging_resource_adaptor CSV log (its header line);
@@ -22,7 +22,7 @@
 nf_status_t nf_cli_load_trace(const char *path, nf_trace_t *t, const char **format, char *err, size_t errlen);
 
 // Allocation call sites carried by '#site<TAB>FILE:LINE<TAB>FUNCTION' comment
-// lines right after an alloc line (written by python3 -m nofrag.snapshot from
+// lines right after an alloc line (written by python3 -m nofrag.torch_trace from
 // the snapshot's stacks; other readers skip them as comments).
 typedef struct nf_cli_sites_s {
   uint32_t *of_event;  // per trace event: site id, 0 = none (no stack)

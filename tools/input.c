@@ -29,7 +29,7 @@ static int peek(const char *path, unsigned char *buf, unsigned n) {
 
 static int has_package(const char *dir) {
   char p[PATH_MAX];
-  if (snprintf(p, sizeof p, "%s/nofrag/snapshot.py", dir) >= (int)sizeof p) return 0;
+  if (snprintf(p, sizeof p, "%s/nofrag/torch_trace.py", dir) >= (int)sizeof p) return 0;
   return access(p, R_OK) == 0;
 }
 
@@ -189,7 +189,7 @@ static nf_status_t load_pickle(const char *path, nf_trace_t *t, nf_cli_sites *si
     setenv("PYTHONPATH", pp, 1);
     dup2(efd, 2);
     dup2(efd, 1);
-    execlp("python3", "python3", "-m", "nofrag.snapshot", path, tmp, (char *)NULL);
+    execlp("python3", "python3", "-m", "nofrag.torch_trace", path, tmp, (char *)NULL);
     _exit(127); // exec failed: python3 not on PATH
   }
   int ws = 0;
@@ -197,10 +197,10 @@ static nf_status_t load_pickle(const char *path, nf_trace_t *t, nf_cli_sites *si
   else if (waitpid(pid, &ws, 0) < 0) snprintf(err, errlen, "%s: waiting for python3: %s", path, strerror(errno));
   else if (WIFEXITED(ws) && WEXITSTATUS(ws) == 127)
     snprintf(err, errlen, "%s: a PyTorch snapshot pickle needs python3 to convert it, and python3 was not "
-             "found on PATH (or convert elsewhere: python3 -m nofrag.snapshot %s OUT.trace.gz)", path, path);
+             "found on PATH (or convert elsewhere: python3 -m nofrag.torch_trace %s OUT.trace.gz)", path, path);
   else if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
     copy_file_to_stderr(efd);
-    snprintf(err, errlen, "%s: converting the snapshot with python3 -m nofrag.snapshot failed (above)", path);
+    snprintf(err, errlen, "%s: converting the snapshot with python3 -m nofrag.torch_trace failed (above)", path);
   } else {
     st = nf__trace_load(t, tmp, err, errlen);
     if (st == NF_OK && sites && load_sites(tmp, t, sites) != 0) {

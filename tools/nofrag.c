@@ -26,7 +26,7 @@ static const char usage[] =
     "TRACE is a text trace, gzip-compressed or not: lines 'ACTION ADDR SIZE STREAM TIME_US'\n"
     "(alloc, free_requested, free_completed, segment_alloc, segment_free), '#' comments;\n"
     "or a PyTorch memory snapshot pickle (torch.cuda.memory._dump_snapshot, converted with\n"
-    "python3 -m nofrag.snapshot, which needs python3); or an RMM logging_resource_adaptor CSV\n"
+    "python3 -m nofrag.torch_trace, which needs python3); or an RMM logging_resource_adaptor CSV\n"
     "log (header Thread,Time,Action,Pointer,Size,Stream). The format is detected from content.\n"
     "Each alloc becomes nf_alloc on its stream, each free_completed nf_free, on a simulated\n"
     "device (host backend, 2 TiB of untouched memory).\n"

@@ -4,6 +4,8 @@
     nofrag.torch.enable(limit="40GiB")     # before CUDA is initialised
     ...
     nofrag.stats()                          # nofrag's own statistics (dict)
+    snap = nofrag.snapshot(pool)            # a pool's whole state (dict)
+    nofrag.export_torch_snapshot(snap, "snap.pickle.gz")  # for torch.cuda._memory_viz
 
 The package is pure Python over ctypes; it needs libnofrag.so (see
 nofrag._lib for where it is searched, or set NOFRAG_LIB).
@@ -14,9 +16,11 @@ import json
 
 from . import _lib
 from ._lib import NfStats, conf_string, last_error, load
+from .torch_trace import export_torch_snapshot, snapshot_to_torch
 
 __version__ = "0.1.0"
-__all__ = ["stats", "configure", "last_error", "conf_string", "load", "NfStats", "counters", "pool_snapshot"]
+__all__ = ["stats", "configure", "last_error", "conf_string", "load", "NfStats", "counters", "snapshot", "pool_snapshot",
+           "snapshot_to_torch", "export_torch_snapshot"]
 
 
 def stats(device=0):
@@ -54,17 +58,20 @@ def configure(conf=None, **config):
     return s
 
 
-def pool_snapshot(pool):
+def snapshot(pool=None):
     """The whole state of a pool as a dict (nf_snapshot's JSON: "totals",
     "granules", "streams", "chunks" with their "blocks" and "mapped" granule
     runs; see include/nofrag.h). `pool` is an nf_pool_t handle (a
     ctypes.c_void_p or an int address) from nf_pool_create /
-    nf_pool_create_from_string. The PyTorch plug-in's per-device pools are
-    not reachable from here yet: the plug-in exports no pool handle.
+    nf_pool_create_from_string.
 
-    Not named `snapshot`: that name is the submodule nofrag.snapshot (the
-    PyTorch snapshot converter), which would replace a function of that name
-    on the package as soon as it is imported."""
+    The pool argument is required: the PyTorch plug-in's per-device pools are
+    not reachable from Python yet (libnofrag exports no accessor for a
+    plug-in pool's handle), so snapshot() with no pool raises ValueError.
+
+    snapshot_to_torch / export_torch_snapshot turn the result into PyTorch's
+    memory-snapshot format. (The PyTorch snapshot -> trace converter that was
+    the submodule nofrag.snapshot is now nofrag.torch_trace.)"""
     lib = load()
     # Declared here rather than in _lib._declare: c_void_p (not c_char_p) as
     # the result type keeps the pointer so that the library can free it.
@@ -75,7 +82,8 @@ def pool_snapshot(pool):
     if isinstance(pool, ctypes.c_void_p):
         pool = pool.value
     if not pool:
-        raise ValueError("pool_snapshot: no pool")
+        raise ValueError("nofrag.snapshot: no pool given (the PyTorch plug-in's pools have no accessor yet: "
+                         "pass an nf_pool_t handle)")
     ptr = lib.nf_snapshot(pool)
     if not ptr:
         raise MemoryError(last_error())
@@ -83,3 +91,6 @@ def pool_snapshot(pool):
         return json.loads(ctypes.string_at(ptr).decode())
     finally:
         lib.nf_snapshot_free(ptr)
+
+
+pool_snapshot = snapshot  # the name before nofrag.snapshot was freed for it

@@ -1,4 +1,4 @@
-"""nofrag.snapshot: PyTorch memory snapshot pickle -> text trace (stdlib only).
+"""nofrag.torch_trace: PyTorch memory snapshot pickle -> text trace (stdlib only).
 
     python3 -m unittest discover -s python/tests -v
 """
@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.normpath(os.path.join(HERE, ".."))
 sys.path.insert(0, PYDIR)
 
-from nofrag import snapshot  # noqa: E402
+from nofrag import torch_trace as snapshot  # noqa: E402
 
 SHARED = os.environ.get("NF_SHARED", os.path.join(PYDIR, "..", "..", "shared"))
 REAL = os.path.join(SHARED, "traces", "gpt2_small_snapshot.pickle.gz")
@@ -139,11 +139,11 @@ class TestPickleConvert(unittest.TestCase):
         p = self.write_pickle({"device_traces": [[entry("alloc", 1, 2)]]})
         out = self.path("c.trace.gz")
         env = dict(os.environ, PYTHONPATH=PYDIR)
-        for mod in (["-m", "nofrag.snapshot"], ["-m", "nofrag", "snapshot"]):
+        for mod in (["-m", "nofrag.torch_trace"], ["-m", "nofrag", "torch_trace"], ["-m", "nofrag", "snapshot"]):
             r = subprocess.run([sys.executable] + mod + [p, out], env=env, capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(self.read_lines(out), ["alloc 1 2 0 1"])
-        r = subprocess.run([sys.executable, "-m", "nofrag.snapshot", p], env=env, capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "nofrag.torch_trace", p], env=env, capture_output=True, text=True)
         self.assertEqual(r.returncode, 2)
         self.assertIn("usage", r.stderr)
 

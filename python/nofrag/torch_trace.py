@@ -1,6 +1,7 @@
-"""Convert a PyTorch memory snapshot to nofrag's text trace format.
+"""PyTorch memory snapshots: convert one to nofrag's text trace format, and
+export a nofrag pool snapshot in PyTorch's format.
 
-    python3 -m nofrag.snapshot snapshot.pickle[.gz] out.trace[.gz] [--device N]
+    python3 -m nofrag.torch_trace snapshot.pickle[.gz] out.trace[.gz] [--device N]
 
 `torch.cuda.memory._dump_snapshot` writes a pickle of plain dicts and lists
 (no torch objects), so the standard library reads it without torch. Each entry
@@ -23,6 +24,11 @@ first) is followed by a comment line ``#site<TAB>FILE:LINE<TAB>FUNCTION``: the
 first frame outside torch's own modules (else the innermost frame), the path
 shortened after ``site-packages/``. Old readers skip it as a comment; the CLI
 reads it for ``--hotspots`` (docs/replay.md).
+
+The other way: ``snapshot_to_torch`` / ``export_torch_snapshot`` turn a
+nofrag pool snapshot (``nofrag.snapshot()``'s dict) into what
+``torch.cuda.memory._snapshot()`` returns, so PyTorch's own
+``torch.cuda._memory_viz`` tools read it (docs/pytorch.md).
 """
 
 import gzip
@@ -30,7 +36,7 @@ import os
 import pickle
 import sys
 
-__all__ = ["SnapshotError", "load", "convert", "iter_lines", "main"]
+__all__ = ["SnapshotError", "load", "convert", "iter_lines", "main", "snapshot_to_torch", "export_torch_snapshot"]
 
 ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free")
 SKIPPED = ("snapshot", "oom", "segment_map", "segment_unmap")
@@ -150,7 +156,7 @@ def convert(src, dst, device=0):
     opener = gzip.open if dst.endswith(".gz") else open
     tmp = dst + ".tmp"
     with opener(tmp, "wt", encoding="utf-8") as f:  # file names in #site lines may be non-ASCII
-        f.write(f"# converted by nofrag.snapshot from {os.path.basename(src)}, device {device}\n")
+        f.write(f"# converted by nofrag.torch_trace from {os.path.basename(src)}, device {device}\n")
         f.write("# ACTION ADDR SIZE STREAM TIME_US\n")
         if stats["skipped"] or stats["dropped_frees"]:
             f.write(f"# skipped {stats['skipped']} marker/segment_map entries; dropped "
@@ -162,6 +168,136 @@ def convert(src, dst, device=0):
     return stats
 
 
+# ------------------------------------------------------------------ export
+
+_STATES = {"live": "active_allocated", "pending": "active_pending_free"}
+_TRACE_KEYS = ("addr", "size", "stream")
+
+
+def _int(v):
+    """An integer from nf_snapshot's JSON: addresses and stream handles are
+    "0x..." strings there, sizes are numbers."""
+    if isinstance(v, str):
+        return int(v, 0)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"not an integer: {v!r}")
+    return v
+
+
+def _runs(chunk, granule):
+    """Maximal mapped address ranges [start, end) of a chunk: nf_snapshot
+    splits runs by tier and readiness; PyTorch's segments only need mapped."""
+    out = []
+    for r in sorted(chunk.get("mapped", ()), key=lambda r: _int(r["addr"])):
+        a = _int(r["addr"])
+        e = a + _int(r["count"]) * granule
+        if out and out[-1][1] == a:
+            out[-1][1] = e
+        else:
+            out.append([a, e])
+    return out
+
+
+def _segment(chunk, start, end, device):
+    blocks, pos, stream = [], start, None
+    for b in sorted(chunk.get("blocks", ()), key=lambda b: _int(b["addr"])):
+        a = _int(b["addr"])
+        lo, hi = max(a, start), min(a + _int(b["size"]), end)
+        if lo >= hi:
+            continue
+        if lo > pos:  # not covered by any block (nofrag's blocks tile a chunk, so not expected)
+            blocks.append({"address": pos, "size": lo - pos, "requested_size": 0, "state": "inactive", "frames": []})
+        state = _STATES.get(b.get("state"), "inactive")
+        req = min(_int(b.get("requested", 0)), hi - lo) if state != "inactive" else 0
+        if state != "inactive" and stream is None and "stream" in b:
+            stream = _int(b["stream"])
+        blocks.append({"address": lo, "size": hi - lo, "requested_size": req, "state": state, "frames": []})
+        pos = hi
+    if pos < end:
+        blocks.append({"address": pos, "size": end - pos, "requested_size": 0, "state": "inactive", "frames": []})
+    active = [b for b in blocks if b["state"] != "inactive"]
+    return {
+        "device": device,
+        "address": start,
+        "total_size": end - start,
+        "allocated_size": sum(b["size"] for b in active if b["state"] == "active_allocated"),
+        "active_size": sum(b["size"] for b in active),
+        "requested_size": sum(b["requested_size"] for b in active),
+        "stream": stream or 0,
+        "segment_type": "small" if chunk.get("arena") == "small" else "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": True,
+        "frames": [],
+        "blocks": blocks,
+    }
+
+
+def _trace_entry(e):
+    out = {"action": e["action"], "time_us": _int(e.get("time_us", 0)), "frames": list(e.get("frames", []))}
+    for k in _TRACE_KEYS:
+        out[k] = _int(e.get(k, 0))
+    return out
+
+
+def snapshot_to_torch(snap, device=0, trace=None):
+    """A nofrag pool snapshot (the dict from nofrag.snapshot()) as the dict
+    ``torch.cuda.memory._snapshot()`` returns.
+
+    Each maximal mapped address range of a chunk becomes one segment
+    (``is_expandable``: nofrag maps and unmaps granules inside its chunks as
+    PyTorch's expandable segments do); its blocks are nofrag's blocks clipped
+    to the range, so they tile the segment in address order (live ->
+    'active_allocated', pending a record_stream -> 'active_pending_free',
+    free -> 'inactive'). Sums: allocated_size over all segments equals the
+    pool's live_rounded, total_size its mapped bytes. No stacks: every
+    'frames' is empty. A segment's 'stream' is that of its first live block
+    (0 if none): nofrag's chunks are not per stream.
+
+    ``device_traces`` has ``device + 1`` lists, empty unless trace entries are
+    given (``trace``, or a "trace" list in the snapshot): dicts with
+    action/addr/size/stream/time_us in PyTorch's trace-entry vocabulary
+    (alloc, free_requested, free_completed, segment_alloc, ...)."""
+    if not isinstance(snap, dict) or not isinstance(snap.get("chunks"), list) or "totals" not in snap:
+        raise ValueError("snapshot_to_torch: not a nofrag pool snapshot (no 'chunks' / 'totals')")
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ValueError(f"snapshot_to_torch: bad device {device!r}")
+    totals = snap["totals"]
+    granule = _int(totals["granule"])
+    segments = []
+    for c in sorted(snap["chunks"], key=lambda c: _int(c["base"])):
+        for start, end in _runs(c, granule):
+            segments.append(_segment(c, start, end, device))
+    traces = [[] for _ in range(device + 1)]
+    entries = trace if trace is not None else snap.get("trace") or []
+    traces[device] = [_trace_entry(e) for e in entries]
+    settings = {
+        "PYTORCH_CUDA_ALLOC_CONF": "",
+        "max_split_size": -1,
+        "garbage_collection_threshold": 0.0,
+        "expandable_segments": True,
+        "roundup_power2_divisions": {},
+        "nofrag": {k: totals[k] for k in sorted(totals)},
+    }
+    return {"segments": segments, "device_traces": traces, "allocator_settings": settings}
+
+
+def export_torch_snapshot(snap, path, device=0, trace=None):
+    """Write snapshot_to_torch(snap, device, trace) to `path` as a pickle
+    (protocol 4; gzip-compressed when the name ends in .gz), the format
+    ``torch.cuda.memory._dump_snapshot`` writes. Returns the dict."""
+    data = snapshot_to_torch(snap, device, trace)
+    opener = gzip.open if str(path).endswith(".gz") else open
+    tmp = f"{path}.tmp"
+    try:
+        with opener(tmp, "wb") as f:
+            pickle.dump(data, f, protocol=4)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return data
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     device = 0
@@ -170,19 +306,19 @@ def main(argv=None):
         try:
             device = int(argv[k + 1])
         except (IndexError, ValueError):
-            print("nofrag.snapshot: --device needs an integer", file=sys.stderr)
+            print("nofrag.torch_trace: --device needs an integer", file=sys.stderr)
             return 2
         del argv[k:k + 2]
     if len(argv) != 2 or argv[0].startswith("-"):
-        print("usage: python3 -m nofrag.snapshot SNAPSHOT.pickle[.gz] OUT.trace[.gz] [--device N]",
+        print("usage: python3 -m nofrag.torch_trace SNAPSHOT.pickle[.gz] OUT.trace[.gz] [--device N]",
               file=sys.stderr)
         return 2
     try:
         st = convert(argv[0], argv[1], device)
     except (SnapshotError, OSError) as e:
-        print(f"nofrag.snapshot: {e}", file=sys.stderr)
+        print(f"nofrag.torch_trace: {e}", file=sys.stderr)
         return 2
-    print(f"nofrag.snapshot: {argv[1]}: {st['lines']} events ({st['skipped']} skipped, "
+    print(f"nofrag.torch_trace: {argv[1]}: {st['lines']} events ({st['skipped']} skipped, "
           f"{st['dropped_frees']} frees before the trace began dropped)", file=sys.stderr)
     return 0
 

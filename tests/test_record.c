@@ -1,0 +1,252 @@
+// In-process trace recording (src/record.c, config `trace:PATH`): a recorded
+// workload reads back through the RMM reader as exactly the calls made, and
+// replays to the same peak live; the size bound; a bad path fails creation.
+#include "nf_test.h"
+#include "replay.h"
+#include "trace.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct {
+  int alloc;
+  uint64_t ptr, size, stream;
+} op_t;
+
+static void tmp_path(char *out, size_t n, const char *tag) {
+  const char *d = getenv("TMPDIR");
+  snprintf(out, n, "%s/nf_record_%s_XXXXXX", d && *d ? d : "/tmp", tag);
+  int fd = mkstemp(out);
+  assert_true(fd >= 0);
+  close(fd);
+}
+
+static nf_pool_t *pool_with(nf_backend_t **be, const char *conf) {
+  assert_int_equal(nf_backend_host_create(be, 64 * NF_GiB, 2 * NF_MiB), NF_OK);
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  char err[256] = "";
+  if (nf_config_parse(&cfg, conf, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  nf_pool_t *p = NULL;
+  if (nf_pool_create(&p, *be, &cfg) != NF_OK) fail_msg("%s", nf_last_error());
+  return p;
+}
+
+// A random workload: allocs of mixed sizes on three streams, frees of random
+// live blocks, and calls that fail (must not be recorded). Appends the
+// successful calls to ops; returns the number and the peak of live bytes.
+static size_t workload(nf_pool_t *p, uint64_t seed, size_t n, op_t *ops, uint64_t *peak) {
+  void *live[512];
+  uint64_t lsize[512], lstream[512], cur = 0;
+  size_t nlive = 0, k = 0;
+  const uint64_t streams[3] = {0, 0x10, 0x7f00aa00};
+  *peak = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t r = nft_rand(&seed);
+    if (nlive < 512 && (nlive == 0 || r % 100 < 55)) {
+      uint64_t sz = r % 4 == 0 ? 1 + nft_rand(&seed) % (8 * NF_MiB) : 1 + nft_rand(&seed) % 4096;
+      uint64_t s = streams[nft_rand(&seed) % 3];
+      void *q = nf_alloc(p, sz, (nf_stream_t)(uintptr_t)s);
+      if (!q) fail_msg("alloc %llu: %s", (unsigned long long)sz, nf_last_error());
+      live[nlive] = q, lsize[nlive] = sz, lstream[nlive] = s, nlive++;
+      ops[k++] = (op_t){1, (uint64_t)(uintptr_t)q, sz, s};
+      cur += sz;
+      if (cur > *peak) *peak = cur;
+    } else {
+      size_t j = nft_rand(&seed) % nlive;
+      assert_int_equal(nf_free(p, live[j]), NF_OK);
+      ops[k++] = (op_t){0, (uint64_t)(uintptr_t)live[j], lsize[j], lstream[j]};
+      cur -= lsize[j];
+      // Failing calls: a double free, an interior pointer, a request over the limit.
+      if (r % 17 == 0) assert_int_equal(nf_free(p, live[j]), NF_ERR_INVALID);
+      nlive--;
+      live[j] = live[nlive], lsize[j] = lsize[nlive], lstream[j] = lstream[nlive];
+      if (r % 19 == 0 && nlive) assert_int_equal(nf_free(p, (char *)live[0] + 1), NF_ERR_INVALID);
+      if (r % 23 == 0) assert_null(nf_alloc(p, 128 * NF_GiB, NULL)); // above the capacity
+    }
+  }
+  return k;
+}
+
+static void load(nf_trace_t *t, nf__trace_ops *o, const char *path) {
+  char err[512] = "";
+  if (nf__trace_load_rmm(t, path, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  if (nf__trace_ops_build(o, t, err, sizeof err) != NF_OK) fail_msg("%s", err);
+}
+
+static void test_record_replay(void **state) {
+  (void)state;
+  char path[256], conf[320];
+  tmp_path(path, sizeof path, "rr");
+  snprintf(conf, sizeof conf, "limit:1GiB,trace:%s", path);
+  uint64_t seed = nft_env_seed(4242);
+  for (int round = 0; round < 3; round++, seed = seed * 31 + 7) {
+    nf_backend_t *be;
+    nf_pool_t *p = pool_with(&be, conf);
+    size_t n = 3000;
+    op_t *ops = calloc(n, sizeof *ops);
+    assert_non_null(ops);
+    uint64_t peak;
+    size_t k = workload(p, seed, n, ops, &peak);
+    nf_pool_destroy(p); // flushes the buffer (more than 64 KiB: written in pieces)
+    nf_backend_destroy(be);
+
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_true(sb.st_size > (off_t)(64 << 10));
+    nf_trace_t t;
+    nf__trace_ops o;
+    load(&t, &o, path);
+    // Every successful call, in order, nothing else.
+    assert_int_equal(t.n_events, k);
+    for (size_t i = 0; i < k; i++) {
+      const nf_trace_event_t *e = &t.events[i];
+      assert_int_equal(e->action, ops[i].alloc ? NF_TRACE_ALLOC : NF_TRACE_FREE_COMPLETED);
+      assert_int_equal(e->addr, ops[i].ptr);
+      assert_int_equal(e->size, ops[i].size);
+      assert_int_equal(e->stream, ops[i].stream);
+      assert_true(e->time_us < 86400ull * 1000000ull);
+    }
+    assert_int_equal(o.n_ops, k);
+    assert_int_equal(o.peak_live, peak);
+    // Replay through the engine: the same demand.
+    nf__replay_opts ro;
+    nf__replay_opts_default(&ro);
+    ro.verify = 1;
+    nf__replay_result res;
+    if (nf__replay_run(&o, &ro, &res) != NF_OK) fail_msg("replay: %s", res.error);
+    assert_int_equal(res.ops_done, k);
+    assert_int_equal(res.stats.live_peak, peak);
+    nf__trace_ops_free(&o);
+    nf__trace_free(&t);
+    free(ops);
+  }
+  // The header and row shape RMM writes.
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[256];
+  assert_non_null(fgets(line, sizeof line, f));
+  assert_string_equal(line, "Thread,Time,Action,Pointer,Size,Stream\n");
+  assert_non_null(fgets(line, sizeof line, f));
+  unsigned long tid;
+  unsigned hh, mm, ss, us;
+  char act[16];
+  assert_int_equal(sscanf(line, "%lu,%2u:%2u:%2u:%6u,%15[a-z],0x", &tid, &hh, &mm, &ss, &us, act), 6);
+  assert_string_equal(act, "allocate");
+  assert_int_equal(tid, (unsigned long)gettid());
+  fclose(f);
+  unlink(path);
+}
+
+// Run `fn` with stderr going to a temp file; returns its contents (malloc'd).
+static char *capture_stderr(void (*fn)(void *), void *arg) {
+  char path[256];
+  tmp_path(path, sizeof path, "err");
+  fflush(stderr);
+  int saved = dup(2), fd = open(path, O_WRONLY | O_TRUNC);
+  assert_true(saved >= 0 && fd >= 0);
+  dup2(fd, 2);
+  close(fd);
+  fn(arg);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char *buf = calloc(1, 1 << 16);
+  size_t n = fread(buf, 1, (1 << 16) - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  unlink(path);
+  return buf;
+}
+
+typedef struct {
+  const char *conf;
+  size_t n;
+} bound_arg;
+
+static void run_bounded(void *arg) {
+  bound_arg *a = arg;
+  nf_backend_t *be;
+  nf_pool_t *p = pool_with(&be, a->conf);
+  op_t *ops = calloc(a->n, sizeof *ops);
+  uint64_t peak;
+  workload(p, 99, a->n, ops, &peak);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  free(ops);
+}
+
+static void test_bound(void **state) {
+  (void)state;
+  // Below the buffer (truncated before any write) and above it (flushed
+  // pieces, then truncated).
+  const uint64_t bounds[] = {1000, 100000, 20};
+  for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++) {
+    char path[256], conf[320];
+    tmp_path(path, sizeof path, "bound");
+    snprintf(conf, sizeof conf, "trace_max:%llu, trace:%s ", (unsigned long long)bounds[i], path);
+    bound_arg a = {conf, 5000};
+    char *err = capture_stderr(run_bounded, &a);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_true((uint64_t)sb.st_size <= bounds[i]);
+    if (bounds[i] > 128) assert_true((uint64_t)sb.st_size > bounds[i] - 128); // whole rows up to the bound
+    char want[400];
+    snprintf(want, sizeof want, "nofrag: trace %s truncated at %llu bytes\n", path,
+             (unsigned long long)sb.st_size);
+    if (strcmp(err, want) != 0) fail_msg("stderr '%s', expected '%s'", err, want);
+    if (bounds[i] > 100) { // a prefix of the calls: still a valid log
+      nf_trace_t t;
+      nf__trace_ops o;
+      load(&t, &o, path);
+      assert_true(t.n_events > 0);
+      nf__trace_ops_free(&o);
+      nf__trace_free(&t);
+    }
+    free(err);
+    unlink(path);
+  }
+}
+
+static void test_bad_path(void **state) {
+  (void)state;
+  const char *bad = "/nonexistent-nofrag-dir/sub/trace.csv";
+  nf_backend_t *be;
+  assert_int_equal(nf_backend_host_create(&be, 64 * NF_GiB, 2 * NF_MiB), NF_OK);
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  snprintf(cfg.trace, sizeof cfg.trace, "%s", bad);
+  nf_pool_t *p = (nf_pool_t *)0x1;
+  assert_int_equal(nf_pool_create(&p, be, &cfg), NF_ERR_CONFIG);
+  assert_null(p);
+  assert_non_null(strstr(nf_last_error(), bad));
+  assert_non_null(strstr(nf_last_error(), "No such file or directory"));
+  uint64_t gr = 1, maps = 1;
+  nf_backend_host_usage(be, &gr, &maps);
+  assert_int_equal(gr, 0);
+  assert_int_equal(maps, 0);
+  nf_backend_destroy(be);
+  // From a string too, with a reserve to give back.
+  char conf[128];
+  snprintf(conf, sizeof conf, "reserve:4MiB,trace:%s", bad);
+  assert_int_equal(nf_pool_create_from_string(&p, conf), NF_ERR_CONFIG);
+  assert_null(p);
+  assert_non_null(strstr(nf_last_error(), bad));
+  // Off by default: no rows, nothing opened.
+  nf_config_default(&cfg);
+  assert_int_equal(cfg.trace[0], 0);
+  assert_int_equal(cfg.trace_max, 256 * NF_MiB);
+}
+
+int main(void) {
+  setenv("NOFRAG_QUIET_OOM", "1", 1); // the failing allocs' reports would mix with the captured stderr
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_record_replay),
+      cmocka_unit_test(test_bound),
+      cmocka_unit_test(test_bad_path),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
