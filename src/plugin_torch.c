@@ -163,7 +163,7 @@ static nf_pool_t *nft_pool(int device, int create) {
 // Raise into PyTorch (see the header comment) or return NULL. Called with no
 // lock held and nothing to clean up.
 static void *nft_fail_alloc(size_t size, int device, const char *why) {
-  char msg[700], b[32];
+  char msg[1200], b[32];
   fmt_bytes(b, sizeof b, size);
   snprintf(msg, sizeof msg, "CUDA out of memory (nofrag). Tried to allocate %s on device %d: %s", b, device,
            why);
@@ -192,17 +192,21 @@ NF_API void *nf_torch_alloc(size_t size, int device, void *stream) {
   }
   if (size == 0) return NULL; // PyTorch expects NULL for empty storages
   atomic_fetch_add_explicit(&devs[device].ooms, 1, memory_order_relaxed);
-  char why[512], cause[300];
+  char why[1100], cause[300], hint[400] = "";
   nf_status_t ls = nf_last_status(); // read before anything else can touch it
   snprintf(cause, sizeof cause, "%s", nf_last_error());
+  // The exception carries the OOM report's suggestion (the full report goes
+  // to stderr once per burst and stays readable with nf_last_oom_report).
+  const char *sug = ls == NF_ERR_OOM ? strstr(nf_last_oom_report(), "suggestion: ") : NULL;
+  if (sug) snprintf(hint, sizeof hint, "; %.*s", (int)strcspn(sug, "\n"), sug);
   nf_stats_t st;
   nf_stats_get(pool, &st);
   char lv[32], lim[32], ph[32];
   fmt_bytes(lv, sizeof lv, st.live);
   fmt_bytes(lim, sizeof lim, st.limit);
   fmt_bytes(ph, sizeof ph, st.physical);
-  snprintf(why, sizeof why, "%s: %s (live %s, physical %s, limit %s)", nf_status_str(ls), cause, lv, ph,
-           lim);
+  snprintf(why, sizeof why, "%s: %s (live %s, physical %s, limit %s)%s", nf_status_str(ls), cause, lv, ph,
+           lim, hint);
   return nft_fail_alloc(size, device, why);
 }
 

@@ -151,6 +151,17 @@ class TestPluginOnHost(unittest.TestCase):
         self.assertIn("out of memory", nofrag.last_error())
         self.assertEqual(nofrag.counters(0)["failed_allocs"], 1)
 
+    def test_oom_message_carries_the_suggestion(self):
+        # What PyTorch's exception text would say: the one-line cause plus the
+        # OOM report's suggestion.
+        a = self.lib.nf_torch_alloc(40 * MiB, 0, None)
+        self.assertTrue(a, _lib.last_error())
+        self.assertIsNone(self.lib.nf_torch_alloc(40 * MiB, 0, None))
+        msg = nofrag.last_error()
+        self.assertIn("CUDA out of memory (nofrag)", msg)
+        self.assertIn("suggestion: live memory alone exceeds the limit", msg)
+        self.lib.nf_torch_free(a, 40 * MiB, 0, None)
+
     def test_fraction_sets_limit(self):
         lib = self.lib
         lib.nf_torch_set_fraction(0.25, 0)  # host capacity 1 GiB -> 256 MiB
