@@ -173,6 +173,10 @@ static void *nft_fail_alloc(size_t size, int device, const char *why) {
   return NULL;
 }
 
+//! The plug-in's pool for `device`, or NULL if that device has not allocated
+//! through nofrag yet (for nofrag.snapshot() and stats of the torch pools).
+NF_API nf_pool_t *nf_torch_pool(int device) { return nft_pool(device, 0); }
+
 NF_API void *nf_torch_alloc(size_t size, int device, void *stream) {
   nf_pool_t *pool = nft_pool(device, 1);
   if (!pool) {

@@ -58,20 +58,18 @@ def configure(conf=None, **config):
     return s
 
 
-def snapshot(pool=None):
+def snapshot(pool=None, device=0):
     """The whole state of a pool as a dict (nf_snapshot's JSON: "totals",
     "granules", "streams", "chunks" with their "blocks" and "mapped" granule
     runs; see include/nofrag.h). `pool` is an nf_pool_t handle (a
     ctypes.c_void_p or an int address) from nf_pool_create /
-    nf_pool_create_from_string.
-
-    The pool argument is required: the PyTorch plug-in's per-device pools are
-    not reachable from Python yet (libnofrag exports no accessor for a
-    plug-in pool's handle), so snapshot() with no pool raises ValueError.
+    nf_pool_create_from_string; without one, the PyTorch plug-in's pool for
+    `device` (ValueError if that device has not allocated through nofrag).
 
     snapshot_to_torch / export_torch_snapshot turn the result into PyTorch's
-    memory-snapshot format. (The PyTorch snapshot -> trace converter that was
-    the submodule nofrag.snapshot is now nofrag.torch_trace.)"""
+    memory-snapshot format (device_traces from a recorded trace:
+    torch_trace.trace_from_rmm). (The PyTorch snapshot -> trace converter that
+    was the submodule nofrag.snapshot is now nofrag.torch_trace.)"""
     lib = load()
     # Declared here rather than in _lib._declare: c_void_p (not c_char_p) as
     # the result type keeps the pointer so that the library can free it.
@@ -82,8 +80,12 @@ def snapshot(pool=None):
     if isinstance(pool, ctypes.c_void_p):
         pool = pool.value
     if not pool:
-        raise ValueError("nofrag.snapshot: no pool given (the PyTorch plug-in's pools have no accessor yet: "
-                         "pass an nf_pool_t handle)")
+        lib.nf_torch_pool.restype = ctypes.c_void_p
+        lib.nf_torch_pool.argtypes = [ctypes.c_int]
+        pool = lib.nf_torch_pool(device)
+    if not pool:
+        raise ValueError(f"nofrag.snapshot: no pool given and the PyTorch plug-in has no pool on device {device} "
+                         "(nothing allocated through nofrag there yet)")
     ptr = lib.nf_snapshot(pool)
     if not ptr:
         raise MemoryError(last_error())

@@ -239,6 +239,38 @@ def _trace_entry(e):
     return out
 
 
+def trace_from_rmm(path):
+    """Trace entries (PyTorch's device_traces vocabulary) from a log in RMM's
+    CSV format, e.g. one a pool recorded with the config key trace:PATH. An
+    'allocate' row becomes an 'alloc' entry, a 'free' row 'free_requested' and
+    'free_completed' (nofrag frees at once; cross-stream reuse is ordered by
+    events, not delayed). Time HH:MM:SS:micro becomes microseconds of the day."""
+    import csv
+    entries = []
+    with open(path, newline="") as f:
+        rows = csv.reader(f)
+        header = next(rows, None)
+        if header != ["Thread", "Time", "Action", "Pointer", "Size", "Stream"]:
+            raise ValueError(f"{path}: not an RMM CSV log (header {header!r})")
+        for n, row in enumerate(rows, start=2):
+            if len(row) != 6:
+                raise ValueError(f"{path}:{n}: expected 6 fields, got {len(row)}")
+            _, time, action, ptr, size, stream = row
+            try:
+                h, m, sec, us = (int(x) for x in time.split(":"))
+                t = ((h * 60 + m) * 60 + sec) * 1000000 + us
+                e = {"addr": int(ptr, 16), "size": int(size), "stream": int(stream, 0), "time_us": t}
+            except ValueError as err:
+                raise ValueError(f"{path}:{n}: {err}") from None
+            if action == "allocate":
+                entries.append(dict(e, action="alloc"))
+            elif action == "free":
+                entries += [dict(e, action="free_requested"), dict(e, action="free_completed")]
+            elif action != "allocate failure":
+                raise ValueError(f"{path}:{n}: unknown action {action!r}")
+    return entries
+
+
 def snapshot_to_torch(snap, device=0, trace=None):
     """A nofrag pool snapshot (the dict from nofrag.snapshot()) as the dict
     ``torch.cuda.memory._snapshot()`` returns.

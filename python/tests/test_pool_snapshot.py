@@ -29,6 +29,54 @@ except Exception:  # ImportError, or a torch build without CUDA bits
 MiB = 1 << 20
 
 
+class TestRecordedTrace(unittest.TestCase):
+    """trace:PATH recording -> device_traces of the PyTorch-format export."""
+
+    def test_recorded_trace_becomes_device_traces(self):
+        lib = nofrag.load()
+        d = tempfile.mkdtemp()
+        try:
+            log = os.path.join(d, "rec.csv")
+            pool = ctypes.c_void_p()
+            conf = f"backend:host,host_capacity:1GiB,limit:64MiB,granule:2MiB,trace:{log}".encode()
+            self.assertEqual(lib.nf_pool_create_from_string(ctypes.byref(pool), conf), 0, _lib.last_error())
+            ptrs = [lib.nf_alloc(pool, n, None) for n in (4096, 3 * MiB, 5 * MiB)]
+            self.assertTrue(all(ptrs), _lib.last_error())
+            self.assertEqual(lib.nf_free(pool, ptrs[1]), 0)
+            snap = nofrag.snapshot(pool)
+            lib.nf_pool_destroy(pool)  # flushes the recording
+            entries = torch_trace.trace_from_rmm(log)
+            self.assertEqual([e["action"] for e in entries],
+                             ["alloc"] * 3 + ["free_requested", "free_completed"])
+            self.assertEqual([e["addr"] for e in entries[:3]], ptrs)
+            self.assertEqual(entries[3]["size"], 3 * MiB)
+            out = os.path.join(d, "snap.pickle.gz")
+            torch_trace.export_torch_snapshot(snap, out, trace=entries)
+            back = torch_trace.load(out)
+            self.assertEqual(len(back["device_traces"][0]), 5)
+            lines = list(torch_trace.iter_lines(back, path=out))
+            self.assertEqual(sum(1 for ln in lines if ln.startswith("alloc ")), 3)
+        finally:
+            shutil.rmtree(d)
+
+    def test_bad_log(self):
+        d = tempfile.mkdtemp()
+        try:
+            p = os.path.join(d, "bad.csv")
+            with open(p, "w") as f:
+                f.write("Thread,Time,Action,Pointer,Size,Stream\n1,00:00:01:5,allocate,0x10,zz,0x0\n")
+            with self.assertRaisesRegex(ValueError, "bad.csv:2"):
+                torch_trace.trace_from_rmm(p)
+        finally:
+            shutil.rmtree(d)
+
+    def test_no_pool(self):
+        lib = nofrag.load()
+        lib.nf_torch_shutdown()
+        with self.assertRaisesRegex(ValueError, "no pool"):
+            nofrag.snapshot()
+
+
 class TestSnapshot(unittest.TestCase):
     def setUp(self):
         self.lib = nofrag.load()

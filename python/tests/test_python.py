@@ -151,6 +151,14 @@ class TestPluginOnHost(unittest.TestCase):
         self.assertIn("out of memory", nofrag.last_error())
         self.assertEqual(nofrag.counters(0)["failed_allocs"], 1)
 
+    def test_snapshot_of_the_plugin_pool(self):
+        p = self.lib.nf_torch_alloc(3 * MiB, 0, None)
+        self.assertTrue(p, _lib.last_error())
+        snap = nofrag.snapshot()  # the plug-in's pool for device 0
+        self.assertEqual(snap["totals"]["live"], nofrag.stats(0)["live"])
+        self.assertGreaterEqual(snap["totals"]["live"], 3 * MiB)
+        self.lib.nf_torch_free(p, 3 * MiB, 0, None)
+
     def test_oom_message_carries_the_suggestion(self):
         # What PyTorch's exception text would say: the one-line cause plus the
         # OOM report's suggestion.
