@@ -21,7 +21,7 @@ const char *nf__trace_action_name(int action) {
   return action >= 0 && action < NF_TRACE_NACTIONS ? action_names[action] : "?";
 }
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+void nf__trace_set_err(char *err, size_t errlen, const char *fmt, ...) {
   if (!err || !errlen) return;
   va_list ap;
   va_start(ap, fmt);
@@ -31,7 +31,7 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
 
 // Copy at most 40 bytes of a token for a message, replacing bytes that
 // would garble a terminal (fuzzed input can hold anything).
-static void quote_token(char *out, size_t outlen, const char *s, size_t n) {
+void nf__trace_quote(char *out, size_t outlen, const char *s, size_t n) {
   size_t k = 0, lim = n > 40 ? 40 : n;
   for (size_t i = 0; i < lim && k + 1 < outlen; i++) {
     unsigned char c = (unsigned char)s[i];
@@ -57,7 +57,7 @@ static nf_status_t push_event(parser_t *ps, const nf_trace_event_t *ev) {
     size_t ncap = t->cap ? t->cap * 2 : 4096;
     nf_trace_event_t *ne = realloc(t->events, ncap * sizeof *ne);
     if (!ne) {
-      set_err(ps->err, ps->errlen, "%s:%zu: out of memory (%zu events)", ps->name, ps->line, t->n_events);
+      nf__trace_set_err(ps->err, ps->errlen, "%s:%zu: out of memory (%zu events)", ps->name, ps->line, t->n_events);
       return NF_ERR_NOMEM;
     }
     t->events = ne;
@@ -93,7 +93,7 @@ static int parse_u64(const char *s, size_t n, uint64_t *out) {
 static nf_status_t parse_line(parser_t *ps, const char *s, size_t n) {
   char q[64];
   if (n > NF_TRACE_MAX_LINE) {
-    set_err(ps->err, ps->errlen, "%s:%zu: line too long (more than %d bytes)", ps->name, ps->line,
+    nf__trace_set_err(ps->err, ps->errlen, "%s:%zu: line too long (more than %d bytes)", ps->name, ps->line,
             NF_TRACE_MAX_LINE);
     return NF_ERR_INVALID;
   }
@@ -114,26 +114,26 @@ static nf_status_t parse_line(parser_t *ps, const char *s, size_t n) {
   for (int a = 0; a < NF_TRACE_NACTIONS; a++)
     if (strlen(action_names[a]) == len[0] && memcmp(tok[0], action_names[a], len[0]) == 0) action = a;
   if (action < 0) {
-    quote_token(q, sizeof q, tok[0], len[0]);
-    set_err(ps->err, ps->errlen, "%s:%zu: unknown action '%s'", ps->name, ps->line, q);
+    nf__trace_quote(q, sizeof q, tok[0], len[0]);
+    nf__trace_set_err(ps->err, ps->errlen, "%s:%zu: unknown action '%s'", ps->name, ps->line, q);
     return NF_ERR_INVALID;
   }
   if (nt < 5) {
-    set_err(ps->err, ps->errlen, "%s:%zu: missing field %s (expected ACTION ADDR SIZE STREAM TIME_US)",
+    nf__trace_set_err(ps->err, ps->errlen, "%s:%zu: missing field %s (expected ACTION ADDR SIZE STREAM TIME_US)",
             ps->name, ps->line, field_names[nt]);
     return NF_ERR_INVALID;
   }
   if (nt > 5) {
-    quote_token(q, sizeof q, tok[5], len[5]);
-    set_err(ps->err, ps->errlen, "%s:%zu: extra field '%s' after TIME_US", ps->name, ps->line, q);
+    nf__trace_quote(q, sizeof q, tok[5], len[5]);
+    nf__trace_set_err(ps->err, ps->errlen, "%s:%zu: extra field '%s' after TIME_US", ps->name, ps->line, q);
     return NF_ERR_INVALID;
   }
   uint64_t v[4];
   for (int f = 0; f < 4; f++) {
     int rc = parse_u64(tok[f + 1], len[f + 1], &v[f]);
     if (rc) {
-      quote_token(q, sizeof q, tok[f + 1], len[f + 1]);
-      set_err(ps->err, ps->errlen, rc == 1 ? "%s:%zu: %s is not an unsigned decimal number: '%s'"
+      nf__trace_quote(q, sizeof q, tok[f + 1], len[f + 1]);
+      nf__trace_set_err(ps->err, ps->errlen, rc == 1 ? "%s:%zu: %s is not an unsigned decimal number: '%s'"
                                            : "%s:%zu: %s overflows 64 bits: '%s'",
               ps->name, ps->line, field_names[f + 1], q);
       return NF_ERR_INVALID;
@@ -174,7 +174,7 @@ void nf__trace_free(nf_trace_t *t) {
 static nf_status_t trace_begin(nf_trace_t *t, parser_t *ps, const char *name, char *err, size_t errlen) {
   trace_reset(t);
   t->name = strdup(name ? name : "<trace>");
-  if (!t->name) { set_err(err, errlen, "%s: out of memory", name ? name : "<trace>"); return NF_ERR_NOMEM; }
+  if (!t->name) { nf__trace_set_err(err, errlen, "%s: out of memory", name ? name : "<trace>"); return NF_ERR_NOMEM; }
   *ps = (parser_t){.t = t, .name = t->name, .line = 0, .err = err, .errlen = errlen};
   return NF_OK;
 }
@@ -193,11 +193,11 @@ nf_status_t nf__trace_parse_buffer(nf_trace_t *t, const char *name, const char *
 
 nf_status_t nf__trace_load(nf_trace_t *t, const char *path, char *err, size_t errlen) {
   trace_reset(t);
-  if (!path) { set_err(err, errlen, "<trace>: no path"); return NF_ERR_INVALID; }
+  if (!path) { nf__trace_set_err(err, errlen, "<trace>: no path"); return NF_ERR_INVALID; }
   errno = 0;
   gzFile gz = gzopen(path, "rb");
   if (!gz) {
-    set_err(err, errlen, "%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
+    nf__trace_set_err(err, errlen, "%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
     return NF_ERR_INVALID;
   }
   // A carried-over partial line is at most NF_TRACE_MAX_LINE bytes (else it
@@ -206,7 +206,7 @@ nf_status_t nf__trace_load(nf_trace_t *t, const char *path, char *err, size_t er
   char *buf = malloc(bufsz);
   parser_t ps;
   nf_status_t st = buf ? trace_begin(t, &ps, path, err, errlen) : NF_ERR_NOMEM;
-  if (!buf) set_err(err, errlen, "%s: out of memory", path);
+  if (!buf) nf__trace_set_err(err, errlen, "%s: out of memory", path);
   gzbuffer(gz, 256 * 1024);
   size_t have = 0;
   while (st == NF_OK) {
@@ -219,7 +219,7 @@ nf_status_t nf__trace_load(nf_trace_t *t, const char *path, char *err, size_t er
       if (got < 0 || (zerr != Z_OK && zerr != Z_STREAM_END)) {
         size_t pl = strlen(path); // zlib prefixes its message with the path
         if (zerr != Z_ERRNO && strncmp(msg, path, pl) == 0 && strncmp(msg + pl, ": ", 2) == 0) msg += pl + 2;
-        set_err(err, errlen, "%s:%zu: read error: %s", path, ps.line + 1,
+        nf__trace_set_err(err, errlen, "%s:%zu: read error: %s", path, ps.line + 1,
                 zerr == Z_ERRNO ? strerror(errno) : msg);
         st = NF_ERR_INVALID;
         break;
@@ -233,7 +233,7 @@ nf_status_t nf__trace_load(nf_trace_t *t, const char *path, char *err, size_t er
     memmove(buf, buf + used, have - used);
     have -= used;
     if (have > NF_TRACE_MAX_LINE) {
-      set_err(err, errlen, "%s:%zu: line too long (more than %d bytes)", path, ps.line + 1, NF_TRACE_MAX_LINE);
+      nf__trace_set_err(err, errlen, "%s:%zu: line too long (more than %d bytes)", path, ps.line + 1, NF_TRACE_MAX_LINE);
       st = NF_ERR_INVALID;
     }
   }
@@ -321,7 +321,7 @@ nf_status_t nf__trace_ops_build(nf__trace_ops *o, const nf_trace_t *t, char *err
   memset(o, 0, sizeof *o);
   const char *name = t->name ? t->name : "<trace>";
   if (t->n_events > UINT32_MAX) {
-    set_err(err, errlen, "%s: too many events (%zu) to replay", name, t->n_events);
+    nf__trace_set_err(err, errlen, "%s: too many events (%zu) to replay", name, t->n_events);
     return NF_ERR_INVALID;
   }
   size_t n_allocs = t->counts[NF_TRACE_ALLOC], n_frees = t->counts[NF_TRACE_FREE_COMPLETED];
@@ -343,7 +343,7 @@ nf_status_t nf__trace_ops_build(nf__trace_ops *o, const nf_trace_t *t, char *err
     switch (ev->action) {
     case NF_TRACE_ALLOC: {
       if (map_find(&live, ev->addr)) {
-        set_err(err, errlen, "%s:%u: alloc of live address %llu", name, ev->line, (unsigned long long)ev->addr);
+        nf__trace_set_err(err, errlen, "%s:%u: alloc of live address %llu", name, ev->line, (unsigned long long)ev->addr);
         goto invalid;
       }
       uint32_t slot = n_free_slots ? free_slots[--n_free_slots] : (uint32_t)o->n_slots++;
@@ -376,13 +376,13 @@ nf_status_t nf__trace_ops_build(nf__trace_ops *o, const nf_trace_t *t, char *err
     case NF_TRACE_FREE_COMPLETED: {
       e = map_find(&live, ev->addr);
       if (!e) {
-        set_err(err, errlen, "%s:%u: %s of unknown address %llu", name, ev->line,
+        nf__trace_set_err(err, errlen, "%s:%u: %s of unknown address %llu", name, ev->line,
                 action_names[ev->action], (unsigned long long)ev->addr);
         goto invalid;
       }
       uint32_t slot = (uint32_t)e->val;
       if (slots[slot].size != ev->size) {
-        set_err(err, errlen, "%s:%u: %s size %llu differs from the alloc's %llu", name, ev->line,
+        nf__trace_set_err(err, errlen, "%s:%u: %s size %llu differs from the alloc's %llu", name, ev->line,
                 action_names[ev->action], (unsigned long long)ev->size, (unsigned long long)slots[slot].size);
         goto invalid;
       }
@@ -397,7 +397,7 @@ nf_status_t nf__trace_ops_build(nf__trace_ops *o, const nf_trace_t *t, char *err
     }
     case NF_TRACE_SEGMENT_ALLOC:
       if (map_find(&segs, ev->addr)) {
-        set_err(err, errlen, "%s:%u: segment_alloc of live segment %llu", name, ev->line,
+        nf__trace_set_err(err, errlen, "%s:%u: segment_alloc of live segment %llu", name, ev->line,
                 (unsigned long long)ev->addr);
         goto invalid;
       }
@@ -409,7 +409,7 @@ nf_status_t nf__trace_ops_build(nf__trace_ops *o, const nf_trace_t *t, char *err
     case NF_TRACE_SEGMENT_FREE:
       e = map_find(&segs, ev->addr);
       if (!e) {
-        set_err(err, errlen, "%s:%u: segment_free of unknown segment %llu", name, ev->line,
+        nf__trace_set_err(err, errlen, "%s:%u: segment_free of unknown segment %llu", name, ev->line,
                 (unsigned long long)ev->addr);
         goto invalid;
       }
@@ -420,7 +420,7 @@ nf_status_t nf__trace_ops_build(nf__trace_ops *o, const nf_trace_t *t, char *err
       o->n_segment_free++;
       break;
     default:
-      set_err(err, errlen, "%s:%u: bad action %u", name, ev->line, ev->action);
+      nf__trace_set_err(err, errlen, "%s:%u: bad action %u", name, ev->line, ev->action);
       goto invalid;
     }
   }
@@ -428,7 +428,7 @@ nf_status_t nf__trace_ops_build(nf__trace_ops *o, const nf_trace_t *t, char *err
   o->live_at_end = live.n;
   goto out;
 nomem:
-  set_err(err, errlen, "%s: out of memory building replay ops", name);
+  nf__trace_set_err(err, errlen, "%s: out of memory building replay ops", name);
   st = NF_ERR_NOMEM;
   goto fail;
 invalid:

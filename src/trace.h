@@ -121,4 +121,13 @@ nf_status_t nf__trace_load_rmm(nf_trace_t *t, const char *path, char *err, size_
 // RMM's replay benchmark keeps our order); *written = rows, if not NULL.
 nf_status_t nf__trace_write_rmm(const nf_trace_t *t, FILE *out, size_t *written);
 
+// Shared by the readers (trace.c, trace_rmm.c): a message into `err`, and a
+// printable copy of at most 40 bytes of a token ("..." when cut) for it.
+void nf__trace_set_err(char *err, size_t errlen, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void nf__trace_quote(char *out, size_t outlen, const char *s, size_t n);
+
 #endif

@@ -19,24 +19,6 @@
 #define RMM_HEADER "Thread,Time,Action,Pointer,Size,Stream"
 #define RMM_MAX_FILE ((size_t)1 << 34) // 16 GiB of text: far above any real log
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
-// Printable copy of at most 40 bytes of a field, for messages.
-static void quote(char *out, size_t outlen, const char *s, size_t n) {
-  size_t k = 0;
-  for (size_t i = 0; i < n && i < 40 && k + 1 < outlen; i++) {
-    unsigned char c = (unsigned char)s[i];
-    out[k++] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';
-  }
-  out[k] = 0;
-}
-
 // Hex with optional 0x (Pointer; Stream when RMM wrote it as a pointer) or,
 // with `dec_ok` and no 0x, decimal. 0 ok, 1 not a number, 2 overflow.
 static int parse_num(const char *s, size_t n, int dec_ok, uint64_t *out) {
@@ -92,7 +74,7 @@ static nf_status_t push(nf_trace_t *t, const nf_trace_event_t *ev, char *err, si
   if (t->n_events == t->cap) {
     size_t ncap = t->cap ? t->cap * 2 : 4096;
     nf_trace_event_t *ne = realloc(t->events, ncap * sizeof *ne);
-    if (!ne) { set_err(err, errlen, "%s:%u: out of memory", t->name, ev->line); return NF_ERR_NOMEM; }
+    if (!ne) { nf__trace_set_err(err, errlen, "%s:%u: out of memory", t->name, ev->line); return NF_ERR_NOMEM; }
     t->events = ne;
     t->cap = ncap;
   }
@@ -115,7 +97,7 @@ static nf_status_t parse_row(nf_trace_t *t, size_t line, const char *s, size_t n
   if (n && s[n - 1] == '\r') n--;
   if (n == 0) return NF_OK; // blank line (a trailing newline, typically)
   if (n > NF_TRACE_MAX_LINE) {
-    set_err(err, errlen, "%s:%zu: line too long (more than %d bytes)", name, line, NF_TRACE_MAX_LINE);
+    nf__trace_set_err(err, errlen, "%s:%zu: line too long (more than %d bytes)", name, line, NF_TRACE_MAX_LINE);
     return NF_ERR_INVALID;
   }
   const char *f[7];
@@ -124,7 +106,7 @@ static nf_status_t parse_row(nf_trace_t *t, size_t line, const char *s, size_t n
     if (i == n || s[i] == ',') { f[nf] = s + b; fl[nf++] = i - b; b = i + 1; }
   }
   if (nf != 6) {
-    set_err(err, errlen, nf < 6 ? "%s:%zu: missing field %s (expected " RMM_HEADER ")"
+    nf__trace_set_err(err, errlen, nf < 6 ? "%s:%zu: missing field %s (expected " RMM_HEADER ")"
                                 : "%s:%zu: more than 6 fields%s (expected " RMM_HEADER ")",
             name, line, nf < 6 ? cols[nf] : "");
     return NF_ERR_INVALID;
@@ -134,8 +116,8 @@ static nf_status_t parse_row(nf_trace_t *t, size_t line, const char *s, size_t n
   else if (fl[2] == 4 && memcmp(f[2], "free", 4) == 0) action = NF_TRACE_FREE_COMPLETED;
   else if (fl[2] == 16 && memcmp(f[2], "allocate failure", 16) == 0) return NF_OK;
   else {
-    quote(q, sizeof q, f[2], fl[2]);
-    set_err(err, errlen, "%s:%zu: unknown Action '%s' (expected allocate, free or allocate failure)", name, line, q);
+    nf__trace_quote(q, sizeof q, f[2], fl[2]);
+    nf__trace_set_err(err, errlen, "%s:%zu: unknown Action '%s' (expected allocate, free or allocate failure)", name, line, q);
     return NF_ERR_INVALID;
   }
   uint64_t v[6] = {0};
@@ -145,8 +127,8 @@ static nf_status_t parse_row(nf_trace_t *t, size_t line, const char *s, size_t n
     if (c == 3 && fl[c] == 5 && memcmp(f[c], "(nil)", 5) == 0) { v[c] = 0; continue; }
     rc = parse_num(f[c], fl[c], c != 3, &v[c]);
     if (rc) {
-      quote(q, sizeof q, f[c], fl[c]);
-      set_err(err, errlen, rc == 1 ? "%s:%zu: %s is not a number: '%s'" : "%s:%zu: %s overflows 64 bits: '%s'",
+      nf__trace_quote(q, sizeof q, f[c], fl[c]);
+      nf__trace_set_err(err, errlen, rc == 1 ? "%s:%zu: %s is not a number: '%s'" : "%s:%zu: %s overflows 64 bits: '%s'",
               name, line, cols[c], q);
       return NF_ERR_INVALID;
     }
@@ -160,10 +142,10 @@ nf_status_t nf__trace_parse_rmm_buffer(nf_trace_t *t, const char *name, const ch
                                        size_t errlen) {
   memset(t, 0, sizeof *t);
   t->name = strdup(name ? name : "<trace>");
-  if (!t->name) { set_err(err, errlen, "%s: out of memory", name ? name : "<trace>"); return NF_ERR_NOMEM; }
+  if (!t->name) { nf__trace_set_err(err, errlen, "%s: out of memory", name ? name : "<trace>"); return NF_ERR_NOMEM; }
   if (!buf) len = 0;
   if (!nf__trace_is_rmm(buf ? buf : "", len)) {
-    set_err(err, errlen, "%s:1: not an RMM log: the first line must be '" RMM_HEADER "'", t->name);
+    nf__trace_set_err(err, errlen, "%s:1: not an RMM log: the first line must be '" RMM_HEADER "'", t->name);
     nf__trace_free(t);
     return NF_ERR_INVALID;
   }
@@ -182,16 +164,16 @@ nf_status_t nf__trace_parse_rmm_buffer(nf_trace_t *t, const char *name, const ch
 nf_status_t nf__trace_load_rmm(nf_trace_t *t, const char *path, char *err, size_t errlen) {
   memset(t, 0, sizeof *t);
   gzFile gz = gzopen(path, "rb");
-  if (!gz) { set_err(err, errlen, "%s: cannot open", path); return NF_ERR_INVALID; }
+  if (!gz) { nf__trace_set_err(err, errlen, "%s: cannot open", path); return NF_ERR_INVALID; }
   size_t cap = (size_t)1 << 20, len = 0;
   char *buf = malloc(cap);
   nf_status_t st = NF_OK;
   for (;;) {
-    if (!buf) { set_err(err, errlen, "%s: out of memory", path); st = NF_ERR_NOMEM; break; }
+    if (!buf) { nf__trace_set_err(err, errlen, "%s: out of memory", path); st = NF_ERR_NOMEM; break; }
     if (len == cap) {
-      if (cap >= RMM_MAX_FILE) { set_err(err, errlen, "%s: log too large", path); st = NF_ERR_INVALID; break; }
+      if (cap >= RMM_MAX_FILE) { nf__trace_set_err(err, errlen, "%s: log too large", path); st = NF_ERR_INVALID; break; }
       char *nb = realloc(buf, cap * 2);
-      if (!nb) { set_err(err, errlen, "%s: out of memory", path); st = NF_ERR_NOMEM; break; }
+      if (!nb) { nf__trace_set_err(err, errlen, "%s: out of memory", path); st = NF_ERR_NOMEM; break; }
       buf = nb;
       cap *= 2;
     }
@@ -199,7 +181,7 @@ nf_status_t nf__trace_load_rmm(nf_trace_t *t, const char *path, char *err, size_
     int got = gzread(gz, buf + len, (unsigned)want);
     if (got < 0) {
       int zerr;
-      set_err(err, errlen, "%s: read error: %s", path, gzerror(gz, &zerr));
+      nf__trace_set_err(err, errlen, "%s: read error: %s", path, gzerror(gz, &zerr));
       st = NF_ERR_INVALID;
       break;
     }

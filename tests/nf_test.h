@@ -77,4 +77,18 @@ static inline nf_pool_t *nft_pool(nf_backend_t **be, uint64_t capacity, uint64_t
   return pool;
 }
 
+// Run the CLI (env NF_CLI, set by ctest) with `args`, a shell fragment;
+// stdout and stderr land in `out`. Returns the exit status (-1: killed).
+#include <sys/wait.h>
+static inline int nft_run_cli(const char *args, char *out, size_t n) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", getenv("NF_CLI"), args);
+  FILE *p = popen(cmd, "r");
+  if (!p) return -1;
+  size_t got = fread(out, 1, n - 1, p);
+  out[got] = 0;
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 #endif

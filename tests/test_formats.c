@@ -104,17 +104,6 @@ static void test_rmm_errors(void **state) {
   }
 }
 
-// Run the CLI with `args` (a shell fragment); capture stdout+stderr.
-static int run_cli(const char *args, char *out, size_t n) {
-  char cmd[4096];
-  snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", getenv("NF_CLI"), args);
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
-  size_t got = fread(out, 1, n - 1, p);
-  out[got] = 0;
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 static void test_cli_pickle_and_convert(void **state) {
   (void)state;
@@ -128,27 +117,27 @@ static void test_cli_pickle_and_convert(void **state) {
 
   // The snapshot replays directly; its peak live is what the trace says.
   snprintf(args, sizeof args, "replay '%s' --json --allocator all", pk);
-  if (run_cli(args, out, sizeof out) != 0) fail_msg("%s", out);
+  if (nft_run_cli(args, out, sizeof out) != 0) fail_msg("%s", out);
   assert_non_null(strstr(out, "\"trace_peak_live\":5282995920"));
   assert_non_null(strstr(out, "\"events\":9139"));
   // Without python3 on PATH: a clear error, exit 2.
   snprintf(args, sizeof args, "version >/dev/null; PATH=/nonexistent '%s' replay '%s'", cli, pk);
-  assert_int_equal(run_cli(args, out, sizeof out), 2);
+  assert_int_equal(nft_run_cli(args, out, sizeof out), 2);
   assert_non_null(strstr(out, "needs python3"));
 
   // pickle -> RMM CSV -> replay: same demand.
   snprintf(args, sizeof args, "convert '%s' %s/s.csv 2>&1 && '%s' replay %s/s.csv --json", pk, dir, cli, dir);
-  if (run_cli(args, out, sizeof out) != 0) fail_msg("%s", out);
+  if (nft_run_cli(args, out, sizeof out) != 0) fail_msg("%s", out);
   assert_non_null(strstr(out, "(6117 rows)"));
   assert_non_null(strstr(out, "\"trace_peak_live\":5282995920"));
   assert_non_null(strstr(out, "\"events\":6117"));
   // A malformed CSV names file and line; convert refuses non-.csv outputs.
   snprintf(args, sizeof args, "version >/dev/null; printf 'Thread,Time,Action,Pointer,Size,Stream\\n1,t,grab,0x1,1,0\\n' > %s/b.csv;"
            " '%s' replay %s/b.csv", dir, cli, dir);
-  assert_int_equal(run_cli(args, out, sizeof out), 2);
+  assert_int_equal(nft_run_cli(args, out, sizeof out), 2);
   assert_non_null(strstr(out, "b.csv:2: unknown Action 'grab'"));
   snprintf(args, sizeof args, "convert '%s' %s/s.txt", pk, dir);
-  assert_int_equal(run_cli(args, out, sizeof out), 2);
+  assert_int_equal(nft_run_cli(args, out, sizeof out), 2);
   snprintf(args, sizeof args, "rm -rf '%s'", dir);
   assert_int_equal(system(args), 0);
 }

@@ -142,18 +142,6 @@ static void test_min_capacity_synthetic(void **state) {
   free(text);
 }
 
-// Run the CLI with `args` (a shell fragment); capture stdout+stderr.
-static int run_cli(const char *args, char *out, size_t n) {
-  const char *cli = getenv("NF_CLI");
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", cli, args);
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
-  size_t got = fread(out, 1, n - 1, p);
-  out[got] = 0;
-  int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 static void test_cli(void **state) {
   (void)state;
@@ -162,13 +150,13 @@ static void test_cli(void **state) {
   size_t n = 1 << 16;
   char *out = malloc(n), args[1024];
   assert_non_null(out);
-  assert_int_equal(run_cli("version", out, n), 0);
+  assert_int_equal(nft_run_cli("version", out, n), 0);
   assert_non_null(strstr(out, NF_VERSION));
-  assert_int_equal(run_cli("--help", out, n), 0);
+  assert_int_equal(nft_run_cli("--help", out, n), 0);
   assert_non_null(strstr(out, "--min-capacity"));
-  assert_int_equal(run_cli("frobnicate", out, n), 2);
-  assert_int_equal(run_cli("replay", out, n), 2);
-  assert_int_equal(run_cli("replay /nonexistent.trace.gz", out, n), 2);
+  assert_int_equal(nft_run_cli("frobnicate", out, n), 2);
+  assert_int_equal(nft_run_cli("replay", out, n), 2);
+  assert_int_equal(nft_run_cli("replay /nonexistent.trace.gz", out, n), 2);
   assert_non_null(strstr(out, "/nonexistent.trace.gz"));
 
   char path[64] = "/tmp/nf_cli_bad_XXXXXX";
@@ -178,26 +166,26 @@ static void test_cli(void **state) {
   assert_int_equal(write(fd, bad, sizeof bad - 1), (ssize_t)(sizeof bad - 1));
   close(fd);
   snprintf(args, sizeof args, "replay %s --json", path);
-  assert_int_equal(run_cli(args, out, n), 2);
+  assert_int_equal(nft_run_cli(args, out, n), 2);
   char want[128];
   snprintf(want, sizeof want, "%s:3: SIZE is not", path);
   if (!strstr(out, want)) fail_msg("output '%s' lacks '%s'", out, want);
   snprintf(args, sizeof args, "replay %s --limit 12parsecs", path);
-  assert_int_equal(run_cli(args, out, n), 2);
+  assert_int_equal(nft_run_cli(args, out, n), 2);
   assert_non_null(strstr(out, "--limit"));
   snprintf(args, sizeof args, "replay %s --bogus", path);
-  assert_int_equal(run_cli(args, out, n), 2);
+  assert_int_equal(nft_run_cli(args, out, n), 2);
   // A tiny trace that cannot fit its limit: exit 1 with the OOM's line.
   fd = open(path, O_WRONLY | O_TRUNC);
   const char oom[] = "alloc 4096 1048576 0 1\nalloc 8192 4194304 0 2\n";
   assert_int_equal(write(fd, oom, sizeof oom - 1), (ssize_t)(sizeof oom - 1));
   close(fd);
   snprintf(args, sizeof args, "replay %s --limit 4MiB --granule 1MiB", path);
-  assert_int_equal(run_cli(args, out, n), 1);
+  assert_int_equal(nft_run_cli(args, out, n), 1);
   snprintf(want, sizeof want, "%s:2: OOM at event 2", path);
   if (!strstr(out, want)) fail_msg("output '%s' lacks '%s'", out, want);
   snprintf(args, sizeof args, "replay %s --granule 1MiB --min-capacity --json", path);
-  assert_int_equal(run_cli(args, out, n), 0);
+  assert_int_equal(nft_run_cli(args, out, n), 0);
   // 1 MiB + 4 MiB live: 5 granules at best, 6 by the guarantee.
   const char *mc = strstr(out, "\"min_capacity\":");
   if (!mc) fail_msg("output '%s'", out);
@@ -206,7 +194,7 @@ static void test_cli(void **state) {
   unlink(path);
 
   snprintf(args, sizeof args, "replay '%s/gpt2.trace.gz' --json --verify", data ? data : "data");
-  int rc = run_cli(args, out, n);
+  int rc = nft_run_cli(args, out, n);
   if (rc != 0) fail_msg("exit %d: %s", rc, out);
   const char *keys[] = {"\"peak_live\":", "\"peak_mapped\":", "\"peak_physical\":", "\"min_capacity\":null",
                         "\"min_capacity_ratio\":null", "\"events\":129673", "\"backend_calls\":", "\"calls\":{",
