@@ -175,7 +175,41 @@ static bool mon_snapshot(const nf_mon_shm_t *m, nf_mon_entry_t *e) {
   return false; // a writer died mid-update: the file stays odd forever
 }
 
-static bool pid_dead(int pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+// When process `pid` started, in seconds since the epoch (-1: unknown):
+// /proc/PID/stat's 22nd field (clock ticks after boot) plus /proc/stat's btime.
+static double proc_start(int pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *q = strrchr(buf, ')'); // the command name may hold spaces
+  unsigned long long ticks = 0;
+  int field = 2;
+  for (; q && *q && field < 22; q++)
+    if (*q == ' ') field++;
+  if (!q || sscanf(q, "%llu", &ticks) != 1) return -1;
+  f = fopen("/proc/stat", "r");
+  if (!f) return -1;
+  unsigned long long btime = 0;
+  char line[256];
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "btime %llu", &btime) == 1) break;
+  fclose(f);
+  long hz = sysconf(_SC_CLK_TCK);
+  return btime && hz > 0 ? (double)btime + (double)ticks / (double)hz : -1;
+}
+
+// The file's process is gone: no such pid, or the pid now belongs to a
+// process that started after the file was written (pid reuse).
+static bool pid_dead(int pid, uint64_t start_ns) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  double started = proc_start(pid);
+  return started >= 0 && started > (double)start_ns / 1e9 + 2.0; // btime is whole seconds
+}
 
 int nf__mon_read(const char *path, nf_mon_entry_t *e) {
   memset(e, 0, sizeof *e);
@@ -199,7 +233,7 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e) {
     e->start_ns = m->start_ns;
     memcpy(e->device, m->device, sizeof e->device);
     e->device[sizeof e->device - 1] = 0;
-    if (pid_dead(e->pid)) rc = 1;
+    if (pid_dead(e->pid, e->start_ns)) rc = 1;
     else if (mon_snapshot(m, e)) {
       uint64_t mp = e->v[NF_MON_MAPPED];
       e->fragmentation = mp ? 1.0 - (double)e->v[NF_MON_LIVE] / (double)mp : 0.0;

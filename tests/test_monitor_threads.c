@@ -241,6 +241,18 @@ static void test_dead_process_ignored_and_cleaned(void **state) {
   nf_pool_t *p = new_pool(64 * NF_MiB); // one live pool beside them
   nf_mon_entry_t e, *v;
   assert_int_equal(nf__mon_read(path, &e), 1);
+  // A live pid that started after the file was written: a reused pid, so the
+  // file is stale too (written for our own pid, dated 1970).
+  char reused[512];
+  snprintf(reused, sizeof reused, "%s/nofrag.%u.%d.99", dir, (unsigned)getuid(), (int)getpid());
+  m.pid = (int32_t)getpid();
+  m.start_ns = 1000000000ull;
+  fd = open(reused, O_RDWR | O_CREAT | O_EXCL, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
+  close(fd);
+  assert_int_equal(nf__mon_read(reused, &e), 1);
+  assert_int_equal(unlink(reused), 0);
   long dead = 0;
   assert_int_equal(nf__mon_list(NULL, false, &v, &dead), 1);
   assert_int_equal(v[0].pid, getpid());
