@@ -4,22 +4,12 @@
 // case with a live set of 64 blocks of other sizes around the one recycled.
 //
 //   ./build/bench_alloc [pairs_per_size]
+#include "bench.h"
 #include "nofrag.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-static double now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 #define BATCH 1000
 

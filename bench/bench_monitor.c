@@ -5,22 +5,12 @@
 // alike. Per pool: median and p99 over batches of 1000 pairs, per pair.
 //
 //   ./build/bench_monitor [pairs_per_mode]
+#include "bench.h"
 #include "nofrag.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-static double now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
 
 #define BATCH 1000
 #define ROUNDS 16

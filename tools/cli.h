@@ -85,6 +85,9 @@ size_t nf_html_every(size_t n_ops);
 // recorded segments, sampled like the replay. Returns 0, or -1 out of memory.
 int nf_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t every, nf_html_series *out);
 void nf_html_series_free(nf_html_series *s);
+// A JSON string, escaped so that it is also safe inside HTML (tools/html.c).
+void nf_cli_json_str(FILE *f, const char *s);
+
 // ------------------------------------------------ hotspots (tools/hotspots.c)
 #define NF_HOT_TOP 10
 
@@ -111,6 +114,8 @@ void nf_hotspots_free(nf_hotspots *h);
 // Text lines (the top sites), and a JSON object with every site that has bytes.
 void nf_hotspots_print(const nf_hotspots *h, const nf_cli_sites *sites);
 void nf_hotspots_json(FILE *f, const nf_hotspots *h, const nf_cli_sites *sites);
+// The "top" array's elements ({site, func, bytes}), shared by --json and --html.
+void nf_hotspots_top_json(FILE *f, const nf_hotspots *h, const nf_cli_sites *sites);
 
 // Write the self-contained page (hot: n_hot hotspot tables, may be 0).
 // Returns 0, or -1 with errno set.

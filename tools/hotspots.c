@@ -146,34 +146,27 @@ void nf_hotspots_print(const nf_hotspots *h, const nf_cli_sites *sites) {
   }
 }
 
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 0x20) fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
+void nf_hotspots_top_json(FILE *f, const nf_hotspots *h, const nf_cli_sites *sites) {
+  for (size_t k = 0; k < h->n_top; k++) {
+    fputs(k ? ",{\"site\":" : "{\"site\":", f);
+    nf_cli_json_str(f, sites->site[h->top[k]]);
+    fputs(",\"func\":", f);
+    nf_cli_json_str(f, sites->func[h->top[k]]);
+    fprintf(f, ",\"bytes\":%" PRIu64 "}", h->by_site[h->top[k]]);
   }
-  fputc('"', f);
 }
 
 void nf_hotspots_json(FILE *f, const nf_hotspots *h, const nf_cli_sites *sites) {
   fprintf(f, "{\"peak_op\":%zu,\"reserved\":%" PRIu64 ",\"live\":%" PRIu64 ",\"unused\":%" PRIu64
           ",\"attributed\":%" PRIu64 ",\"top\":[", h->peak_op, h->reserved, h->live, h->unused, h->attributed);
-  for (size_t k = 0; k < h->n_top; k++) {
-    fputs(k ? ",{\"site\":" : "{\"site\":", f);
-    json_str(f, sites->site[h->top[k]]);
-    fputs(",\"func\":", f);
-    json_str(f, sites->func[h->top[k]]);
-    fprintf(f, ",\"bytes\":%" PRIu64 "}", h->by_site[h->top[k]]);
-  }
+  nf_hotspots_top_json(f, h, sites);
   // Every site with bytes, so that a reader can check the sum.
   fputs("],\"all\":{", f);
   const char *sep = "";
   for (size_t s = 0; s < h->n_sites; s++) {
     if (!h->by_site[s]) continue;
     fputs(sep, f);
-    json_str(f, sites->site[s]);
+    nf_cli_json_str(f, sites->site[s]);
     fprintf(f, ":%" PRIu64, h->by_site[s]);
     sep = ",";
   }

@@ -84,8 +84,9 @@ void nf_html_series_free(nf_html_series *s) {
   memset(s, 0, sizeof *s);
 }
 
-// A JSON string that is also safe inside <script> and HTML text.
-static void json_str(FILE *f, const char *s) {
+// A JSON string that is also safe inside <script> and HTML text: every JSON
+// string the CLI writes goes through here (--json, --html, hotspots).
+void nf_cli_json_str(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
@@ -167,24 +168,24 @@ int nf_html_write(const char *path, const char *trace, const nf_html_series *ser
   if (!f) return -1;
   fputs(page_head, f);
   fputs("const DATA={\"trace\":", f);
-  json_str(f, trace);
+  nf_cli_json_str(f, trace);
   fputs(",\"rows\":[", f);
   for (size_t i = 0; i < n_rows; i++) {
     const nf_html_row *r = &rows[i];
     fprintf(f, "%s{\"name\":", i ? "," : "");
-    json_str(f, r->name);
+    nf_cli_json_str(f, r->name);
     fprintf(f, ",\"peak_live\":%" PRIu64 ",\"peak_reserved\":%" PRIu64 ",\"min_capacity\":%" PRIu64
             ",\"seconds\":%.6f,\"status\":", r->peak_live, r->peak_reserved, r->min_capacity, r->seconds);
-    json_str(f, r->status);
+    nf_cli_json_str(f, r->status);
     fputc('}', f);
   }
   fputs("],\"series\":[", f);
   for (size_t i = 0; i < n_series; i++) {
     const nf_html_series *s = &series[i];
     fprintf(f, "%s{\"name\":", i ? "," : "");
-    json_str(f, s->name);
+    nf_cli_json_str(f, s->name);
     fputs(",\"reserved_label\":", f);
-    json_str(f, s->reserved_label);
+    nf_cli_json_str(f, s->reserved_label);
     fprintf(f, ",\"peak_reserved\":%" PRIu64 ",\"peak_x\":%" PRIu64 ",\"x\":", s->peak_reserved, s->peak_x);
     json_arr(f, s->x, s->n);
     fputs(",\"live\":", f);
@@ -198,13 +199,7 @@ int nf_html_write(const char *path, const char *trace, const nf_html_series *ser
     const nf_hotspots *h = &hot[i];
     fprintf(f, "%s{\"model\":\"%s\",\"reserved\":%" PRIu64 ",\"unused\":%" PRIu64 ",\"peak_op\":%zu,\"top\":[",
             i ? "," : "", nf__model_name(h->kind), h->reserved, h->unused, h->peak_op);
-    for (size_t k = 0; k < h->n_top; k++) {
-      fputs(k ? ",{\"site\":" : "{\"site\":", f);
-      json_str(f, sites->site[h->top[k]]);
-      fputs(",\"func\":", f);
-      json_str(f, sites->func[h->top[k]]);
-      fprintf(f, ",\"bytes\":%" PRIu64 "}", h->by_site[h->top[k]]);
-    }
+    nf_hotspots_top_json(f, h, sites);
     fputs("]}", f);
   }
   fputs("]};\n", f);

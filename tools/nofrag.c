@@ -88,17 +88,6 @@ static void human(char *buf, size_t n, uint64_t b) {
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
 
-static void json_str(const char *s) {
-  putchar('"');
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') printf("\\%c", c);
-    else if (c < 0x20) printf("\\u%04x", c);
-    else putchar(c);
-  }
-  putchar('"');
-}
-
 #define CALLS(X) X(va_reserve) X(va_release) X(create) X(release) X(map) X(unmap) X(set_access) \
   X(event_create) X(event_record) X(event_query) X(event_sync) X(stream_wait)
 
@@ -106,7 +95,7 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
                        const nf__replay_result *r, const nf__replay_bisect *b, int bisected, const char *end) {
   const nf_stats_t *s = &r->stats;
   printf("{\"trace\":");
-  json_str(cli->trace);
+  nf_cli_json_str(stdout, cli->trace);
   printf(",\"granule\":%" PRIu64 ",\"limit\":", r->granule);
   if (ro->cfg.limit) printf("%" PRIu64, r->limit); else printf("null");
   printf(",\"capacity\":%" PRIu64 ",\"events\":%zu,\"allocs\":%zu,\"frees\":%zu,\"free_requested\":%zu"
@@ -114,7 +103,7 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
          r->capacity, ops->n_events, ops->n_allocs, ops->n_frees, ops->n_free_requested, ops->n_segment_alloc,
          ops->n_segment_free, ops->n_streams, ops->n_ops, r->ops_done);
   printf(",\"status\":\"%s\",\"error\":", r->status == NF_OK ? "ok" : r->status == NF_ERR_OOM ? "oom" : "error");
-  if (r->error[0]) json_str(r->error); else printf("null");
+  if (r->error[0]) nf_cli_json_str(stdout, r->error); else printf("null");
   printf(",\"trace_peak_live\":%" PRIu64 ",\"peak_live\":%" PRIu64 ",\"peak_live_rounded\":%" PRIu64
          ",\"peak_mapped\":%" PRIu64 ",\"peak_physical\":%" PRIu64 ",\"peak_mapped_ratio\":%.6f"
          ",\"peak_physical_ratio\":%.6f,\"native_peak_reserved\":%" PRIu64 ",\"native_peak_ratio\":%.6f",
@@ -158,7 +147,7 @@ static void print_model_json(const nf__trace_ops *ops, const nf__model_result *r
   printf("{\"allocator\":\"%s\",\"limit\":", nf__model_name(r->kind));
   if (r->limit) printf("%" PRIu64, r->limit); else printf("null");
   printf(",\"status\":\"%s\",\"error\":", r->status == NF_OK ? "ok" : r->status == NF_ERR_OOM ? "oom" : "error");
-  if (r->error[0]) json_str(r->error); else printf("null");
+  if (r->error[0]) nf_cli_json_str(stdout, r->error); else printf("null");
   printf(",\"ops_done\":%zu,\"peak_live\":%" PRIu64 ",\"peak_allocated\":%" PRIu64 ",\"peak_reserved\":%" PRIu64
          ",\"peak_reserved_ratio\":%.6f,\"native_peak_reserved\":%" PRIu64 ",\"device_allocs\":%" PRIu64
          ",\"device_frees\":%" PRIu64 ",\"alloc_retries\":%" PRIu64 ",\"ooms\":%" PRIu64 ",\"segments_peak\":%zu"
@@ -338,7 +327,7 @@ static int cmd_replay(int argc, char **argv) {
   if (!r || !b || !mr || !mb) { fprintf(stderr, "nofrag: out of memory\n"); rc = 2; goto out; }
   if (cli.json && all) {
     printf("{\"trace\":");
-    json_str(cli.trace);
+    nf_cli_json_str(stdout, cli.trace);
     printf(",\"nofrag\":");
   }
   if (cli.run_nofrag) {

@@ -57,7 +57,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+from common import GiB, ROOT, base_env, deterministic, gib  # noqa: E402
 ALLOCS = ("native", "expandable", "nofrag")
 MODELS = {  # batch per rank, seq range, default steps, launch timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150, wrap="ddp"),
@@ -65,26 +66,15 @@ MODELS = {  # batch per rank, seq range, default steps, launch timeout s
 }
 WARMUP = 3
 SEED = 1234
-GiB = 1 << 30
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 CHECK_ELEMS = 4 << 20  # elements per rank in the NCCL checks (16 MiB fp32 / 32 MiB int64)
 
 
 def launch_env(alloc):
-    env = dict(os.environ)
+    env = base_env(alloc)
     env.update(NO_MULTICAST)
-    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    env["PYTHONHASHSEED"] = "0"
-    env["TOKENIZERS_PARALLELISM"] = "false"
-    env["TRANSFORMERS_VERBOSITY"] = "error"
     env.setdefault("OMP_NUM_THREADS", "4")
     env.setdefault("NCCL_DEBUG", "WARN")
-    env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("NOFRAG_LIB", os.path.join(ROOT, "build", "libnofrag.so"))
-    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "NOFRAG_CONF"):
-        env.pop(k, None)
-    if alloc == "expandable":
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     return env
 
 
@@ -172,17 +162,7 @@ def run_worker(a, rec):
     import torch.distributed as dist
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
-    torch.manual_seed(SEED)
-    torch.cuda.manual_seed_all(SEED)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.backends.cuda.enable_flash_sdp(False)
-    torch.backends.cuda.enable_mem_efficient_sdp(False)
-    torch.backends.cuda.enable_math_sdp(True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    deterministic(torch, SEED)
     res["torch"] = torch.__version__
     res["env"] = {k: os.environ.get(k) for k in list(NO_MULTICAST) + ["CUBLAS_WORKSPACE_CONFIG",
                                                                        "PYTORCH_CUDA_ALLOC_CONF"]}
@@ -524,10 +504,6 @@ class Runner:
 
 # ================================================================ report
 
-def _g(x):
-    return f"{x / GiB:.3f}" if isinstance(x, (int, float)) and x else ""
-
-
 def markdown(R):
     runs = R["runs"]
     native = {r.get("model"): r for r in runs if r.get("alloc") == "native" and r.get("status") == "ok"}
@@ -573,8 +549,8 @@ def markdown(R):
                 nccl = "pre only: " + ("yes" if d["nccl_check_pre"].get("ok") else "NO")
             ratio = f"{rsv / live:.4f}" if live else ""
             step = f"{d['median_step_s']:.4f}" if d.get("median_step_s") else ""
-            lines.append(f"| {m} | {al} | {r.get('status')} | {rk} | {d.get('status', '')} | {_g(live)} | "
-                         f"{_g(rsv)} | {ratio} | {mcs} | {step} | {speed} | {same} | {nccl} |")
+            lines.append(f"| {m} | {al} | {r.get('status')} | {rk} | {d.get('status', '')} | {gib(live)} | "
+                         f"{gib(rsv)} | {ratio} | {mcs} | {step} | {speed} | {same} | {nccl} |")
     for model, per in (R.get("bisect") or {}).items():
         lines += ["", f"## Min capacity bisection: {model} (same cap on every rank)", "",
                   "| allocator | live (max over ranks, first k steps) GiB | min feasible cap GiB | infeasible at GiB "
@@ -583,7 +559,7 @@ def markdown(R):
             if "live" not in b:
                 lines.append(f"| {al} | {b.get('status')} | | | | | |")
                 continue
-            lines.append(f"| {al} | {_g(b['live'])} | {_g(b['min_cap'])} | {_g(b.get('infeasible_below'))} "
+            lines.append(f"| {al} | {gib(b['live'])} | {gib(b['min_cap'])} | {gib(b.get('infeasible_below'))} "
                          f"| {b['min_cap_over_live']:.4f} | {len(b.get('probes', []))} | {b.get('note', '')} |")
     failed = [r for r in runs if r.get("status") != "ok" and r.get("log_tail")]
     for r in failed:

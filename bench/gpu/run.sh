@@ -35,35 +35,9 @@ for m in ("torch", "transformers", "torchvision"):
 EOF
 
 # ------------------------------------------------------------------ build
-# CMake first (tests off: cmocka may be absent here). If CMake or zlib is
-# missing, compile the sources directly and leave out files that do not
-# compile (the trace reader needs zlib; the allocator and the plug-in do not).
 say "build"
-BUILD_OK=0
-if command -v cmake >/dev/null 2>&1 &&
-   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DNF_TESTS=OFF >"$OUT/build.log" 2>&1 &&
-   cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1 &&
-   [ -f build/libnofrag.so ] && [ -f build/libnofrag.a ]; then
-  BUILD_OK=1; LIBS="-lpthread -lz -ldl -lm"
-else
-  echo "cmake build failed or unavailable (tail of build.log below); compiling directly"
-  tail -20 "$OUT/build.log" 2>/dev/null
-  mkdir -p build/direct && rm -f build/direct/*.o
-  for f in src/*.c src/backend/*.c; do
-    o=build/direct/$(echo "$f" | tr / _).o
-    gcc -std=c11 -O2 -g -D_GNU_SOURCE -fPIC -fvisibility=hidden -Iinclude -Isrc -c "$f" -o "$o" \
-      >>"$OUT/build.log" 2>&1 || { echo "  skipped $f (does not compile here)"; rm -f "$o"; }
-  done
-  LIBS="-lpthread -ldl -lm"
-  if gcc -shared -o build/libnofrag.so build/direct/*.o $LIBS -lz >>"$OUT/build.log" 2>&1; then
-    LIBS="$LIBS -lz"
-  else
-    gcc -shared -o build/libnofrag.so build/direct/*.o $LIBS >>"$OUT/build.log" 2>&1
-  fi
-  rm -f build/libnofrag.a && ar rcs build/libnofrag.a build/direct/*.o
-  [ -f build/libnofrag.so ] && BUILD_OK=1
-fi
-if [ "$BUILD_OK" != 1 ]; then
+. bench/gpu/build.sh
+if ! nf_build_lib; then
   echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1
 fi
 export NOFRAG_LIB="$ROOT/build/libnofrag.so"

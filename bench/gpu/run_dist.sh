@@ -64,22 +64,8 @@ LIB=build/libnofrag.so
 if [ -f "$LIB" ] && [ -z "$(find src include -newer "$LIB" -name '*.[ch]' 2>/dev/null | head -1)" ]; then
   echo "re-using $LIB (newer than src/ and include/)"
 else
-  if command -v cmake >/dev/null 2>&1 &&
-     cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DNF_TESTS=OFF >"$OUT/build.log" 2>&1 &&
-     cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1 && [ -f "$LIB" ]; then
-    echo "cmake build ok"
-  else
-    echo "cmake build failed or unavailable (tail of build.log below); compiling directly"
-    tail -20 "$OUT/build.log" 2>/dev/null
-    mkdir -p build/direct && rm -f build/direct/*.o
-    for f in src/*.c src/backend/*.c; do
-      o=build/direct/$(echo "$f" | tr / _).o
-      gcc -std=c11 -O2 -g -D_GNU_SOURCE -fPIC -fvisibility=hidden -Iinclude -Isrc -c "$f" -o "$o" \
-        >>"$OUT/build.log" 2>&1 || { echo "  skipped $f (does not compile here)"; rm -f "$o"; }
-    done
-    gcc -shared -o "$LIB" build/direct/*.o -lpthread -ldl -lm -lz >>"$OUT/build.log" 2>&1 ||
-      gcc -shared -o "$LIB" build/direct/*.o -lpthread -ldl -lm >>"$OUT/build.log" 2>&1
-  fi
+  . bench/gpu/build.sh
+  nf_build_lib
 fi
 if [ ! -f "$LIB" ]; then
   echo "BUILD FAILED"; tail -40 "$OUT/build.log"

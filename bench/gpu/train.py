@@ -39,8 +39,10 @@ import subprocess
 import sys
 import time
 
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+from common import GiB, ROOT, base_env, deterministic, gib  # noqa: E402
 ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight")  # nofrag-tight: config tight:1
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150),
@@ -49,24 +51,12 @@ MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout 
 }
 WARMUP = 3
 SEED = 1234
-GiB = 1 << 30
 
 
 # ====================================================================== worker
 
 def worker_env(alloc):
-    env = dict(os.environ)
-    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    env["PYTHONHASHSEED"] = "0"
-    env["TOKENIZERS_PARALLELISM"] = "false"
-    env["TRANSFORMERS_VERBOSITY"] = "error"
-    env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("NOFRAG_LIB", os.path.join(ROOT, "build", "libnofrag.so"))
-    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "NOFRAG_CONF"):
-        env.pop(k, None)
-    if alloc == "expandable":
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    return env
+    return base_env(alloc)
 
 
 def seq_lengths(model, steps):
@@ -118,20 +108,7 @@ def run_worker(a):
             conf["tight"] = "1"
         res["nofrag_install"] = nft.enable(**conf)
     import torch
-    torch.manual_seed(SEED)
-    torch.cuda.manual_seed_all(SEED)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    # cuDNN and flash attention backward use atomics (non-deterministic even
-    # under use_deterministic_algorithms with warn_only): the math kernel is
-    # the one that makes losses comparable bit for bit across allocators.
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.backends.cuda.enable_flash_sdp(False)
-    torch.backends.cuda.enable_mem_efficient_sdp(False)
-    torch.backends.cuda.enable_math_sdp(True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    deterministic(torch, SEED)
     res["torch"] = torch.__version__
     total = torch.cuda.mem_get_info()[1]
     res["device_total"] = total
@@ -403,10 +380,6 @@ class Runner:
 
 # ================================================================ report
 
-def _g(x):
-    return f"{x / GiB:.3f}" if isinstance(x, (int, float)) and x else ""
-
-
 def markdown(R):
     runs = R["runs"]
     native = {r.get("model"): r for r in runs if r.get("alloc") == "native" and r.get("status") == "ok"}
@@ -435,7 +408,7 @@ def markdown(R):
         cps = r.get("calls_per_steady_step")
         ratio = f"{rsv / live:.4f}" if live else ""
         step = f"{r['median_step_s']:.4f}" if r.get("median_step_s") else ""
-        lines.append(f"| {m} | {al} | {r.get('status')} | {_g(live)} | {_g(rsv)} | {_g(r.get('peak_mapped'))} | "
+        lines.append(f"| {m} | {al} | {r.get('status')} | {gib(live)} | {gib(rsv)} | {gib(r.get('peak_mapped'))} | "
                      f"{ratio} | {mcs} | {step} | {speed} | {'' if cps is None else f'{cps:.2f}'} | {same} |")
     for model, per in (R.get("bisect") or {}).items():
         lines += ["", f"## Min capacity bisection: {model}", "",
@@ -445,7 +418,7 @@ def markdown(R):
             pr = b.get("probes", [])
             at = next((p.get("median_step_s") for p in pr if p["cap"] == b.get("min_cap") and p["status"] == "ok"),
                       None)
-            lines.append(f"| {al} | {_g(b.get('live'))} | {_g(b.get('min_cap'))} | {_g(b.get('infeasible_below'))} "
+            lines.append(f"| {al} | {gib(b.get('live'))} | {gib(b.get('min_cap'))} | {gib(b.get('infeasible_below'))} "
                          f"| {b.get('min_cap_over_live', 0):.4f} | {len(pr)} | {at or ''} |"
                          if "live" in b else f"| {al} | {b.get('status')} | | | | | |")
     lim = R.get("limits")
