@@ -331,8 +331,11 @@ class Runner:
             lo = live
             probes = []
             tol = max(self.a.tol * live, 4 << 20)
+            # The first probe sits at the target (--first-probe x live): one
+            # probe then proves or refutes it; bisection goes on from there.
+            first = int(live * self.a.first_probe) if self.a.first_probe else 0
             while hi - lo > tol and len(probes) < self.a.probes:
-                cap = (lo + hi) // 2
+                cap = first if (not probes and lo < first < hi) else (lo + hi) // 2
                 r = self.run(model, alloc, k, cap=cap, timeout=MODELS[model]["timeout"])
                 st = r.get("status", "")
                 if st.startswith("skipped"):
@@ -446,6 +449,8 @@ def main():
     p.add_argument("--bisect-allocs", default="native,expandable,nofrag", help="allocators to bisect")
     p.add_argument("--probes", type=int, default=6, help="max probes per allocator")
     p.add_argument("--probe-steps", type=int, default=10)
+    p.add_argument("--first-probe", type=float, default=1.003,
+                   help="first cap probed, as a multiple of live (0: plain bisection)")
     p.add_argument("--tol", type=float, default=0.002, help="bisection tolerance, fraction of live")
     p.add_argument("--no-limits", action="store_true")
     p.add_argument("--dry-run", action="store_true")
