@@ -92,6 +92,13 @@ typedef struct nf_config_s {
                               //!< the pool is recorded to this file in RMM's logging_resource_adaptor
                               //!< CSV format (replay with `nofrag replay FILE`). Stored in the struct
                               //!< (NUL-terminated, zero-filled) so that configs copy by value.
+  int spill;                  //!< 1 (`spill:host`): when device granules run out and stitching cannot
+                              //!< help, back the rest of a request with host-memory granules (same
+                              //!< address, slower) instead of failing; 0 (`spill:off`, default)
+  uint64_t spill_limit;       //!< most host bytes spill and nf_offload may hold; 0 = the host tier's
+                              //!< capacity as the backend reports it (MemTotal on CUDA)
+  char offload_dir[NF_TRACE_PATH_MAX]; //!< directory for nf_offload(..., NF_TIER_DISK) files;
+                              //!< "" = $TMPDIR, else /tmp. The file is unlinked at creation.
 } nf_config_t;
 
 #define NF_BACKEND_HOST 0
@@ -101,7 +108,7 @@ typedef struct nf_config_s {
 //! release_threshold "auto" (= limit/4; UINT64_MAX-1 in the struct, "never" =
 //! UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
 //! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, release_after 4096, tight 0,
-//! trace "" (off), trace_max 256 MiB.
+//! trace "" (off), trace_max 256 MiB, spill off, spill_limit 0 (= host capacity), offload_dir "" ($TMPDIR).
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
 
 //! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB
@@ -200,6 +207,7 @@ NF_API void nf_pool_config(nf_pool_t *pool, nf_config_t *cfg);
 typedef struct nf_calls_s {
   uint64_t va_reserve, va_release, create, release, map, unmap, set_access;
   uint64_t event_create, event_record, event_query, event_sync, stream_wait;
+  uint64_t copy; //!< copies enqueued by nf_offload / nf_prefetch
 } nf_calls_t;
 
 //! Pool statistics. Bytes unless noted. `cached` = mapped bytes not holding
@@ -221,7 +229,55 @@ typedef struct nf_stats_s {
   nf_calls_t calls;                         //!< backend calls made by this pool
   uint64_t backend_calls;                   //!< sum of calls
   double fragmentation;
+  // Host tier (spill and offload). `mapped` above counts granules of both
+  // tiers; `physical` counts device granules only.
+  uint64_t spilled, spilled_peak;           //!< host granules x G mapped by spill (not offloaded blocks)
+  uint64_t offloaded;                       //!< host granules x G holding nf_offload'ed blocks
+  uint64_t offloaded_disk;                  //!< bytes of blocks offloaded to disk
+  uint64_t host_physical, host_physical_peak; //!< host granules created x G
+  uint64_t spills;                          //!< allocations that took host granules
+  uint64_t offloads, prefetches;            //!< completed nf_offload / nf_prefetch calls that moved data
 } nf_stats_t;
+
+// ---------------------------------------------------------------- offload
+
+//! Move a live block's memory to `tier` (NF_TIER_HOST or NF_TIER_DISK) at the
+//! same address, freeing its device granules. `ptr` is the block's start.
+//! Only granules that lie wholly inside the block move; the (at most two)
+//! edge granules it shares with neighbours stay on the device, so a block
+//! smaller than a granule does not move at all (NF_OK).
+//!
+//! Rules (the caller's side of the contract):
+//! - The copy is ordered on `stream` after the work already queued there (and
+//!   after work queued on the block's allocation and record_stream streams).
+//! - From nf_offload until nf_prefetch returns, the block must not be read or
+//!   written by any stream. Host tier: the device granules go back to the
+//!   pool once the copy completes (noticed at later pool calls;
+//!   nf_offload_wait forces it). Disk tier: synchronous (the host waits for
+//!   the copy, writes the file, unmaps); touching the block before
+//!   nf_prefetch is an illegal-address fault (CUDA) or SIGSEGV (host backend).
+//! - nf_free of an offloaded block is allowed and releases everything.
+//! Offloading an already offloaded block to the same tier is a no-op; to
+//! another tier, NF_ERR_INVALID. Not enough host memory (spill_limit) or a
+//! failing backend: an error, and the block stays where it was, intact.
+NF_API nf_status_t nf_offload(nf_pool_t *pool, void *ptr, nf_stream_t stream, nf_tier_t tier);
+
+//! Bring an offloaded block back to device memory at the same address; the
+//! copy is ordered on `stream`: work queued on `stream` afterwards sees the
+//! contents, other streams must wait on `stream` first. Device memory is
+//! found as for nf_alloc (stitching; spill is not used). NF_ERR_OOM leaves the
+//! block offloaded and intact. A block that is not offloaded: NF_OK, no-op.
+NF_API nf_status_t nf_prefetch(nf_pool_t *pool, void *ptr, nf_stream_t stream);
+
+//! Wait for every copy that nf_offload / nf_prefetch enqueued and finish the
+//! remapping they wait for (device granules of offloaded blocks return to the
+//! pool). Blocks the host.
+NF_API nf_status_t nf_offload_wait(nf_pool_t *pool);
+
+//! Where a live block's bytes are: bytes[NF_TIER_DEVICE], bytes[NF_TIER_HOST],
+//! bytes[NF_TIER_DISK] (edge granules shared with neighbours count as device;
+//! spilled granules as host). NF_ERR_INVALID if `ptr` is not a live block.
+NF_API nf_status_t nf_block_tiers(nf_pool_t *pool, const void *ptr, uint64_t bytes[3]);
 
 //! Fill `st` (includes a walk for largest_free_mapped / live_granules).
 NF_API void nf_stats_get(nf_pool_t *pool, nf_stats_t *st);

@@ -443,7 +443,9 @@ NF_API size_t nf_stats_offset(const char *field) {
       F(reclaims), F(reclaimed_granules), F(cross_stream_reuses), F(calls), F(calls.va_reserve),
       F(calls.va_release), F(calls.create), F(calls.release), F(calls.map), F(calls.unmap),
       F(calls.set_access), F(calls.event_create), F(calls.event_record), F(calls.event_query),
-      F(calls.event_sync), F(calls.stream_wait), F(backend_calls), F(fragmentation),
+      F(calls.event_sync), F(calls.stream_wait), F(calls.copy), F(backend_calls), F(fragmentation),
+      F(spilled), F(spilled_peak), F(offloaded), F(offloaded_disk), F(host_physical), F(host_physical_peak),
+      F(spills), F(offloads), F(prefetches),
 #undef F
   };
   if (!field) return (size_t)-1;
