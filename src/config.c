@@ -32,7 +32,7 @@
 
 static const char VALID_KEYS[] =
     "limit, reserve, release_threshold, retain, granule, small_max, va_chunk, "
-    "device, backend, host_capacity, release_after, tight, trace, trace_max";
+    "device, backend, host_capacity, release_after, tight, trace, trace_max, spill, spill_limit, offload_dir";
 
 nf_status_t nf_config_default(nf_config_t *cfg) {
   if (!cfg) return NF_ERR_INVALID;
@@ -241,6 +241,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
       {"va_chunk", offsetof(nf_config_t, va_chunk)},
       {"host_capacity", offsetof(nf_config_t, host_capacity)},
       {"trace_max", offsetof(nf_config_t, trace_max)},
+      {"spill_limit", offsetof(nf_config_t, spill_limit)},
   };
   for (size_t i = 0; i < sizeof SIZE_KEYS / sizeof SIZE_KEYS[0]; i++) {
     if (!tok_eq(k, SIZE_KEYS[i].key)) continue;
@@ -283,19 +284,32 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
     c->release_after = (uint64_t)n;
     return NF_OK;
   }
-  if (tok_eq(k, "trace")) {
+  if (tok_eq(k, "trace") || tok_eq(k, "offload_dir")) {
     // The rest of the item, trimmed, is the path (the config is split at
     // commas, so a path cannot hold one). Stored zero-filled in the struct:
     // configs copy by value, and the parse works on a copy, so a failed parse
     // still leaves cfg unchanged.
-    if (v.n >= sizeof c->trace) {
+    char *dst = tok_eq(k, "trace") ? c->trace : c->offload_dir;
+    if (v.n >= NF_TRACE_PATH_MAX) {
       char q[QUOTE_MAX + 4];
       quote(q, v);
-      return fail(err, errlen, "trace: path '%s' is %zu bytes, longer than the maximum of %d", q, v.n,
-                  NF_TRACE_PATH_MAX - 1);
+      return fail(err, errlen, "%s: path '%s' is %zu bytes, longer than the maximum of %d",
+                  tok_eq(k, "trace") ? "trace" : "offload_dir", q, v.n, NF_TRACE_PATH_MAX - 1);
     }
-    memset(c->trace, 0, sizeof c->trace);
-    memcpy(c->trace, v.p, v.n);
+    memset(dst, 0, NF_TRACE_PATH_MAX);
+    memcpy(dst, v.p, v.n);
+    return NF_OK;
+  }
+  if (tok_eq(k, "spill")) {
+    if (tok_ieq(v, "host") || tok_ieq(v, "1")) {
+      c->spill = 1;
+    } else if (tok_ieq(v, "off") || tok_ieq(v, "0") || tok_ieq(v, "none")) {
+      c->spill = 0;
+    } else {
+      char q[QUOTE_MAX + 4];
+      quote(q, v);
+      return fail(err, errlen, "spill: unknown value '%s' (use host or off)", q);
+    }
     return NF_OK;
   }
   if (tok_eq(k, "backend")) {
@@ -380,9 +394,11 @@ int nf_config_format(const nf_config_t *cfg, char *buf, size_t len) {
                   "limit:%" PRIu64 ",reserve:%" PRIu64 ",release_threshold:%s,retain:%" PRIu64
                   ",granule:%" PRIu64 ",small_max:%" PRIu64 ",va_chunk:%" PRIu64
                   ",device:%d,backend:%s,host_capacity:%" PRIu64 ",release_after:%" PRIu64 ",tight:%d"
-                  ",trace_max:%" PRIu64 "%s%.*s",
+                  ",trace_max:%" PRIu64 ",spill:%s,spill_limit:%" PRIu64 "%s%.*s%s%.*s",
                   cfg->limit, cfg->reserve, rt, cfg->retain, cfg->granule, cfg->small_max,
                   cfg->va_chunk, cfg->device, be, cfg->host_capacity, cfg->release_after, cfg->tight,
-                  cfg->trace_max, cfg->trace[0] ? ",trace:" : "", (int)strnlen(cfg->trace, sizeof cfg->trace - 1),
-                  cfg->trace);
+                  cfg->trace_max, cfg->spill ? "host" : "off", cfg->spill_limit,
+                  cfg->trace[0] ? ",trace:" : "", (int)strnlen(cfg->trace, sizeof cfg->trace - 1), cfg->trace,
+                  cfg->offload_dir[0] ? ",offload_dir:" : "",
+                  (int)strnlen(cfg->offload_dir, sizeof cfg->offload_dir - 1), cfg->offload_dir);
 }

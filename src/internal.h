@@ -61,6 +61,7 @@ struct nf_block_s {
   uint16_t stream;           // live: allocation stream
   uint8_t state;
   uint8_t arena;
+  uint8_t where;             // live: NF_TIER_* its owned granules were nf_offload'ed to (0: device)
 };
 
 // A reserved virtual address range, with per-granule mapping state.
@@ -145,6 +146,23 @@ struct nf_pool_s {
   uint64_t above_since;   // tick since which cached memory exceeds release_threshold (0: not)
   uint64_t release_floor; // cached level at which the last release attempt stopped
 
+  // Host tier (spill and offload, offload.c): host granules have their own
+  // free list; gran_created / gran_free* above count device granules only,
+  // gran_mapped counts chunk-mapped granules of both tiers.
+  int32_t host_free;
+  uint64_t host_free_count, host_created, max_host_granules;
+  uint64_t host_mapped;     // chunk-mapped host granules
+  uint64_t offl_granules;   // ... of which under offloaded live blocks (the rest: spill)
+  uint64_t disk_granules;   // owned granules of disk-offloaded blocks (unmapped, still live)
+  uint64_t disk_bytes;
+  bool spill_warned;
+  bool host_sweep;          // spilled granules may lie in free ranges: unmap them when retired
+  uint64_t sweep_tick;
+  struct nf_xfer_s *xfers;  // copies in flight (offload.c)
+  struct nf_offl_s *offl;   // offloaded blocks
+  int disk_fd;              // -1 until the first disk offload
+  uint64_t disk_end;        // next free offset of the disk file
+
   nf_stats_t st; // counters and peaks (computed fields filled by nf_stats_get)
 
   // OOM report (snapshot.c): a burst is OOMs less than a second apart; only
@@ -196,15 +214,26 @@ void nf__release_block(nf_pool_t *p, nf_block_t *b);
 nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size);
 void nf__chunks_destroy(nf_pool_t *p);
 nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b);
+nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t size, bool spill);
+nf_status_t nf__gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, uint64_t g0, uint64_t g1);
+void nf__gran_push_free(nf_pool_t *p, uint32_t i);
+uint32_t nf__gran_pop(nf_pool_t *p, nf_tier_t tier);
+nf_status_t nf__host_granules_create(nf_pool_t *p, uint64_t n);
+void nf__host_granules_release(nf_pool_t *p, uint64_t keep);
+nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1);
+nf_status_t nf__set_ready(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1);
+void nf__host_sweep(nf_pool_t *p);
+static inline bool nf__bit(const uint64_t *bm, uint64_t i) { return bm[i >> 6] >> (i & 63) & 1; }
+#define NF_READY(c) ((c)->mapped + (((c)->ngran + 63) >> 6))
 bool nf__range_mapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
 uint64_t nf__range_unmapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
 uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *keep_c,
-                          uint64_t keep_g0, uint64_t keep_g1, nf_status_t *st);
+                          uint64_t keep_g0, uint64_t keep_g1, int tier, nf_status_t *st);
 nf_status_t nf__granules_create(nf_pool_t *p, uint64_t n);
 nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep);
 void nf__maybe_release(nf_pool_t *p);
 static inline uint64_t nf__cached(const nf_pool_t *p) {
-  uint64_t m = p->gran_mapped << p->gshift;
+  uint64_t m = (p->gran_mapped + p->disk_granules) << p->gshift;
   return m > p->st.live_rounded ? m - p->st.live_rounded : 0;
 }
 
@@ -215,6 +244,8 @@ nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s);
 bool nf__block_retired(const nf_pool_t *p, const nf_block_t *b);
 nf_status_t nf__streams_sync(nf_pool_t *p);
 nf_status_t nf__streams_poll(nf_pool_t *p);
+nf_status_t nf__stream_record(nf_pool_t *p, uint32_t x);
+nf_status_t nf__stream_done(nf_pool_t *p, uint32_t x, uint64_t tick, bool blocking, bool *done);
 nf_status_t nf__pending_add(nf_pool_t *p, nf_block_t *b);
 nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking);
 void nf__streams_destroy(nf_pool_t *p);
@@ -230,6 +261,25 @@ uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules);
 // of a burst, NOFRAG_QUIET_OOM unset).
 bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large);
 void nf__oom_print(void);
+
+// ------------------------------------------------------------------ offload
+// offload.c: same-address moves of live blocks between tiers, and the copies
+// in flight. nf__xfer_poll finishes the copies that completed (blocking: all).
+nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking);
+// Called by nf_free for a block with `where` set or an offload in flight:
+// settles the offload so that the block can be freed like any other (a copy
+// still in flight becomes a record_stream stream of the block).
+uint64_t nf__offload_busy(nf_pool_t *p, const nf_block_t *b); // stream mask of its copy in flight
+void nf__offload_forget(nf_pool_t *p, nf_block_t *b);
+void nf__offload_destroy(nf_pool_t *p);
+uint64_t nf__xfer_staged(const nf_pool_t *p); // host granules mapped at staging ranges
+// Owned granules of a block: those wholly inside it, [*g0, *g1) of its chunk.
+static inline bool nf__owned(const nf_pool_t *p, const nf_block_t *b, uint64_t *g0, uint64_t *g1) {
+  uint64_t a = b->addr - b->chunk->base;
+  *g0 = (a + p->granule - 1) >> p->gshift;
+  *g1 = (a + b->size) >> p->gshift;
+  return *g1 > *g0;
+}
 
 // ------------------------------------------------------------------ record
 // record.c: `trace:PATH` writes every successful nf_alloc and every nf_free to
@@ -253,7 +303,7 @@ enum {
   NF_MON_LIVE, NF_MON_LIVE_PEAK, NF_MON_ALLOCS, NF_MON_FREES, // fast path: every alloc/free
   NF_MON_MAPPED, NF_MON_PHYSICAL, NF_MON_LIMIT, NF_MON_GRANULE,
   NF_MON_LARGEST_FREE, // may be stale: walked on slow paths at most every 100 ms
-  NF_MON_SPILLED,      // 0 until the spill feature
+  NF_MON_SPILLED,      // host granules mapped by spill x G
   NF_MON_OOMS, NF_MON_RECLAIMS, NF_MON_BACKEND_CALLS,
   NF_MON_NFIELDS
 };

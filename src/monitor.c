@@ -142,7 +142,7 @@ void nf__mon_full(nf_pool_t *p) {
   } else {
     v[NF_MON_LARGEST_FREE] = atomic_load_explicit(&m->v[NF_MON_LARGEST_FREE], memory_order_relaxed);
   }
-  v[NF_MON_SPILLED] = 0;
+  v[NF_MON_SPILLED] = (p->host_mapped - p->offl_granules) << p->gshift;
   v[NF_MON_OOMS] = p->st.ooms;
   v[NF_MON_RECLAIMS] = p->st.reclaims;
   const nf_calls_t *c = &p->st.calls;

@@ -65,6 +65,7 @@ void nf__lock_slow(nf_lock_t *l) {
 static void pool_free(nf_pool_t *p) {
   nf__rec_close(p);
   nf__mon_close(p);
+  nf__offload_destroy(p); // waits for copies in flight
   nf__streams_destroy(p);
   nf__chunks_destroy(p);
   nf__blocks_destroy(p);
@@ -110,7 +111,18 @@ nf_status_t nf_pool_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t 
   }
   p->cfg.va_chunk = (p->cfg.va_chunk + g - 1) & ~(g - 1);
   p->cfg.small_max = (p->cfg.small_max + NF_ALIGN - 1) & ~(NF_ALIGN - 1);
-  p->gran_free = p->gran_unused = -1;
+  p->gran_free = p->gran_unused = p->host_free = -1;
+  p->disk_fd = -1;
+  // Host tier for spill and offload: spill_limit, else what the backend says
+  // the host has. A backend without a host tier can still serve the device.
+  uint64_t htotal = 0;
+  if (be->ops->capacity(be, NF_TIER_HOST, &htotal, NULL) != NF_OK) htotal = 0;
+  p->max_host_granules = (cfg->spill_limit ? cfg->spill_limit : htotal) >> p->gshift;
+  if (cfg->spill && !p->max_host_granules) {
+    free(p);
+    return nf__error(NF_ERR_CONFIG, "nofrag: spill:host needs host memory, but %s",
+                     htotal ? "spill_limit is below one granule" : "the backend has no host tier");
+  }
   if (!p->max_granules) {
     free(p);
     return nf__error(NF_ERR_CONFIG, "nofrag: limit %llu B is below one granule (%llu B)",
@@ -210,7 +222,8 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
 void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   if (NF_UNLIKELY(!p)) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc: NULL pool"); return NULL; }
   if (NF_UNLIKELY(!size)) { ok(); return NULL; }
-  if (NF_UNLIKELY((uint64_t)size > p->cfg.limit)) {
+  uint64_t most = p->cfg.limit + (p->cfg.spill ? p->max_host_granules << p->gshift : 0);
+  if (NF_UNLIKELY((uint64_t)size > most)) {
     char req[32], lim[32];
     nf__fmt_bytes(req, sizeof req, size);
     nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);
@@ -220,8 +233,8 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
     nf__mon_full(p);
     nf__unlock(&p->lock);
     if (print) nf__oom_print();
-    nf__error(NF_ERR_OOM, "nofrag: out of memory: tried to allocate %s (%llu B), more than the whole limit %s",
-              req, (unsigned long long)size, lim);
+    nf__error(NF_ERR_OOM, "nofrag: out of memory: tried to allocate %s (%llu B), more than the whole limit %s%s",
+              req, (unsigned long long)size, lim, p->cfg.spill ? " plus spill_limit" : "");
     return NULL;
   }
   uint64_t rsize = ((uint64_t)size + NF_ALIGN - 1) & ~(NF_ALIGN - 1);
@@ -230,6 +243,9 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   uint32_t s;
   nf_status_t st = nf__stream_index(p, stream, &s);
   if (NF_UNLIKELY(st != NF_OK)) goto fail;
+  // Spilled granules left in free ranges go before placement looks: new
+  // blocks belong on the device.
+  if (NF_UNLIKELY(p->host_sweep) && p->tick != p->sweep_tick) nf__host_sweep(p);
   uint64_t off;
   bool mapped;
   nf_block_t *b = nf__place(p, arena, rsize, s, &off, &mapped);
@@ -300,6 +316,15 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
     nf__unlock(&p->lock);
     return st;
   }
+  if (NF_UNLIKELY(b->where)) b->extra |= nf__offload_busy(p, b);
+  // Spilled granules this free leaves in a free range are unmapped soon
+  // (nf__host_sweep), so that the next blocks land on the device.
+  if (NF_UNLIKELY(p->host_mapped > p->offl_granules) && !p->host_sweep) {
+    uint64_t g0 = (b->addr - b->chunk->base) >> p->gshift;
+    uint64_t g1 = (b->addr + b->size - b->chunk->base + p->granule - 1) >> p->gshift;
+    for (uint64_t g = g0; g < g1 && !p->host_sweep; g++)
+      p->host_sweep = nf__bit(b->chunk->mapped, g) && p->gran[b->chunk->phys[g]].tier == NF_TIER_HOST;
+  }
   b->tick = ++p->tick;
   b->smask = 1ull << b->stream;
   p->streams[b->stream].last_free = b->tick;
@@ -309,6 +334,7 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   } else {
     b->state = NF_BLK_FREE;
   }
+  if (NF_UNLIKELY(b->where)) nf__offload_forget(p, b); // cannot fail: after the last fallible step
   if (NF_UNLIKELY(p->rec)) nf__rec_row(p, false, b->addr, b->req, p->streams[b->stream].handle);
   nf__map_remove(p, b->addr);
   p->st.live -= b->req;
@@ -328,6 +354,8 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   } else {
     p->above_since = 0;
   }
+  if (NF_UNLIKELY(p->host_sweep) && p->tick - p->sweep_tick >= 16) nf__host_sweep(p);
+  if (NF_UNLIKELY(p->xfers) && !(p->tick & 15)) nf__xfer_poll(p, false);
   nf__mon_fast(p, false);
   nf__unlock(&p->lock);
   return NF_OK;
@@ -359,9 +387,12 @@ size_t nf_block_size(nf_pool_t *p, const void *ptr) {
 nf_status_t nf_trim(nf_pool_t *p) {
   if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_trim: NULL pool");
   nf__lock(&p->lock);
-  nf_status_t st = nf__pending_poll(p, true);
-  if (st == NF_OK) nf__unmap_cached(p, UINT64_MAX, true, NULL, 0, 0, &st);
+  nf_status_t st = nf__xfer_poll(p, true);
+  if (st == NF_OK) st = nf__pending_poll(p, true);
+  if (st == NF_OK) nf__unmap_cached(p, UINT64_MAX, true, NULL, 0, 0, -1, &st);
   if (st == NF_OK) st = nf__granules_release(p, p->cfg.retain >> p->gshift);
+  if (st == NF_OK) nf__host_granules_release(p, 0);
+  p->host_sweep = false;
   nf__mon_full(p);
   nf__unlock(&p->lock);
   return st;
@@ -402,7 +433,7 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
     // Existing granules above the new limit: give back what is not live.
     st = nf__granules_release(p, p->max_granules);
     if (st == NF_OK && p->gran_created > p->max_granules) {
-      nf__unmap_cached(p, p->gran_created - p->max_granules, true, NULL, 0, 0, &st);
+      nf__unmap_cached(p, p->gran_created - p->max_granules, true, NULL, 0, 0, NF_TIER_DEVICE, &st);
       if (st == NF_OK) st = nf__granules_release(p, p->max_granules);
     }
   }

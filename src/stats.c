@@ -52,7 +52,11 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   const nf_calls_t *c = &s.calls;
   s.backend_calls = c->va_reserve + c->va_release + c->create + c->release + c->map + c->unmap +
                     c->set_access + c->event_create + c->event_record + c->event_query + c->event_sync +
-                    c->stream_wait;
+                    c->stream_wait + c->copy;
+  s.spilled = (p->host_mapped - p->offl_granules) << p->gshift;
+  s.offloaded = p->offl_granules << p->gshift;
+  s.offloaded_disk = p->disk_bytes;
+  s.host_physical = p->host_created << p->gshift;
   s.fragmentation = s.mapped ? 1.0 - (double)s.live / (double)s.mapped : 0.0;
   nf__unlock(&p->lock);
   *out = s;
@@ -64,6 +68,8 @@ void nf_stats_reset_peaks(nf_pool_t *p) {
   p->st.live_rounded_peak = p->st.live_rounded;
   p->st.mapped_peak = p->gran_mapped << p->gshift;
   p->st.physical_peak = p->gran_created << p->gshift;
+  p->st.spilled_peak = (p->host_mapped - p->offl_granules) << p->gshift;
+  p->st.host_physical_peak = p->host_created << p->gshift;
   nf__unlock(&p->lock);
 }
 
@@ -72,7 +78,7 @@ void nf_stats_reset_peaks(nf_pool_t *p) {
 nf_status_t nf_pool_check(nf_pool_t *p) {
   nf__lock(&p->lock);
   nf_status_t st = NF_OK;
-  uint64_t live = 0, live_r = 0, nlive = 0, mapped = 0, nfree_blocks = 0, tlsf_blocks = 0;
+  uint64_t live = 0, live_r = 0, nlive = 0, mapped = 0, nfree_blocks = 0, tlsf_blocks = 0, nd = 0, nhost = 0;
   uint8_t *seen = calloc(p->gran_cap ? p->gran_cap : 1, 1); // physical granule mapped once at most
   CHECK(seen, "check: out of memory");
   for (nf_chunk_t *c = p->chunks; c; c = c->next) {
@@ -84,7 +90,18 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
       CHECK(b->size && !(b->size & (NF_ALIGN - 1)), "check: bad size %llu", (unsigned long long)b->size);
       at += b->size;
       if (b->state == NF_BLK_FREE) { nfree_blocks++; continue; }
-      CHECK(nf__range_mapped(p, c, b->addr, b->size), "check: live block %p not fully mapped", (void *)b->addr);
+      uint64_t o0, o1;
+      if (b->where == NF_TIER_DISK && nf__owned(p, b, &o0, &o1)) {
+        // Disk-offloaded: the owned granules are unmapped, the edges ready.
+        for (uint64_t g = o0; g < o1; g++)
+          CHECK(!nf__bit(c->mapped, g), "check: disk-offloaded block %p still mapped", (void *)b->addr);
+        nd += o1 - o0;
+        CHECK(nf__range_mapped(p, c, b->addr, (o0 << p->gshift) + c->base - b->addr) &&
+                  nf__range_mapped(p, c, c->base + (o1 << p->gshift), b->addr + b->size - c->base - (o1 << p->gshift)),
+              "check: edges of disk-offloaded block %p not mapped", (void *)b->addr);
+      } else if (b->state == NF_BLK_LIVE) { // pending blocks hold no data (a disk-offloaded one is unmapped)
+        CHECK(nf__range_mapped(p, c, b->addr, b->size), "check: live block %p not fully mapped", (void *)b->addr);
+      }
       if (b->state == NF_BLK_LIVE) {
         CHECK(nf__map_find(p, b->addr) == b, "check: live block %p missing from the hash", (void *)b->addr);
         CHECK(b->req && b->req <= b->size && b->size - b->req < NF_ALIGN, "check: size %llu vs request %llu",
@@ -103,6 +120,7 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
       CHECK(i < p->gran_cap && p->gran[i].state == NF_GR_MAPPED, "check: mapped granule %u in bad state", i);
       CHECK(!seen[i], "check: physical granule %u mapped twice", i);
       seen[i] = 1;
+      nhost += p->gran[i].tier == NF_TIER_HOST;
     }
   }
   for (int a = 0; a < NF_ARENA_COUNT; a++)
@@ -122,15 +140,29 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
         (unsigned long long)nlive);
   CHECK(mapped == p->gran_mapped, "check: mapped bits %llu, counter %llu", (unsigned long long)mapped,
         (unsigned long long)p->gran_mapped);
-  uint64_t nfree = 0;
+  CHECK(nhost == p->host_mapped && p->offl_granules <= nhost, "check: host granules mapped %llu, counter %llu",
+        (unsigned long long)nhost, (unsigned long long)p->host_mapped);
+  CHECK(nd == p->disk_granules, "check: disk granules %llu, counter %llu", (unsigned long long)nd,
+        (unsigned long long)p->disk_granules);
+  uint64_t nfree = 0, hfree = 0;
   for (int32_t i = p->gran_free; i >= 0; i = p->gran[i].next_free) {
-    CHECK(p->gran[i].state == NF_GR_FREE && !seen[i], "check: free-list granule %d in bad state", i);
+    CHECK(p->gran[i].state == NF_GR_FREE && !seen[i] && p->gran[i].tier == NF_TIER_DEVICE,
+          "check: free-list granule %d in bad state", i);
+    seen[i] = 1;
     nfree++;
   }
-  CHECK(nfree == p->gran_free_count && nfree + mapped == p->gran_created,
-        "check: granules created %llu != free %llu + mapped %llu", (unsigned long long)p->gran_created,
-        (unsigned long long)nfree, (unsigned long long)mapped);
-  CHECK(live_r <= (mapped << p->gshift), "check: live exceeds mapped");
+  for (int32_t i = p->host_free; i >= 0; i = p->gran[i].next_free) {
+    CHECK(p->gran[i].state == NF_GR_FREE && !seen[i] && p->gran[i].tier == NF_TIER_HOST,
+          "check: host free-list granule %d in bad state", i);
+    seen[i] = 1;
+    hfree++;
+  }
+  CHECK(nfree == p->gran_free_count && hfree == p->host_free_count, "check: free counts");
+  CHECK(nfree + hfree + mapped + nf__xfer_staged(p) == p->gran_created + p->host_created,
+        "check: granules created %llu + %llu host != free %llu + %llu host + mapped %llu + staged %llu",
+        (unsigned long long)p->gran_created, (unsigned long long)p->host_created, (unsigned long long)nfree,
+        (unsigned long long)hfree, (unsigned long long)mapped, (unsigned long long)nf__xfer_staged(p));
+  CHECK(live_r <= ((mapped + nd) << p->gshift), "check: live exceeds mapped (+ on disk)");
 out:
   free(seen);
   nf__unlock(&p->lock);

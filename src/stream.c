@@ -60,7 +60,7 @@ bool nf__block_usable(const nf_pool_t *p, const nf_block_t *b, uint32_t s) {
   return true;
 }
 
-static nf_status_t record(nf_pool_t *p, uint32_t x) {
+nf_status_t nf__stream_record(nf_pool_t *p, uint32_t x) {
   nf_stream_rec_t *r = &p->streams[x];
   nf_status_t st;
   if (!r->event) {
@@ -73,6 +73,21 @@ static nf_status_t record(nf_pool_t *p, uint32_t x) {
   return NF_OK;
 }
 
+// Whether the work on stream x up to the record at `tick` is complete: one
+// query of x's newest record (or a wait for it); a newer record not yet
+// complete makes the answer "not yet" even if `tick` is done.
+nf_status_t nf__stream_done(nf_pool_t *p, uint32_t x, uint64_t tick, bool blocking, bool *done) {
+  nf_stream_rec_t *r = &p->streams[x];
+  if (r->done_tick < tick) {
+    nf_status_t st = blocking ? NF_BE(p, event_sync, event_sync, r->event) : NF_BE(p, event_query, event_query, r->event);
+    if (st == NF_OK) r->done_tick = r->rec_tick;
+    else if (blocking || st != NF_ERR_NOT_READY)
+      return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", p->be->err);
+  }
+  *done = r->done_tick >= tick;
+  return NF_OK;
+}
+
 // Make stream s wait for the work of every other stream that may still use
 // free block b: per such stream one record (if none covers b yet) and one wait.
 nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s) {
@@ -82,7 +97,7 @@ nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s) {
     uint64_t need = need_tick(r, b->tick);
     if (r->done_tick > need || p->waited[s][x] > need) continue;
     nf_status_t st;
-    if (r->rec_tick <= need && (st = record(p, x)) != NF_OK) return st;
+    if (r->rec_tick <= need && (st = nf__stream_record(p, x)) != NF_OK) return st;
     st = NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, r->event);
     if (st != NF_OK) return nf__error(st, "nofrag: stream wait failed: %s", p->be->err);
     p->waited[s][x] = r->rec_tick;
@@ -99,7 +114,7 @@ static nf_status_t streams_settle(nf_pool_t *p, bool blocking) {
     nf_stream_rec_t *r = &p->streams[x];
     if (r->done_tick >= r->last_free) continue;
     nf_status_t st;
-    if (r->rec_tick <= r->last_free && (st = record(p, x)) != NF_OK) return st;
+    if (r->rec_tick <= r->last_free && (st = nf__stream_record(p, x)) != NF_OK) return st;
     st = blocking ? NF_BE(p, event_sync, event_sync, r->event) : NF_BE(p, event_query, event_query, r->event);
     if (st == NF_OK) r->done_tick = r->rec_tick;
     else if (blocking || st != NF_ERR_NOT_READY)
@@ -116,7 +131,7 @@ nf_status_t nf__streams_poll(nf_pool_t *p) { return streams_settle(p, false); }
 nf_status_t nf__pending_add(nf_pool_t *p, nf_block_t *b) {
   uint64_t t = b->tick;
   for (uint64_t m = b->extra; m; m &= m - 1) {
-    nf_status_t st = record(p, (uint32_t)__builtin_ctzll(m));
+    nf_status_t st = nf__stream_record(p, (uint32_t)__builtin_ctzll(m));
     if (st != NF_OK) return st;
   }
   b->tick = t;

@@ -6,8 +6,13 @@
 // mapped there) and `ready` (mapped and access set). Only `ready` granules may
 // hold live data; a granule can be mapped but not ready only after a backend
 // failure left it so, and the next mapping of that range sets its access.
+//
+// Granules have a tier. Device granules are the pool; host granules (spill,
+// nf_offload) sit on their own free list and are used only by spill (after
+// device memory and non-blocking stitching are exhausted) and by offload.c.
 #include "internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +20,7 @@
 #define NF_SLACK_SHIFT 6
 #define NF_SLACK_GRANULES 8
 
-#define READY(c) ((c)->mapped + (((c)->ngran + 63) >> 6))
+#define READY(c) NF_READY(c)
 
 static inline bool bit_get(const uint64_t *bm, uint64_t i) { return bm[i >> 6] >> (i & 63) & 1; }
 static inline void bit_set(uint64_t *bm, uint64_t i) { bm[i >> 6] |= 1ull << (i & 63); }
@@ -95,46 +100,98 @@ nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
 
 // ------------------------------------------------------------ granule pool
 
-static void gran_push_free(nf_pool_t *p, uint32_t i) {
+void nf__gran_push_free(nf_pool_t *p, uint32_t i) {
   p->gran[i].state = NF_GR_FREE;
+  if (p->gran[i].tier == NF_TIER_HOST) {
+    p->gran[i].next_free = p->host_free;
+    p->host_free = (int32_t)i;
+    p->host_free_count++;
+    return;
+  }
   p->gran[i].next_free = p->gran_free;
   p->gran_free = (int32_t)i;
   p->gran_free_count++;
 }
+#define gran_push_free nf__gran_push_free
 
-static uint32_t gran_pop_free(nf_pool_t *p) {
-  uint32_t i = (uint32_t)p->gran_free;
-  p->gran_free = p->gran[i].next_free;
-  p->gran_free_count--;
+// Pop a free granule of `tier` (the caller checked the count).
+uint32_t nf__gran_pop(nf_pool_t *p, nf_tier_t tier) {
+  uint32_t i;
+  if (tier == NF_TIER_HOST) {
+    i = (uint32_t)p->host_free;
+    p->host_free = p->gran[i].next_free;
+    p->host_free_count--;
+  } else {
+    i = (uint32_t)p->gran_free;
+    p->gran_free = p->gran[i].next_free;
+    p->gran_free_count--;
+  }
   return i;
 }
+static uint32_t gran_pop_free(nf_pool_t *p) { return nf__gran_pop(p, NF_TIER_DEVICE); }
 
-// Create up to n new granules (bounded by the limit) onto the free list.
+// A slot in gran[] for a new granule, or -1 (out of host memory).
+static int32_t gran_slot(nf_pool_t *p) {
+  if (p->gran_unused < 0) {
+    uint64_t cap = p->gran_cap ? p->gran_cap * 2 : 256;
+    if (cap > INT32_MAX) { nf__error(NF_ERR_NOMEM, "nofrag: too many granules"); return -1; }
+    nf_granule_t *g = realloc(p->gran, cap * sizeof *g);
+    if (!g) { nf__error(NF_ERR_NOMEM, "nofrag: out of host memory"); return -1; }
+    for (uint64_t i = cap; i-- > p->gran_cap;) {
+      g[i] = (nf_granule_t){.next_free = p->gran_unused};
+      p->gran_unused = (int32_t)i;
+    }
+    p->gran = g;
+    p->gran_cap = cap;
+  }
+  return p->gran_unused;
+}
+
+static nf_status_t gran_new(nf_pool_t *p, nf_tier_t tier) {
+  int32_t i = gran_slot(p);
+  if (i < 0) return NF_ERR_NOMEM;
+  nf_handle_t h;
+  nf_status_t st = NF_BE(p, mem_create, create, tier, p->granule, &h);
+  if (st != NF_OK)
+    return nf__error(st, "nofrag: creating a %llu B %s granule failed: %s", (unsigned long long)p->granule,
+                     tier == NF_TIER_HOST ? "host" : "device", p->be->err);
+  p->gran_unused = p->gran[i].next_free;
+  p->gran[i].handle = h;
+  p->gran[i].tier = (uint8_t)tier;
+  gran_push_free(p, (uint32_t)i);
+  return NF_OK;
+}
+
+// Create up to n host granules (bounded by spill_limit) onto their free list.
+nf_status_t nf__host_granules_create(nf_pool_t *p, uint64_t n) {
+  for (; n; n--) {
+    if (p->host_created >= p->max_host_granules) return NF_ERR_OOM;
+    nf_status_t st = gran_new(p, NF_TIER_HOST);
+    if (st != NF_OK) return st;
+    p->host_created++;
+    nf__peak(&p->st.host_physical_peak, p->host_created << p->gshift);
+  }
+  return NF_OK;
+}
+
+// Give unmapped host granules back (pinned host memory is precious).
+void nf__host_granules_release(nf_pool_t *p, uint64_t keep) {
+  while (p->host_created > keep && p->host_free >= 0) {
+    uint32_t i = (uint32_t)p->host_free;
+    if (NF_BE(p, mem_release, release, p->gran[i].handle) != NF_OK) return;
+    nf__gran_pop(p, NF_TIER_HOST);
+    p->gran[i] = (nf_granule_t){.next_free = p->gran_unused};
+    p->gran_unused = (int32_t)i;
+    p->host_created--;
+  }
+}
+
+// Create up to n new device granules (bounded by the limit) onto the free list.
 nf_status_t nf__granules_create(nf_pool_t *p, uint64_t n) {
   for (; n; n--) {
     if (p->gran_created >= p->max_granules) return NF_ERR_OOM;
-    if (p->gran_unused < 0) {
-      uint64_t cap = p->gran_cap ? p->gran_cap * 2 : 256;
-      if (cap > INT32_MAX) return nf__error(NF_ERR_NOMEM, "nofrag: too many granules");
-      nf_granule_t *g = realloc(p->gran, cap * sizeof *g);
-      if (!g) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
-      for (uint64_t i = cap; i-- > p->gran_cap;) {
-        g[i] = (nf_granule_t){.next_free = p->gran_unused};
-        p->gran_unused = (int32_t)i;
-      }
-      p->gran = g;
-      p->gran_cap = cap;
-    }
-    uint32_t i = (uint32_t)p->gran_unused;
-    nf_handle_t h;
-    nf_status_t st = NF_BE(p, mem_create, create, NF_TIER_DEVICE, p->granule, &h);
-    if (st != NF_OK)
-      return nf__error(st, "nofrag: creating a %llu B granule failed: %s",
-                       (unsigned long long)p->granule, p->be->err);
-    p->gran_unused = p->gran[i].next_free;
-    p->gran[i].handle = h;
-    p->gran[i].tier = NF_TIER_DEVICE;
-    gran_push_free(p, i);
+    nf_status_t st = gran_new(p, NF_TIER_DEVICE);
+    if (st != NF_OK) return st;
     p->gran_created++;
     nf__peak(&p->st.physical_peak, p->gran_created << p->gshift);
   }
@@ -159,12 +216,13 @@ nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep) {
 
 // Unmap mapped granules [g0, g1) of c (all mapped) in one call; they go back
 // to the free list.
-static nf_status_t unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
+nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
   nf_status_t st = NF_BE(p, unmap, unmap, c->base + (g0 << p->gshift), (g1 - g0) << p->gshift);
   if (st != NF_OK) return nf__error(st, "nofrag: unmap failed: %s", p->be->err);
   for (uint64_t g = g0; g < g1; g++) {
     bit_clr(c->mapped, g);
     bit_clr(READY(c), g);
+    p->host_mapped -= p->gran[c->phys[g]].tier == NF_TIER_HOST;
     gran_push_free(p, c->phys[g]);
   }
   p->gran_mapped -= g1 - g0;
@@ -174,8 +232,9 @@ static nf_status_t unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t 
 // Unmap up to `want` mapped granules lying wholly inside free address runs
 // (never inside [keep_g0, keep_g1) of keep_c). Blocking: waits for all stream
 // work first; otherwise only runs whose work is known complete qualify.
+// `tier` >= 0: only granules of that tier.
 uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *keep_c,
-                          uint64_t keep_g0, uint64_t keep_g1, nf_status_t *stp) {
+                          uint64_t keep_g0, uint64_t keep_g1, int tier, nf_status_t *stp) {
   *stp = blocking ? nf__streams_sync(p) : nf__streams_poll(p);
   if (*stp != NF_OK) return 0;
   uint64_t got = 0;
@@ -186,13 +245,14 @@ uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_c
       uintptr_t ra = b->addr, rb = ra;
       while (b && b->state == NF_BLK_FREE && nf__block_retired(p, b)) { rb = b->addr + b->size; b = b->next; }
       uint64_t gi0 = (ra - c->base + p->granule - 1) >> p->gshift, gi1 = (rb - c->base) >> p->gshift;
+#define TAKE(x) (bit_get(c->mapped, x) && !(c == keep_c && (x) >= keep_g0 && (x) < keep_g1) && \
+                 (tier < 0 || p->gran[c->phys[x]].tier == tier))
       for (uint64_t g = gi0; g < gi1 && got < want;) {
-        if (!bit_get(c->mapped, g) || (c == keep_c && g >= keep_g0 && g < keep_g1)) { g++; continue; }
+        if (!TAKE(g)) { g++; continue; }
         uint64_t e = g;
-        while (e < gi1 && e - g < want - got && bit_get(c->mapped, e) &&
-               !(c == keep_c && e >= keep_g0 && e < keep_g1))
-          e++;
-        if ((*stp = unmap_run(p, c, g, e)) != NF_OK) return got;
+        while (e < gi1 && e - g < want - got && TAKE(e)) e++;
+#undef TAKE
+        if ((*stp = nf__unmap_run(p, c, g, e)) != NF_OK) return got;
         got += e - g;
         g = e;
       }
@@ -207,17 +267,20 @@ uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_c
 // release policy and trim use nf__unmap_cached directly and are not).
 static void stitch(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *c, uint64_t g0, uint64_t g1,
                    nf_status_t *st) {
-  uint64_t got = nf__unmap_cached(p, want, blocking, c, g0, g1, st);
+  uint64_t got = nf__unmap_cached(p, want, blocking, c, g0, g1, NF_TIER_DEVICE, st);
   if (got) {
     p->st.reclaims++;
     p->st.reclaimed_granules += got;
   }
 }
 
-// Make `k` free granules available: free list, then new granules up to the
-// limit, then stitching (unmapping cached granules outside the target).
+// Make `k` free device granules available: free list, then new granules up
+// to the limit, then stitching (unmapping cached granules outside the
+// target). `spill`: instead of waiting for streams, host granules may make
+// up the rest (*host = how many the caller must take from the host list).
 static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, uint64_t g0, uint64_t g1,
-                                uint64_t size) {
+                                uint64_t size, bool spill, uint64_t *host) {
+  *host = 0;
   if (p->gran_free_count >= k) return NF_OK;
   nf_status_t st;
   // `tight`: growing past the live peak plus a small slack while cached
@@ -241,10 +304,25 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
   st = nf__granules_create(p, k - p->gran_free_count);
   if (st == NF_OK) return NF_OK;
   if (st != NF_ERR_OOM) return st;
-  // At the limit: first what is known complete (no host wait: frees older
-  // than the last completed event), then wait for the streams, then also for
-  // blocks held back by record_stream.
+  // At the limit: device granules of finished offloads, then what is known
+  // complete (no host wait: frees older than the last completed event), then
+  // spill, else wait for the streams, then also for blocks held back by
+  // record_stream.
+  if (p->xfers && (st = nf__xfer_poll(p, false)) != NF_OK) return st;
   for (int round = 0; round < 3 && p->gran_free_count < k; round++) {
+    if (round == 1 && spill) {
+      uint64_t need = k - p->gran_free_count;
+      if (p->host_free_count < need) {
+        if (p->host_sweep) nf__host_sweep(p);
+        if (p->host_free_count < need &&
+            (st = nf__host_granules_create(p, need - p->host_free_count)) != NF_OK && st != NF_ERR_OOM)
+          return st;
+      }
+      if (p->host_free_count >= need) {
+        *host = need;
+        return NF_OK;
+      }
+    }
     if (round == 2 && (st = nf__pending_poll(p, true)) != NF_OK) return st;
     stitch(p, k - p->gran_free_count, round > 0, c, g0, g1, &st);
     if (st != NF_OK) return st;
@@ -252,28 +330,65 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
   return p->gran_free_count >= k ? NF_OK : NF_ERR_OOM;
 }
 
-// Undo granules mapped by a failed nf__map_block. A granule whose unmap also
+nf_status_t nf__gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, uint64_t g0, uint64_t g1) {
+  uint64_t host;
+  return gran_acquire(p, k, c, g0, g1, k << p->gshift, false, &host);
+}
+
+// One-time warning per pool, the first time a request spills.
+static void spill_warn(nf_pool_t *p, uint64_t size, uint64_t host) {
+  if (p->spill_warned || getenv("NOFRAG_QUIET_SPILL")) return;
+  p->spill_warned = true;
+  char req[32], lim[32], live[32], sl[32];
+  nf__fmt_bytes(req, sizeof req, size);
+  nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);
+  nf__fmt_bytes(live, sizeof live, p->st.live);
+  nf__fmt_bytes(sl, sizeof sl, p->max_host_granules << p->gshift);
+  fprintf(stderr,
+          "nofrag: warning: device memory is exhausted (limit %s, live %s): %llu granule(s) of a %s request "
+          "are backed by host memory instead (spill:host, spill_limit %s). The program keeps running, "
+          "slower where it touches spilled memory; spilled bytes are in the stats ('spilled') and in "
+          "`nofrag top`. Printed once per pool (NOFRAG_QUIET_SPILL=1 silences it).\n",
+          lim, live, (unsigned long long)host, req, sl);
+}
+
+// Undo granules mapped by a failed nf__map_range. A granule whose unmap also
 // fails stays mapped (the backend says so) but not ready.
 static void map_rollback(nf_pool_t *p, nf_chunk_t *c, const uint64_t *mine, uint64_t g0, uint64_t g1) {
   for (uint64_t g = g0; g < g1; g++) {
     if (!bit_get(mine, g - g0)) continue;
-    unmap_run(p, c, g, g + 1); // error already recorded; state mirrors the backend
+    nf__unmap_run(p, c, g, g + 1); // error already recorded; state mirrors the backend
   }
 }
 
-nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b) {
-  nf_chunk_t *c = b->chunk;
-  uint64_t g0, g1, k = 0;
-  gran_span(p, c, b->addr, b->size, &g0, &g1);
+// Set access on every not-ready granule of [g0, g1), once per run.
+nf_status_t nf__set_ready(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
+  for (uint64_t g = g0; g < g1;) {
+    if (bit_get(READY(c), g) || !bit_get(c->mapped, g)) { g++; continue; }
+    uint64_t e = g;
+    while (e < g1 && !bit_get(READY(c), e) && bit_get(c->mapped, e)) e++;
+    nf_status_t st = NF_BE(p, set_access, set_access, c->base + (g << p->gshift), (e - g) << p->gshift);
+    if (st != NF_OK) return nf__error(st, "nofrag: set access failed: %s", p->be->err);
+    for (uint64_t x = g; x < e; x++) bit_set(READY(c), x);
+    g = e;
+  }
+  return NF_OK;
+}
+
+// Map every unmapped granule of [g0, g1) of c, device granules first (host
+// ones only when `spill` and the device is exhausted), and make them ready.
+nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t size, bool spill) {
+  uint64_t k = 0, host;
   for (uint64_t g = g0; g < g1; g++) k += !bit_get(c->mapped, g);
-  nf_status_t st = gran_acquire(p, k, c, g0, g1, b->size);
+  nf_status_t st = gran_acquire(p, k, c, g0, g1, size, spill, &host);
   if (st != NF_OK) return st;
   uint64_t small[4] = {0}, *mine = small; // granules mapped by this call
   if (g1 - g0 > 256 && !(mine = calloc(((g1 - g0) + 63) >> 6, sizeof *mine)))
     return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
   for (uint64_t g = g0; g < g1 && st == NF_OK; g++) {
     if (bit_get(c->mapped, g)) continue;
-    uint32_t i = gran_pop_free(p);
+    bool h = p->gran_free_count == 0;
+    uint32_t i = nf__gran_pop(p, h ? NF_TIER_HOST : NF_TIER_DEVICE);
     st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK) {
       gran_push_free(p, i);
@@ -285,27 +400,52 @@ nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b) {
     bit_set(c->mapped, g);
     bit_set(mine, g - g0);
     p->gran_mapped++;
+    p->host_mapped += h;
   }
   // Access is set once per run of not-ready granules, not per granule.
-  for (uint64_t g = g0; g < g1 && st == NF_OK;) {
-    if (bit_get(READY(c), g)) { g++; continue; }
-    uint64_t e = g;
-    while (e < g1 && !bit_get(READY(c), e)) e++;
-    st = NF_BE(p, set_access, set_access, c->base + (g << p->gshift), (e - g) << p->gshift);
-    if (st != NF_OK) { nf__error(st, "nofrag: set access failed: %s", p->be->err); break; }
-    for (uint64_t x = g; x < e; x++) bit_set(READY(c), x);
-    g = e;
-  }
+  if (st == NF_OK) st = nf__set_ready(p, c, g0, g1);
   if (st != NF_OK) {
     // Keep the failing call's message: rollback errors would overwrite it.
     char msg[512];
     snprintf(msg, sizeof msg, "%s", nf_last_error());
     map_rollback(p, c, mine, g0, g1);
     nf__error(st, "%s", msg);
+  } else if (host) {
+    p->st.spills++;
+    nf__peak(&p->st.spilled_peak, (p->host_mapped - p->offl_granules) << p->gshift);
+    spill_warn(p, size, host);
   }
   if (mine != small) free(mine);
   nf__peak(&p->st.mapped_peak, p->gran_mapped << p->gshift);
   return st;
+}
+
+nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b) {
+  uint64_t g0, g1;
+  gran_span(p, b->chunk, b->addr, b->size, &g0, &g1);
+  return nf__map_range(p, b->chunk, g0, g1, b->size, p->cfg.spill != 0);
+}
+
+// Spilled granules must not stay in the cache, or new blocks would land on
+// host memory while the device has room: unmap host granules lying wholly
+// inside free ranges whose work is known complete (no host wait). The flag
+// stays up while some are still waiting for their streams.
+void nf__host_sweep(nf_pool_t *p) {
+  nf_status_t st;
+  p->sweep_tick = p->tick;
+  nf__unmap_cached(p, UINT64_MAX, false, NULL, 0, 0, NF_TIER_HOST, &st);
+  if (st != NF_OK) return;
+  bool left = false;
+  for (nf_chunk_t *c = p->chunks; c && !left; c = c->next)
+    for (nf_block_t *b = c->first; b && !left;) {
+      if (b->state != NF_BLK_FREE) { b = b->next; continue; }
+      uintptr_t ra = b->addr, rb = ra;
+      for (; b && b->state == NF_BLK_FREE; b = b->next) rb = b->addr + b->size;
+      uint64_t g0 = (ra - c->base + p->granule - 1) >> p->gshift, g1 = (rb - c->base) >> p->gshift;
+      for (uint64_t g = g0; g < g1 && !left; g++)
+        left = bit_get(c->mapped, g) && p->gran[c->phys[g]].tier == NF_TIER_HOST;
+    }
+  p->host_sweep = left;
 }
 
 // Release policy, run after frees: cached memory above the threshold is
@@ -318,8 +458,9 @@ void nf__maybe_release(nf_pool_t *p) {
   // cache has grown noticeably before walking again.
   if (p->release_floor && cached < p->release_floor + (thr >> 3) + p->granule) return;
   nf_status_t st;
-  nf__unmap_cached(p, (cached - thr / 2) >> p->gshift, false, NULL, 0, 0, &st);
+  nf__unmap_cached(p, (cached - thr / 2) >> p->gshift, false, NULL, 0, 0, -1, &st);
   if (st == NF_OK) nf__granules_release(p, p->cfg.retain >> p->gshift);
+  nf__host_granules_release(p, 0);
   p->release_floor = nf__cached(p) > thr ? nf__cached(p) : 0;
 }
 
@@ -330,7 +471,7 @@ void nf__chunks_destroy(nf_pool_t *p) {
       if (!bit_get(c->mapped, g)) { g++; continue; }
       uint64_t e = g;
       while (e < c->ngran && bit_get(c->mapped, e)) e++;
-      unmap_run(p, c, g, e);
+      nf__unmap_run(p, c, g, e);
       g = e;
     }
     p->st.calls.va_release++;
@@ -341,6 +482,7 @@ void nf__chunks_destroy(nf_pool_t *p) {
   }
   p->chunks = NULL;
   nf__granules_release(p, 0);
+  nf__host_granules_release(p, 0);
   free(p->gran);
   p->gran = NULL;
 }

@@ -415,11 +415,35 @@ static void test_trace_keys(void **state) {
   roundtrip(&c);
   char buf[512];
   nf_config_format(&c, buf, sizeof buf);
-  assert_non_null(strstr(buf, ",trace_max:12345,trace:/tmp/t.csv"));
+  assert_non_null(strstr(buf, ",trace_max:12345,"));
+  assert_non_null(strstr(buf, ",trace:/tmp/t.csv"));
   c = def();
   nf_config_format(&c, buf, sizeof buf);
   assert_null(strstr(buf, "trace:"));
   assert_non_null(strstr(buf, "trace_max:268435456"));
+}
+
+static void test_spill_keys(void **state) {
+  (void)state;
+  nf_config_t c = def();
+  assert_int_equal(c.spill, 0);
+  assert_int_equal(c.spill_limit, 0);
+  assert_string_equal(c.offload_dir, "");
+  c = ok("spill:host,spill_limit:64GiB,offload_dir:/var/tmp/nf");
+  assert_int_equal(c.spill, 1);
+  assert_true(c.spill_limit == 64 * NF_GiB);
+  assert_string_equal(c.offload_dir, "/var/tmp/nf");
+  roundtrip(&c);
+  c = ok("spill:host,spill:off");
+  assert_int_equal(c.spill, 0);
+  bad("spill:disk", "spill", "use host or off");
+  bad("spill:", "spill", NULL);
+  bad("spill_limit:-3GiB", "spill_limit", "negative");
+  char longp[NF_TRACE_PATH_MAX + 32];
+  memset(longp, 'p', sizeof longp);
+  memcpy(longp, "offload_dir:/", 13);
+  longp[12 + NF_TRACE_PATH_MAX] = '\0';
+  bad(longp, "offload_dir: path", "longer than the maximum of 255");
 }
 
 static void test_format_buffers(void **state) {
@@ -452,7 +476,7 @@ int main(void) {
       cmocka_unit_test(test_decimals),       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_null_and_empty), cmocka_unit_test(test_small_err_buffers),
       cmocka_unit_test(test_long_garbage),   cmocka_unit_test(test_format_roundtrip),
-      cmocka_unit_test(test_format_buffers), cmocka_unit_test(test_trace_keys),
+      cmocka_unit_test(test_format_buffers), cmocka_unit_test(test_trace_keys), cmocka_unit_test(test_spill_keys),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

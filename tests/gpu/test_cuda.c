@@ -381,6 +381,126 @@ static void test_pool_destroy_returns_memory(nf_backend_t *be) {
   CHECK(f2 + (64ull << 20) >= f0, "destroy left %lld MiB in use", (long long)(f0 - f2) >> 20);
 }
 
+// Spill past the limit, then offload/prefetch cycles with the copies queued
+// behind other work on the stream, both tiers; every block's pattern is
+// checked after it comes back. Also the bandwidth of one 512 MiB offload and
+// prefetch (H200 here: host memory over PCIe).
+static void test_pool_spill_offload(nf_backend_t *be) {
+  printf("-- pool: spill past a 256 MiB limit; offload/prefetch under load (host, disk)\n");
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  char err[256];
+  OKP(nf_config_parse(&cfg, "limit:256MiB,spill:host,spill_limit:2GiB,release_threshold:never", err, sizeof err));
+  nf_pool_t *pool = NULL;
+  OKP(nf_pool_create(&pool, be, &cfg));
+  if (!pool) return;
+  const size_t M = 1 << 20;
+  live_t S[6];
+  int bad = 0;
+  for (int i = 0; i < 6; i++) { // 1.5 x the limit
+    S[i] = (live_t){(uintptr_t)nf_alloc(pool, 64 * M, NULL), 64 * M, 500u + (uint32_t)i};
+    CHECK(S[i].p, "spill alloc %d: %s", i, nf_last_error());
+    if (S[i].p) dev_fill(S[i].p, S[i].n, S[i].tag);
+  }
+  nf_stats_t st;
+  nf_stats_get(pool, &st);
+  uint64_t t[3] = {0};
+  if (S[5].p) OKP(nf_block_tiers(pool, (void *)S[5].p, t));
+  CHECK(st.spilled >= 128 * M && t[1] == 64 * M, "spilled %llu, last block on host %llu", (unsigned long long)st.spilled,
+        (unsigned long long)t[1]);
+  // The GPU writes spilled memory through the same address.
+  CUstream s = NULL;
+  DRV(cuStreamCreate(&s, 0));
+  if (S[5].p) {
+    DRV(cuMemsetD32Async((CUdeviceptr)S[5].p, 0x5EED5EEDu, 64 * M / 4, s));
+    DRV(cuStreamSynchronize(s));
+    hreserve(64 * M);
+    DRV(cuMemcpyDtoH(hbuf, (CUdeviceptr)S[5].p, 64 * M));
+    CHECK(hbuf[0] == 0x5EED5EEDu && hbuf[64 * M / 4 - 1] == 0x5EED5EEDu, "GPU write to spilled memory lost");
+    dev_fill(S[5].p, S[5].n, S[5].tag);
+  }
+  for (int i = 0; i < 6; i++) bad += S[i].p && !dev_check(S[i].p, S[i].n, S[i].tag);
+  for (int i = 0; i < 6; i++) nf_free(pool, (void *)S[i].p);
+  void *d = nf_alloc(pool, 192 * M, NULL);
+  if (d) OKP(nf_block_tiers(pool, d, t));
+  CHECK(d && t[1] == 0 && t[0] == 192 * M, "after spill, new blocks must be on the device (host %llu)",
+        (unsigned long long)t[1]);
+  nf_free(pool, d);
+  // Cycles: 8 blocks of 12..33 MiB on a 256 MiB limit with a 64 MiB scratch
+  // block alive too; offloads are queued behind a memset of the scratch.
+  live_t B[8];
+  int where[8] = {0}, moved = 0, cycles = 0;
+  void *scratch = nf_alloc(pool, 64 * M, s);
+  for (int i = 0; i < 8; i++) {
+    B[i] = (live_t){(uintptr_t)nf_alloc(pool, (size_t)(12 + 3 * i) * M, s), (size_t)(12 + 3 * i) * M, 600u + (uint32_t)i};
+    CHECK(B[i].p, "cycle alloc %d: %s", i, nf_last_error());
+    if (B[i].p) dev_fill(B[i].p, B[i].n, B[i].tag);
+  }
+  for (int it = 0; it < 120 && scratch; it++) {
+    int i = (int)(rnd() % 8);
+    if (!B[i].p) continue;
+    DRV(cuMemsetD32Async((CUdeviceptr)scratch, (unsigned)it, 64 * M / 4, s)); // load ahead of the copy
+    if (!where[i]) {
+      nf_tier_t tier = rnd() % 4 == 0 ? NF_TIER_DISK : NF_TIER_HOST;
+      nf_status_t r = nf_offload(pool, (void *)B[i].p, s, tier);
+      CHECK(r == NF_OK, "offload: %s", nf_last_error());
+      if (r == NF_OK) where[i] = tier, moved++;
+    } else {
+      nf_status_t r = nf_prefetch(pool, (void *)B[i].p, s);
+      if (r == NF_ERR_OOM) continue; // the others hold the device: fine, try later
+      CHECK(r == NF_OK, "prefetch: %s", nf_last_error());
+      if (r != NF_OK) continue;
+      where[i] = 0;
+      cycles++;
+      DRV(cuStreamSynchronize(s));
+      bad += !dev_check(B[i].p, B[i].n, B[i].tag);
+      B[i].tag += 100; // new contents for the next cycle
+      dev_fill(B[i].p, B[i].n, B[i].tag);
+    }
+    CHECK(nf_pool_check(pool) == NF_OK, "pool_check: %s", nf_last_error());
+  }
+  for (int i = 0; i < 8; i++) {
+    if (!B[i].p) continue;
+    if (where[i]) { OKP(nf_prefetch(pool, (void *)B[i].p, s)); cycles++; }
+    DRV(cuStreamSynchronize(s));
+    bad += !dev_check(B[i].p, B[i].n, B[i].tag);
+    nf_free(pool, (void *)B[i].p);
+  }
+  nf_free(pool, scratch);
+  nf_stats_get(pool, &st);
+  CHECK(bad == 0, "%d blocks lost their data", bad);
+  CHECK(moved >= 20 && cycles >= 15, "too few moves: %d offloads, %d round trips", moved, cycles);
+  printf("   spill peak %llu MiB; %d offloads, %d round trips, 0 blocks lost expected, %d found; copies %llu\n",
+         (unsigned long long)(st.spilled_peak >> 20), moved, cycles, bad, (unsigned long long)st.calls.copy);
+  nf_pool_destroy(pool);
+  // Bandwidth of one 512 MiB block, there and back.
+  OKP(nf_config_parse(&cfg, "limit:2GiB,spill:off", err, sizeof err));
+  pool = NULL;
+  OKP(nf_pool_create(&pool, be, &cfg));
+  void *big = pool ? nf_alloc(pool, 512 * M, s) : NULL;
+  double off_gbs = 0, pre_gbs = 0;
+  if (big) {
+    dev_fill((uintptr_t)big, 512 * M, 77);
+    double t0 = now_us();
+    OKP(nf_offload(pool, big, s, NF_TIER_HOST));
+    OKP(nf_offload_wait(pool));
+    double t1 = now_us();
+    OKP(nf_prefetch(pool, big, s));
+    DRV(cuStreamSynchronize(s));
+    double t2 = now_us();
+    off_gbs = 512.0 * M / ((t1 - t0) * 1e3);
+    pre_gbs = 512.0 * M / ((t2 - t1) * 1e3);
+    CHECK(dev_check((uintptr_t)big, 512 * M, 77), "512 MiB block corrupted by offload + prefetch");
+    printf("   512 MiB: offload %.1f GB/s (incl. remap), prefetch %.1f GB/s\n", off_gbs, pre_gbs);
+    nf_free(pool, big);
+  }
+  fprintf(jout, "\"offload\": {\"bad_blocks\": %d, \"offloads\": %d, \"round_trips\": %d, \"offload_GBps\": %.2f, "
+                "\"prefetch_GBps\": %.2f},\n", bad, moved, cycles, off_gbs, pre_gbs);
+  nf_pool_destroy(pool);
+  DRV(cuStreamDestroy(s));
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *outp = argc > 1 ? argv[1] : "/dev/null";
@@ -406,6 +526,7 @@ int main(int argc, char **argv) {
   test_pool_stitching(be);
   test_pool_steady_and_streams(be);
   test_pool_destroy_returns_memory(be);
+  test_pool_spill_offload(be);
   fprintf(jout, "\"checks\": %d, \"failures\": %d\n}\n", checks, failures);
   fclose(jout);
   nf_backend_destroy(be);

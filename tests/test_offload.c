@@ -1,0 +1,318 @@
+// Spill to host granules and same-address offload/prefetch (src/offload.c,
+// the host tier in src/vmm.c), on the host backend: its "host" tier is a
+// second memfd, its copies are synchronous, and manual events keep copies
+// "in flight" so that the deferred remapping paths run. Every block carries
+// a pattern that is verified across every move.
+#include "nf_test.h"
+
+#define G (64 * 1024ull)
+
+typedef struct { void *p; size_t n; uint64_t tag; int where; } blk_t;
+
+static nf_pool_t *mk(nf_backend_t **be, const char *conf) {
+  nf_pool_t *p = nft_pool(be, 1024 * G, G, conf);
+  assert_non_null(p);
+  return p;
+}
+
+static void tiers(nf_pool_t *p, void *ptr, uint64_t t[3]) { assert_int_equal(nf_block_tiers(p, ptr, t), NF_OK); }
+
+static void stats(nf_pool_t *p, nf_stats_t *s) {
+  nf_stats_get(p, s);
+  if (nf_pool_check(p) != NF_OK) fail_msg("%s", nf_last_error());
+}
+
+static void test_spill_basic(void **state) {
+  (void)state;
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,spill_limit:1MiB"); // 8 device granules, 16 host
+  blk_t b[6];
+  for (int i = 0; i < 6; i++) { // 6 x 2 granules = 1.5 x the limit
+    b[i].n = 2 * G;
+    b[i].tag = 100 + (uint64_t)i;
+    b[i].p = nf_alloc(p, b[i].n, NULL);
+    assert_non_null(b[i].p);
+    nft_fill(b[i].p, b[i].n, b[i].tag);
+  }
+  nf_stats_t s;
+  stats(p, &s);
+  assert_true(s.spilled == 4 * G);
+  assert_true(s.physical == 8 * G);
+  assert_true(s.spills >= 2);
+  uint64_t t[3];
+  tiers(p, b[0].p, t);
+  assert_true(t[0] == 2 * G && t[1] == 0);
+  tiers(p, b[5].p, t);
+  assert_true(t[1] == 2 * G && t[0] == 0);
+  for (int i = 0; i < 6; i++) assert_true(nft_check(b[i].p, b[i].n, b[i].tag));
+  // Past spill_limit: a clear OOM, nothing changed.
+  assert_null(nf_alloc(p, 14 * G, NULL));
+  assert_int_equal(nf_last_status(), NF_ERR_OOM);
+  stats(p, &s);
+  assert_true(s.spilled == 4 * G);
+  // Spilled memory does not stay cached: free the spilled blocks and the
+  // device blocks; the next blocks land on the device.
+  for (int i = 0; i < 6; i++) assert_int_equal(nf_free(p, b[i].p), NF_OK);
+  void *c = nf_alloc(p, 6 * G, NULL);
+  assert_non_null(c);
+  tiers(p, c, t);
+  assert_true(t[0] == 6 * G && t[1] == 0);
+  stats(p, &s);
+  assert_true(s.spilled == 0);
+  nf_free(p, c);
+  nf_pool_destroy(p);
+  uint64_t gr, maps;
+  nf_backend_host_usage(be, &gr, &maps);
+  assert_true(gr == 0 && maps == 0);
+  nf_backend_destroy(be);
+
+  // The same requests without spill fail at the limit.
+  p = mk(&be, "limit:512KiB");
+  void *q[6];
+  int got = 0;
+  for (int i = 0; i < 6; i++) got += (q[i] = nf_alloc(p, 2 * G, NULL)) != NULL;
+  assert_int_equal(got, 4);
+  assert_int_equal(nf_last_status(), NF_ERR_OOM);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+static void test_spill_config_errors(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  assert_int_equal(nf_config_parse(&cfg, "spill:host,spill_limit:1KiB", NULL, 0), NF_OK);
+  assert_int_equal(nf_backend_host_create(&be, 64 * G, G), NF_OK);
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &cfg), NF_ERR_CONFIG);
+  assert_non_null(strstr(nf_last_error(), "spill_limit is below one granule"));
+  nf_backend_destroy(be);
+}
+
+// Offload frees device memory for others; prefetch brings the same bytes
+// back at the same address; in-flight copies (manual events) are settled
+// by wait, by prefetch (cancel) and by free.
+static void test_offload_host(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:1MiB"); // 16 granules
+  void *a = nf_alloc(p, 10 * G, NULL);
+  assert_non_null(a);
+  nft_fill(a, 10 * G, 7);
+  assert_null(nf_alloc(p, 10 * G, NULL)); // does not fit beside it
+  nf_backend_host_set_manual_events(be, 1);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
+  nf_stats_t s;
+  stats(p, &s); // copy in flight: still on the device
+  assert_true(s.offloaded == 0 && s.calls.copy >= 1);
+  assert_true(nft_check(a, 10 * G, 7));
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  stats(p, &s);
+  assert_true(s.offloaded == 10 * G && s.offloads == 1 && s.spilled == 0);
+  uint64_t t[3];
+  tiers(p, a, t);
+  assert_true(t[1] == 10 * G && t[0] == 0);
+  assert_true(nft_check(a, 10 * G, 7)); // host memory at the same address
+  void *b = nf_alloc(p, 10 * G, NULL);  // fits now
+  assert_non_null(b);
+  nft_fill(b, 10 * G, 8);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK); // again: no-op
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_DISK), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "nf_prefetch it first"));
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_ERR_OOM); // no device room: stays, intact
+  assert_non_null(strstr(nf_last_error(), "stays on the host"));
+  assert_true(nft_check(a, 10 * G, 7));
+  assert_int_equal(nf_offload(p, b, NULL, NF_TIER_HOST), NF_OK);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_OK); // b's finished offload made room
+  stats(p, &s);
+  tiers(p, a, t);
+  assert_true(t[0] == 10 * G && t[1] == 0);
+  assert_true(nft_check(a, 10 * G, 7) && nft_check(b, 10 * G, 8));
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  stats(p, &s);
+  assert_true(s.prefetches == 1 && s.offloaded == 10 * G);
+  // In flight, then prefetched (cancel) and freed (settle).
+  assert_int_equal(nf_prefetch(p, b, NULL), NF_ERR_OOM);
+  assert_int_equal(nf_free(p, b), NF_OK); // offloaded block freed: host granules go back
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+  stats(p, &s);
+  assert_true(nft_check(a, 10 * G, 7));
+  void *c = nf_alloc(p, 2 * G, NULL);
+  assert_int_equal(nf_offload(p, c, NULL, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_free(p, c), NF_OK);
+  nf_backend_host_complete_events(be);
+  stats(p, &s);
+  assert_int_equal(nf_trim(p), NF_OK);
+  stats(p, &s);
+  assert_true(s.host_physical == 0 && s.offloaded == 0);
+  // Bad input changes nothing.
+  assert_int_equal(nf_offload(p, (char *)a + 512, NULL, NF_TIER_HOST), NF_ERR_INVALID);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_DEVICE), NF_ERR_INVALID);
+  assert_int_equal(nf_prefetch(p, (void *)0x1000, NULL), NF_ERR_INVALID);
+  uint64_t tt[3];
+  assert_int_equal(nf_block_tiers(p, (char *)a + 1, tt), NF_ERR_INVALID);
+  // A block under one granule owns none: nothing moves.
+  void *small = nf_alloc(p, 1000, NULL);
+  assert_int_equal(nf_offload(p, small, NULL, NF_TIER_HOST), NF_OK);
+  tiers(p, small, t);
+  assert_true(t[0] == 1024 && t[1] == 0);
+  nf_free(p, small);
+  nf_free(p, a);
+  stats(p, &s);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+static void test_offload_disk(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:1MiB");
+  void *a = nf_alloc(p, 10 * G + 4096, NULL); // owned granules + an edge
+  nft_fill(a, 10 * G + 4096, 21);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_DISK), NF_OK);
+  nf_stats_t s;
+  stats(p, &s);
+  assert_true(s.offloaded_disk >= 10 * G && s.mapped <= 2 * G);
+  uint64_t t[3];
+  tiers(p, a, t);
+  assert_true(t[2] == 10 * G && t[0] == 4096);
+  void *b = nf_alloc(p, 12 * G, NULL); // the device is free for others
+  assert_non_null(b);
+  nft_fill(b, 12 * G, 22);
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_ERR_OOM);
+  nf_free(p, b);
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+  assert_true(nft_check(a, 10 * G + 4096, 21));
+  stats(p, &s);
+  assert_true(s.offloaded_disk == 0 && s.prefetches == 1);
+  // Freed while on disk.
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_DISK), NF_OK);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  stats(p, &s);
+  assert_true(s.offloaded_disk == 0);
+  // An unusable directory: a clear error, the block stays.
+  nf_pool_destroy(p);
+  p = mk(&be, "limit:1MiB,offload_dir:/nonexistent/nofrag");
+  a = nf_alloc(p, 4 * G, NULL);
+  nft_fill(a, 4 * G, 3);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_DISK), NF_ERR_BACKEND);
+  assert_non_null(strstr(nf_last_error(), "/nonexistent/nofrag"));
+  assert_true(nft_check(a, 4 * G, 3));
+  stats(p, &s);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// Randomized: allocations (spilling past the limit), frees, offloads to both
+// tiers, prefetches, with events completing at random; every live block's
+// pattern is verified after every operation that moved memory.
+static void run_random(uint64_t seed, double fault_p) {
+  nf_backend_t *host, *be;
+  assert_int_equal(nf_backend_host_create(&host, 1024 * G, G), NF_OK);
+  if (fault_p > 0) assert_int_equal(nf_backend_fault_create(&be, host, 0, 0, seed), NF_OK);
+  else be = host;
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  assert_int_equal(nf_config_parse(&cfg, "limit:2MiB,spill:host,spill_limit:2MiB,release_threshold:256KiB,"
+                                         "release_after:8", NULL, 0), NF_OK);
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &cfg), NF_OK);
+  nf_backend_host_set_manual_events(be, 1);
+  if (fault_p > 0) nf_backend_fault_set(be, 0, fault_p);
+  enum { N = 24 };
+  blk_t b[N] = {{0}};
+  uint64_t rng = seed, tag = 1, moved = 0;
+  nf_stream_t streams[2] = {NULL, (nf_stream_t)0x51};
+  for (int step = 0; step < 3000; step++) {
+    int i = (int)(nft_rand(&rng) % N), op = (int)(nft_rand(&rng) % 10);
+    nf_stream_t st = streams[nft_rand(&rng) & 1];
+    if (!b[i].p) {
+      size_t n = 512 + nft_rand(&rng) % (6 * G);
+      if ((b[i].p = nf_alloc(p, n, st))) {
+        b[i].n = n, b[i].tag = tag++, b[i].where = 0;
+        nft_fill(b[i].p, n, b[i].tag);
+      }
+    } else if (op < 3) {
+      if (b[i].where != NF_TIER_DISK) assert_true(nft_check(b[i].p, b[i].n, b[i].tag));
+      nf_status_t r = nf_free(p, b[i].p);
+      if (r != NF_OK) { // only an injected fault (recording an event) may fail it
+        assert_true(fault_p > 0 && r == NF_ERR_BACKEND);
+        continue;
+      }
+      b[i].p = NULL;
+    } else if (op < 6 && !b[i].where) {
+      nf_tier_t t = op == 5 ? NF_TIER_DISK : NF_TIER_HOST;
+      nf_status_t r = nf_offload(p, b[i].p, st, t);
+      if (getenv("NF_DEBUG")) fprintf(stderr, "  offload %d -> %d: %d %s\n", i, t, r, r ? nf_last_error() : "");
+      if (r == NF_OK) b[i].where = t, moved++;
+    } else if (op < 9 && b[i].where) {
+      nf_status_t r = nf_prefetch(p, b[i].p, st);
+      if (getenv("NF_DEBUG")) fprintf(stderr, "  prefetch %d: %d %s\n", i, r, r ? nf_last_error() : "");
+      if (r == NF_OK) b[i].where = 0;
+    } else if (op == 9) {
+      nf_backend_host_complete_events(be);
+      nf_status_t r = nf_offload_wait(p);
+      if (getenv("NF_DEBUG") && r) fprintf(stderr, "  wait: %d %s\n", r, nf_last_error());
+    }
+    if (fault_p == 0 || !(step % 1)) {
+      if (fault_p > 0) nf_backend_fault_set(be, 0, 0);
+      if (getenv("NF_DEBUG")) fprintf(stderr, "step %d op %d i %d where %d\n", step, op, i, b[i].where);
+      if (nf_pool_check(p) != NF_OK && getenv("NF_DEBUG"))
+        for (int k = 0; k < N; k++) fprintf(stderr, "  blk %d %p %zu where %d\n", k, b[k].p, b[k].n, b[k].where);
+      if (nf_pool_check(p) != NF_OK) fail_msg("seed %llu step %d: %s", (unsigned long long)seed, step, nf_last_error());
+      if (fault_p > 0) nf_backend_fault_set(be, 0, fault_p);
+    }
+    if (!(step % 1))
+      for (int k = 0; k < N; k++)
+        if (b[k].p && b[k].where != NF_TIER_DISK && !nft_check(b[k].p, b[k].n, b[k].tag))
+          fail_msg("seed %llu step %d: block %d (%zu B, where %d) corrupted", (unsigned long long)seed, step, k,
+                   b[k].n, b[k].where);
+  }
+  if (fault_p > 0) nf_backend_fault_set(be, 0, 0);
+  nf_backend_host_complete_events(be);
+  for (int pass = 0; pass < 2; pass++) // resident blocks first, then the offloaded ones come back
+    for (int k = 0; k < N; k++) {
+      if (!b[k].p || (pass == 0) != (b[k].where == 0)) continue;
+      if (b[k].where) assert_int_equal(nf_prefetch(p, b[k].p, NULL), NF_OK);
+      assert_true(nft_check(b[k].p, b[k].n, b[k].tag));
+      assert_int_equal(nf_free(p, b[k].p), NF_OK);
+    }
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_true(moved > 50);
+  nf_pool_destroy(p);
+  uint64_t gr, maps;
+  nf_backend_host_usage(be, &gr, &maps);
+  assert_true(gr == 0 && maps == 0);
+  nf_backend_destroy(be);
+}
+
+static void test_random(void **state) {
+  (void)state;
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  uint64_t seeds[] = {1, 2, 3, nft_env_seed(4)};
+  for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) run_random(seeds[i], 0);
+}
+
+static void test_random_faults(void **state) {
+  (void)state;
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  setenv("NOFRAG_QUIET_OOM", "1", 1);
+  uint64_t seeds[] = {11, 12, nft_env_seed(13)};
+  for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) run_random(seeds[i], 0.03);
+}
+
+int main(void) {
+  setenv("NOFRAG_QUIET_OOM", "1", 1);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_spill_basic),  cmocka_unit_test(test_spill_config_errors),
+      cmocka_unit_test(test_offload_host), cmocka_unit_test(test_offload_disk),
+      cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
