@@ -198,6 +198,7 @@ static void test_offload_disk(void **state) {
   assert_true(s.offloaded_disk == 0);
   // An unusable directory: a clear error, the block stays.
   nf_pool_destroy(p);
+  nf_backend_destroy(be);
   p = mk(&be, "limit:1MiB,offload_dir:/nonexistent/nofrag");
   a = nf_alloc(p, 4 * G, NULL);
   nft_fill(a, 4 * G, 3);

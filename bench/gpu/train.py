@@ -43,7 +43,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import GiB, ROOT, base_env, deterministic, gib  # noqa: E402
-ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight")  # nofrag-tight: config tight:1
+ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill")  # tight:1 / spill:host
+DEFAULT_ALLOCS = "native,expandable,nofrag,nofrag-tight"  # nofrag-spill on request (bench/gpu/spill.py)
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150),
     "vit": dict(batch=128, seq=None, steps=20, timeout=120),
@@ -106,6 +107,8 @@ def run_worker(a):
         conf = {"limit": str(a.cap)} if a.cap else {}
         if a.alloc == "nofrag-tight":
             conf["tight"] = "1"
+        if a.alloc == "nofrag-spill":
+            conf["spill"] = "host"
         res["nofrag_install"] = nft.enable(**conf)
     import torch
     deterministic(torch, SEED)
@@ -231,7 +234,7 @@ def dry_worker(a):
     live = {"gpt2": 23.2, "vit": 9.5, "llama": 16.2}[a.model] * GiB
     need = live * {"native": 1.17, "expandable": 1.004}.get(a.alloc, 1.001)
     rsv = live * {"native": 1.72, "expandable": 1.07}.get(a.alloc, 1.01)
-    ok = not a.cap or a.cap >= need
+    ok = not a.cap or a.cap >= need or a.alloc == "nofrag-spill"
     res = {"model": a.model, "alloc": a.alloc, "steps": a.steps, "cap": a.cap, "status": "ok" if ok else "oom",
            "losses": [(1.0 + i).hex() for i in range(a.steps)], "median_step_s": 0.17,
            "peak_live": int(live), "peak_reserved": int(min(rsv, a.cap or rsv)),
@@ -445,7 +448,7 @@ def main():
     p.add_argument("--models", default="gpt2,vit,llama")
     p.add_argument("--steps", type=int, default=0, help="steps per run (0: per-model default, 20)")
     p.add_argument("--bisect", default="gpt2", help="models to bisect ('' for none)")
-    p.add_argument("--allocs", default=",".join(ALLOCS), help="allocators for the uncapped runs")
+    p.add_argument("--allocs", default=DEFAULT_ALLOCS, help="allocators for the uncapped runs (also: nofrag-spill)")
     p.add_argument("--bisect-allocs", default="native,expandable,nofrag", help="allocators to bisect")
     p.add_argument("--probes", type=int, default=6, help="max probes per allocator")
     p.add_argument("--probe-steps", type=int, default=10)

@@ -7,6 +7,15 @@
     snap = nofrag.snapshot(pool)            # a pool's whole state (dict)
     nofrag.export_torch_snapshot(snap, "snap.pickle.gz")  # for torch.cuda._memory_viz
 
+Same-address offload of one block (any pool; no torch needed; see docs/offload.md):
+
+    nofrag.offload(pool, ptr, stream=None, tier="host")   # device -> host (or "disk")
+    nofrag.prefetch(pool, ptr, stream=None)               # back to device memory
+    nofrag.offload_wait(pool)                             # wait for the copies
+    nofrag.block_tiers(pool, ptr)   # {"device": bytes, "host": bytes, "disk": bytes}
+
+Failures raise nofrag.NofragError (status + the library's message).
+
 The package is pure Python over ctypes; it needs libnofrag.so (see
 nofrag._lib for where it is searched, or set NOFRAG_LIB).
 """
@@ -15,12 +24,15 @@ import ctypes
 import json
 
 from . import _lib
-from ._lib import NfStats, conf_string, last_error, load
+from ._lib import (NF_TIER_DEVICE, NF_TIER_DISK, NF_TIER_HOST, NfCalls, NfStats, NofragError, conf_string,
+                   last_error, load)
 from .torch_trace import export_torch_snapshot, snapshot_to_torch
 
 __version__ = "0.1.0"
-__all__ = ["stats", "configure", "last_error", "conf_string", "load", "NfStats", "counters", "snapshot", "pool_snapshot",
-           "snapshot_to_torch", "export_torch_snapshot"]
+__all__ = ["stats", "configure", "last_error", "conf_string", "load", "NfStats", "NfCalls", "counters", "snapshot",
+           "pool_snapshot", "snapshot_to_torch", "export_torch_snapshot", "NofragError", "offload", "prefetch",
+           "offload_wait", "block_tiers", "pool_stats", "pool_config", "NF_TIER_DEVICE", "NF_TIER_HOST",
+           "NF_TIER_DISK"]
 
 
 def stats(device=0):
@@ -50,8 +62,10 @@ def counters(device=0):
 
 def configure(conf=None, **config):
     """Set the configuration for pools the plug-in creates afterwards, as a
-    string ("limit:40GiB,reserve:8GiB") and/or keywords. Raises ValueError if
-    it does not parse or if a pool already exists."""
+    string ("limit:40GiB,reserve:8GiB") and/or keywords (``limit="40GiB"``,
+    ``spill="host"`` or ``spill=True``, ``spill_limit="64GiB"``,
+    ``offload_dir="/scratch"``). Raises ValueError if it does not parse or if
+    a pool already exists."""
     s = ",".join(p for p in (conf, conf_string(**config)) if p)
     if load().nf_torch_configure(s.encode() if s else None) != 0:
         raise ValueError(last_error())
@@ -96,3 +110,78 @@ def snapshot(pool=None, device=0):
 
 
 pool_snapshot = snapshot  # the name before nofrag.snapshot was freed for it
+
+
+# ------------------------------------------------------------------ offload
+
+def _pool(pool):
+    p = _lib.handle(pool, "pool")
+    if not p:
+        raise ValueError("nofrag: a pool handle is required (nf_pool_create / nf_pool_create_from_string, "
+                         "or nofrag.torch's pool for a device)")
+    return p
+
+
+def _ptr(ptr):
+    p = _lib.handle(ptr, "ptr")
+    if not p:
+        raise ValueError("nofrag: ptr is NULL")
+    return p
+
+
+def offload(pool, ptr, stream=None, tier="host"):
+    """nf_offload: move the live block starting at `ptr` to host ("host") or
+    disk ("disk") memory at the same address, on `stream` (None: the default
+    stream; an int handle or a torch.cuda.Stream). From here until prefetch()
+    returns, nothing may read or write the block. Only granules wholly inside
+    the block move. Raises NofragError (e.g. NF_ERR_INVALID for a pointer that
+    is not a live block's start; the block is then unchanged)."""
+    t = _lib.tier_value(tier)
+    if t == NF_TIER_DEVICE:
+        raise ValueError("nofrag.offload: tier must be 'host' or 'disk' (use prefetch() to come back)")
+    pl, p, s = _pool(pool), _ptr(ptr), _lib.stream_handle(stream)
+    _lib.check(_lib.require("nf_offload")(pl, p, s, t), f"nf_offload({p:#x}, {tier})")
+
+
+def prefetch(pool, ptr, stream=None):
+    """nf_prefetch: bring an offloaded block back to device memory at the same
+    address; work queued on `stream` afterwards sees the contents. A block that
+    is not offloaded: no-op. NofragError with ``is_oom`` when device memory
+    cannot be found (the block stays offloaded, intact)."""
+    pl, p, s = _pool(pool), _ptr(ptr), _lib.stream_handle(stream)
+    _lib.check(_lib.require("nf_prefetch")(pl, p, s), f"nf_prefetch({p:#x})")
+
+
+def offload_wait(pool):
+    """nf_offload_wait: wait (on the host) for every copy offload/prefetch
+    enqueued on the pool; offloaded blocks' device granules are then free."""
+    pl = _pool(pool)
+    _lib.check(_lib.require("nf_offload_wait")(pl), "nf_offload_wait")
+
+
+def block_tiers(pool, ptr):
+    """Where a live block's bytes are: {"device": n, "host": n, "disk": n}
+    (spilled granules count as host; edge granules shared with neighbours as
+    device)."""
+    pl, p = _pool(pool), _ptr(ptr)
+    out = (ctypes.c_uint64 * 3)()
+    _lib.check(_lib.require("nf_block_tiers")(pl, p, out), f"nf_block_tiers({p:#x})")
+    return {"device": out[NF_TIER_DEVICE], "host": out[NF_TIER_HOST], "disk": out[NF_TIER_DISK]}
+
+
+def pool_stats(pool):
+    """nf_stats_get of any pool, as a dict (see stats() for the plug-in's)."""
+    st = NfStats()
+    load().nf_stats_get(_pool(pool), ctypes.byref(st))
+    return st.to_dict()
+
+
+def pool_config(pool):
+    """The configuration in force for a pool (nf_pool_config), as a config
+    string (nf_config_format), e.g. "limit:32MiB,...,spill:host"."""
+    lib = load()
+    cfg = ctypes.create_string_buffer(8192)  # nf_config_t is opaque here; far larger than the struct
+    lib.nf_pool_config(_pool(pool), cfg)
+    buf = ctypes.create_string_buffer(4096)
+    lib.nf_config_format(cfg, buf, len(buf))
+    return buf.value.decode()

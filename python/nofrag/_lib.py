@@ -11,6 +11,9 @@ The library is searched, in order, at:
 ``NfStats`` mirrors ``nf_stats_t`` from include/nofrag.h field for field; the
 library exports ``nf_stats_size()`` and ``nf_stats_offset(name)`` so that the
 tests (python/tests/test_python.py) prove the mirror matches the build.
+
+``NofragError`` is what the package raises when a library call fails: it
+carries the status (``.status``, ``.status_name``) and ``nf_last_error()``.
 """
 
 import ctypes
@@ -20,13 +23,108 @@ import threading
 
 _u64 = ctypes.c_uint64
 
+# nf_status_t and nf_tier_t (include/nofrag.h).
+NF_OK, NF_ERR_INVALID, NF_ERR_OOM, NF_ERR_BACKEND, NF_ERR_CONFIG, NF_ERR_UNSUPPORTED, NF_ERR_NOMEM, \
+    NF_ERR_NOT_READY = range(8)
+NF_TIER_DEVICE, NF_TIER_HOST, NF_TIER_DISK = 0, 1, 2
+TIERS = {"device": NF_TIER_DEVICE, "host": NF_TIER_HOST, "disk": NF_TIER_DISK}
+
+
+class NofragError(RuntimeError):
+    """A nofrag library call failed. ``status`` is the nf_status_t value,
+    ``status_name`` its name ("NF_ERR_OOM"), ``detail`` the library's message
+    (nf_last_error of the calling thread) when it belongs to this failure."""
+
+    def __init__(self, what, status, detail=""):
+        self.what, self.status, self.detail = what, int(status), detail
+        self.status_name = _status_name(status)
+        msg = f"{what} failed: {self.status_name}"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+    @property
+    def is_oom(self):
+        return self.status == NF_ERR_OOM
+
+
+def _status_name(status):
+    try:
+        lib = load()
+        name = lib.nf_status_str(int(status))
+        if name:
+            return name.decode(errors="replace")
+    except (OSError, AttributeError):
+        pass
+    return f"status {int(status)}"
+
+
+def check(rc, what):
+    """Raise NofragError for a non-zero nf_status_t `rc` of the call `what`.
+    The thread's nf_last_error() is attached only when nf_last_status()
+    agrees with `rc` (the message is otherwise left over from an earlier
+    failure: the library has no way to clear it)."""
+    rc = int(rc)
+    if rc == NF_OK:
+        return
+    detail = ""
+    try:
+        lib = load()
+        if int(lib.nf_last_status()) == rc:
+            detail = (lib.nf_last_error() or b"").decode(errors="replace")
+    except (OSError, AttributeError):
+        pass
+    raise NofragError(what, rc, detail)
+
+
+def require(name):
+    """The library function `name`, or NofragError naming the library file
+    when this build lacks it (an older libnofrag.so)."""
+    fn = getattr(load(), name, None)
+    if fn is None:
+        raise NofragError(name, NF_ERR_UNSUPPORTED,
+                          f"{_path} does not export it (an older build: rebuild libnofrag.so from this checkout)")
+    return fn
+
+
+def handle(value, what="pool"):
+    """An address from a ctypes.c_void_p, an int, or None/0 (-> 0)."""
+    if value is None:
+        return 0
+    if isinstance(value, ctypes.c_void_p):
+        return value.value or 0
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"{what} must be a ctypes.c_void_p or an int address, not {type(value).__name__}")
+
+
+def stream_handle(stream):
+    """nf_stream_t from None (default stream), an int, a ctypes.c_void_p, or
+    anything with a ``cuda_stream`` attribute (torch.cuda.Stream)."""
+    if stream is None:
+        return None
+    cs = getattr(stream, "cuda_stream", None)
+    if cs is not None:
+        return int(cs) or None
+    return handle(stream, "stream") or None
+
+
+def tier_value(tier):
+    """nf_tier_t from "host" / "disk" / "device" or the integer."""
+    if isinstance(tier, str):
+        try:
+            return TIERS[tier.lower()]
+        except KeyError:
+            raise ValueError(f"unknown tier {tier!r}: expected one of {', '.join(TIERS)}") from None
+    if isinstance(tier, int) and tier in TIERS.values():
+        return tier
+    raise ValueError(f"unknown tier {tier!r}: expected one of {', '.join(TIERS)}")
+
 
 class NfCalls(ctypes.Structure):
     """Mirror of nf_calls_t: backend calls made by a pool, per kind."""
 
     _fields_ = [(n, _u64) for n in (
         "va_reserve", "va_release", "create", "release", "map", "unmap", "set_access",
-        "event_create", "event_record", "event_query", "event_sync", "stream_wait")]
+        "event_create", "event_record", "event_query", "event_sync", "stream_wait", "copy")]
 
 
 class NfStats(ctypes.Structure):
@@ -40,7 +138,9 @@ class NfStats(ctypes.Structure):
         ("calls", NfCalls),
         ("backend_calls", _u64),
         ("fragmentation", ctypes.c_double),
-    ]
+    ] + [(n, _u64) for n in (  # host tier (spill and offload)
+        "spilled", "spilled_peak", "offloaded", "offloaded_disk", "host_physical", "host_physical_peak",
+        "spills", "offloads", "prefetches")]
 
     def to_dict(self):
         d = {}
@@ -112,6 +212,16 @@ def _declare(lib):
         "nf_stats_get": (None, [vp, ctypes.POINTER(NfStats)]),
         "nf_stats_reset_peaks": (None, [vp]),
         "nf_pool_check": (i, [vp]),
+        "nf_pool_config": (None, [vp, vp]),
+        "nf_config_format": (i, [vp, ctypes.c_char_p, sz]),
+        "nf_block_size": (sz, [vp, vp]),
+        "nf_record_stream": (i, [vp, vp, vp]),
+        "nf_torch_pool": (vp, [i]),
+        # offload (issue 7)
+        "nf_offload": (i, [vp, vp, vp, i]),
+        "nf_prefetch": (i, [vp, vp, vp]),
+        "nf_offload_wait": (i, [vp]),
+        "nf_block_tiers": (i, [vp, vp, ctypes.POINTER(_u64)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name, None)
@@ -168,12 +278,18 @@ def conf_string(**config):
 
     Integers are bytes; None values are skipped. Keys are checked by the C
     parser (nf_torch_configure) so this stays in step with src/config.c.
+    ``spill=True`` / ``False`` become "spill:host" / "spill:off" (other keys
+    take booleans as 1 / 0); ``spill_limit`` is a size and ``offload_dir`` a
+    directory (like ``trace``, it cannot contain ',').
     """
     parts = []
     for k, v in config.items():
         if v is None:
             continue
         if isinstance(v, bool):
-            v = int(v)
+            v = ("host" if v else "off") if k == "spill" else int(v)
+        v = str(v)
+        if "," in v:
+            raise ValueError(f"config value for {k!r} cannot contain ',': {v!r}")
         parts.append(f"{k}:{v}")
     return ",".join(parts)

@@ -59,6 +59,12 @@ library; ``install_info()["oom_raises"]`` says whether that worked.
 Not available under a pluggable allocator (PyTorch's limits, see
 docs/pytorch.md): memory snapshots / ``_record_memory_history``, CUDA IPC of
 tensors (torch.multiprocessing), and CUDA graph private pools.
+
+Spill and same-address offload (docs/offload.md): ``enable(spill="host")``
+backs allocations that do not fit on the device with host memory;
+``offload(t)`` / ``prefetch(t)`` move a tensor's storage to the host and back
+at the same address; ``offload_optimizer(opt)`` and ``offload_activations()``
+build on them (module nofrag.torch_offload).
 """
 
 import collections
@@ -66,7 +72,9 @@ import ctypes
 import os
 
 from . import _lib
-from ._lib import NfStats, load
+from ._lib import NfStats, NofragError, load  # noqa: F401 (NofragError: re-exported)
+from .torch_offload import (OptimizerOffload, block_tiers, offload, offload_activations,  # noqa: F401
+                            offload_optimizer, pool, prefetch)
 
 _state = {"enabled": False, "allocator": None, "hooks": {}, "patched": [], "oom_raises": False,
           "baseline": {}}
@@ -179,6 +187,10 @@ def summary(device=0):
         ("physical (reserved)", gib(s["physical"]), gib(s["physical_peak"])),
         ("cached (mapped, not live)", gib(s["cached"]), ""),
         ("limit", gib(s["limit"]), ""),
+        ("spilled (host, by spill)", gib(s.get("spilled", 0)), gib(s.get("spilled_peak", 0))),
+        ("offloaded (host)", gib(s.get("offloaded", 0)), ""),
+        ("offloaded (disk)", gib(s.get("offloaded_disk", 0)), ""),
+        ("host physical", gib(s.get("host_physical", 0)), gib(s.get("host_physical_peak", 0))),
     ]
     lines = ["=" * 72, f" nofrag memory summary, device {device}".ljust(72), "-" * 72,
              f" {'':32} {'current':>16} {'peak':>16}"]
@@ -188,6 +200,8 @@ def summary(device=0):
               f"OOMs {s['ooms']}, failed allocs (plug-in) {fails}",
               f" reclaims {s['reclaims']} ({s['reclaimed_granules']} granules), cross-stream reuses "
               f"{s['cross_stream_reuses']}, fragmentation {s['fragmentation']:.4f}",
+              f" spills {s.get('spills', 0)}, offloads {s.get('offloads', 0)}, prefetches "
+              f"{s.get('prefetches', 0)}",
               f" backend calls {s['backend_calls']}: " + ", ".join(
                   f"{k} {v}" for k, v in s["calls"].items() if v),
               f" granule {s['granule']} B, bytes allocated {b_alloc}, freed {b_freed}, "
@@ -221,7 +235,9 @@ def enable(conf=None, **config):
     """Install nofrag as PyTorch's CUDA allocator.
 
     `conf` is a config string and/or keywords (``enable(limit="40GiB")`` ->
-    "limit:40GiB"); without either, ``$NOFRAG_CONF`` applies. Must run before
+    "limit:40GiB"; ``spill="host"`` or ``spill=True`` with ``spill_limit=``
+    to back what does not fit on the device with host memory; ``offload_dir=``
+    for disk offload); without either, ``$NOFRAG_CONF`` applies. Must run before
     CUDA is initialised (before the first CUDA tensor, or anything calling
     torch.cuda's lazy init). Calling it again once enabled does nothing.
     """

@@ -1,0 +1,593 @@
+"""Same-address offload of PyTorch tensors (nofrag.torch.offload and friends).
+
+Everything here works on the *storage* of a tensor: under nofrag's
+pluggable allocator a storage is one nofrag block, and
+``t.untyped_storage().data_ptr()`` is the block's start. Offloading moves the
+block's whole granules to host (or disk) memory at the same virtual address,
+so the tensor object, its ``data_ptr()`` and every view of it stay valid; they
+just must not be touched until the block is prefetched. The rules and limits
+are in docs/offload.md:
+
+- between offload and prefetch nothing may read or write the storage (no
+  kernel, no copy, no print) -- views share the storage, so they are moved too;
+- only granules wholly inside the block move (the edge granules shared with
+  neighbouring blocks stay on the device; a block under one granule does not
+  move at all);
+- the disk tier is synchronous, and touching a disk-offloaded tensor is an
+  illegal-address fault.
+
+``offload(t)`` / ``prefetch(t)`` are the primitives. ``offload_optimizer(opt)``
+keeps optimizer state on the host between steps; ``offload_activations()`` is a
+saved-tensors-hooks context that offloads the activations saved by a forward
+pass when the context exits (or, with ``layers=``, as each layer's forward
+returns) and prefetches them during backward.
+
+torch is imported when a function is called, never at import time.
+"""
+
+import threading
+import warnings
+import weakref
+
+from . import _lib
+from . import block_tiers as _nf_block_tiers
+from . import offload as _nf_offload
+from . import prefetch as _nf_prefetch
+from ._lib import NF_ERR_INVALID, NofragError
+
+_streams = {}  # (device, purpose) -> torch.cuda.Stream
+_streams_lock = threading.Lock()
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def pool(device=0):
+    """The plug-in's nf_pool_t* (an int) for `device` (an index); NofragError if
+    nofrag has no pool there (nofrag.torch.enable() not in force, or nothing
+    allocated on that device yet)."""
+    p = _lib.load().nf_torch_pool(int(device))
+    if not p:
+        raise NofragError("nf_torch_pool", NF_ERR_INVALID,
+                          f"no nofrag pool on device {device}: is nofrag.torch.enable() in force and has the "
+                          "device allocated through it?")
+    return p
+
+
+def _device_index(torch, t):
+    if not getattr(t, "is_cuda", False):
+        raise ValueError(f"nofrag: expected a CUDA tensor, got one on {getattr(t, 'device', '?')}")
+    idx = t.device.index
+    return torch.cuda.current_device() if idx is None else int(idx)
+
+
+def _block(t):
+    """(torch, device index, storage start) of a CUDA tensor."""
+    torch = _torch()
+    dev = _device_index(torch, t)
+    return torch, dev, t.untyped_storage().data_ptr()
+
+
+def _side_stream(torch, dev, purpose):
+    key = (dev, purpose)
+    with _streams_lock:
+        s = _streams.get(key)
+        if s is None:
+            s = _streams[key] = torch.cuda.Stream(device=dev)
+        return s
+
+
+def offload(t, tier="host", stream=None):
+    """Move tensor `t`'s storage to `tier` ("host" or "disk") at the same
+    address; returns `t` (same object, same data_ptr()). The copy is ordered
+    on `stream` (default: the current stream of t's device) after the work
+    queued there. Until prefetch(t), nothing may read or write t or any view
+    of its storage. An empty storage is left alone. Raises NofragError."""
+    torch, dev, ptr = _block(t)
+    if ptr:
+        _nf_offload(pool(dev), ptr, stream if stream is not None else torch.cuda.current_stream(dev), tier)
+    return t
+
+
+def prefetch(t, stream=None):
+    """Bring `t`'s storage back to device memory; work queued on `stream`
+    (default: the current stream) afterwards sees the contents; other streams
+    must wait on that stream first. No-op if not offloaded. Returns `t`."""
+    torch, dev, ptr = _block(t)
+    if ptr:
+        _nf_prefetch(pool(dev), ptr, stream if stream is not None else torch.cuda.current_stream(dev))
+    return t
+
+
+def block_tiers(t):
+    """Bytes of t's storage per tier: {"device": n, "host": n, "disk": n}."""
+    _, dev, ptr = _block(t)
+    if not ptr:
+        return {"device": 0, "host": 0, "disk": 0}
+    return _nf_block_tiers(pool(dev), ptr)
+
+
+def _warn_once(owner, key, msg):
+    if key not in owner._warned:
+        owner._warned.add(key)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+# ================================================================ optimizer state
+
+class OptimizerOffload:
+    """What offload_optimizer() returns: ``remove()`` (prefetch everything and
+    unhook), ``prefetch()`` (bring the state back now, e.g. before reading it),
+    and ``stats`` (a dict of counts)."""
+
+    def __init__(self, opt, tier="host", min_bytes=2 << 20, prefetch_in_backward=True, side_streams=True):
+        self._torch = _torch()
+        _lib.tier_value(tier)  # validates
+        self.opt, self.tier, self.min_bytes = opt, tier, int(min_bytes)
+        self.side_streams = side_streams
+        self.stats = {"steps": 0, "offloaded_tensors": 0, "offloaded_bytes": 0, "prefetched_tensors": 0,
+                      "prefetched_in_backward": 0, "failed_offloads": 0, "failed_early_prefetches": 0}
+        self._off = {}       # (device, ptr) -> nbytes: offloaded by this handle, not prefetched yet
+        self._events = {}    # device -> event recorded after the last step's offloads
+        self._used = set()   # devices whose prefetch stream the step must wait for
+        self._lock = threading.RLock()
+        self._warned = set()
+        self._handles = [opt.register_step_pre_hook(self._pre_step), opt.register_step_post_hook(self._post_step)]
+        for name, hook in (("register_state_dict_pre_hook", lambda o: self.prefetch()),
+                           ("register_load_state_dict_pre_hook", lambda o, sd: self.prefetch())):
+            reg = getattr(opt, name, None)
+            if reg is not None:
+                self._handles.append(reg(hook))
+        if prefetch_in_backward:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    reg = getattr(p, "register_post_accumulate_grad_hook", None)
+                    if reg is not None and getattr(p, "requires_grad", False):
+                        self._handles.append(reg(self._grad_ready))
+
+    # -- helpers
+    def _stream(self, dev, purpose):
+        torch = self._torch
+        if not self.side_streams:
+            return torch.cuda.current_stream(dev)
+        return _side_stream(torch, dev, purpose)
+
+    def _state_tensors(self, states):
+        """(device, ptr, nbytes) of the distinct, large enough CUDA storages."""
+        torch = self._torch
+        seen = set()
+        for st in states:
+            for v in st.values():
+                if not isinstance(v, torch.Tensor) or not v.is_cuda:
+                    continue
+                stg = v.untyped_storage()
+                ptr, n = stg.data_ptr(), stg.nbytes()
+                dev = _device_index(torch, v)
+                if not ptr or n < self.min_bytes or (dev, ptr) in seen:
+                    continue
+                seen.add((dev, ptr))
+                yield dev, ptr, n
+
+    def _prefetch_keys(self, keys, strict):
+        """Prefetch (device, ptr) keys on each device's prefetch stream, after
+        that device's offload copies. strict: raise on failure."""
+        torch = self._torch
+        by_dev = {}
+        for k in keys:
+            by_dev.setdefault(k[0], []).append(k)
+        for dev, ks in by_dev.items():
+            s = self._stream(dev, "prefetch")
+            ev = self._events.get(dev)
+            if ev is not None and s != torch.cuda.current_stream(dev):
+                s.wait_event(ev)
+            p = pool(dev)
+            for k in ks:
+                try:
+                    _nf_prefetch(p, k[1], s)
+                except NofragError as e:
+                    if e.status == NF_ERR_INVALID:  # the block is gone (state replaced or freed): forget it
+                        self._off.pop(k, None)
+                        continue
+                    if strict:
+                        raise NofragError(f"nofrag.torch.offload_optimizer: prefetch of optimizer state "
+                                          f"({self._off.get(k, 0)} bytes)", e.status, e.detail) from e
+                    self.stats["failed_early_prefetches"] += 1
+                    continue
+                self._off.pop(k, None)
+                self.stats["prefetched_tensors"] += 1
+            self._used.add(dev)
+
+    def _wait(self):
+        torch = self._torch
+        for dev in self._used:
+            if self.side_streams:
+                torch.cuda.current_stream(dev).wait_stream(self._stream(dev, "prefetch"))
+        self._used.clear()
+
+    # -- hooks
+    def _grad_ready(self, p):
+        # Runs in backward (autograd thread) once p's gradient is accumulated:
+        # its state is needed at the next step, so start bringing it back.
+        st = self.opt.state.get(p) if hasattr(self.opt.state, "get") else None
+        if not st:
+            return
+        with self._lock:
+            keys = [(d, ptr) for d, ptr, _ in self._state_tensors([st]) if (d, ptr) in self._off]
+            if keys:
+                n = self.stats["prefetched_tensors"]
+                self._prefetch_keys(keys, strict=False)
+                self.stats["prefetched_in_backward"] += self.stats["prefetched_tensors"] - n
+
+    def _pre_step(self, opt, args, kwargs):
+        self.prefetch()
+
+    def _post_step(self, opt, args, kwargs):
+        torch = self._torch
+        with self._lock:
+            self.stats["steps"] += 1
+            by_dev = {}
+            for dev, ptr, n in self._state_tensors(opt.state.values()):
+                if (dev, ptr) not in self._off:  # (a skipped pre-hook leaves some offloaded)
+                    by_dev.setdefault(dev, []).append((ptr, n))
+            for dev, items in by_dev.items():
+                cur = torch.cuda.current_stream(dev)
+                s = self._stream(dev, "offload")
+                if s != cur:
+                    s.wait_stream(cur)  # the step's kernels first (nf_offload orders on the
+                    # allocation stream too; this makes it explicit)
+                p = pool(dev)
+                for ptr, n in items:
+                    try:
+                        _nf_offload(p, ptr, s, self.tier)
+                    except NofragError as e:  # stays on the device, intact
+                        self.stats["failed_offloads"] += 1
+                        _warn_once(self, "offload", f"nofrag.torch.offload_optimizer: state stays on the device: {e}")
+                        continue
+                    self._off[(dev, ptr)] = n
+                    self.stats["offloaded_tensors"] += 1
+                    self.stats["offloaded_bytes"] += n
+                ev = torch.cuda.Event()
+                ev.record(s)
+                self._events[dev] = ev
+
+    # -- public
+    def prefetch(self):
+        """Bring every offloaded state tensor back now; the current stream of
+        each device waits for the copies. Raises NofragError (e.g. out of
+        memory) when a tensor cannot come back."""
+        with self._lock:
+            self._prefetch_keys(list(self._off), strict=True)
+            self._wait()
+
+    def remove(self):
+        """Prefetch everything and remove the hooks."""
+        try:
+            self.prefetch()
+        finally:
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+
+    @property
+    def offloaded_bytes(self):
+        return sum(self._off.values())
+
+
+def offload_optimizer(opt, tier="host", min_bytes=2 << 20, prefetch_in_backward=True, side_streams=True):
+    """Keep `opt`'s state on the host between steps: after each ``opt.step()``
+    the CUDA state tensors of at least `min_bytes` (exp_avg, exp_avg_sq, ...)
+    are offloaded (step post-hook), and before the next step they come back
+    (step pre-hook). With `prefetch_in_backward`, a parameter's state starts
+    coming back as soon as its gradient is accumulated (post-accumulate-grad
+    hook), so the copies overlap the rest of backward. With `side_streams`,
+    the copies run on side streams (offload after the step's kernels, prefetch
+    before the step's), so they overlap forward/backward compute.
+
+    Reading the state between steps is forbidden while it is offloaded; the
+    optimizer's state_dict() / load_state_dict() prefetch it first (hooks), or
+    call ``handle.prefetch()``. Returns an OptimizerOffload (``.remove()``)."""
+    return OptimizerOffload(opt, tier=tier, min_bytes=min_bytes, prefetch_in_backward=prefetch_in_backward,
+                            side_streams=side_streams)
+
+
+# ================================================================ activations
+
+_DEAD, _RESIDENT, _OFFLOADED, _PREFETCHING = range(4)
+
+
+class _Entry:
+    """One recorded storage (one nofrag block) of one forward pass."""
+    __slots__ = ("gen", "dev", "ptr", "nbytes", "index", "refs", "state", "event")
+
+    def __init__(self, gen, dev, ptr, nbytes, index):
+        self.gen, self.dev, self.ptr, self.nbytes, self.index = gen, dev, ptr, nbytes, index
+        self.refs, self.state, self.event = [], _RESIDENT, None
+
+    def alive(self):
+        return any(r() is not None for r in self.refs)
+
+
+class _Gen:
+    """What one `with` block recorded: entries by (device, ptr), their order,
+    the stack of pending (not yet offloaded) lists, the offload events."""
+
+    def __init__(self):
+        self.entries, self.order, self.pending, self.offload_ev = {}, [], [[]], {}
+        self.cb_task = None
+
+
+class _Saved:
+    __slots__ = ("t", "entry", "__weakref__")
+
+    def __init__(self, t, entry):
+        self.t, self.entry = t, entry
+
+
+def _tensors_in(torch, obj, out, depth=0):
+    """Tensors in nested lists / tuples / dicts (HF ModelOutput is a dict)."""
+    if depth > 6:
+        return out
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _tensors_in(torch, x, out, depth + 1)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _tensors_in(torch, x, out, depth + 1)
+    return out
+
+
+class offload_activations:
+    """Context manager: activations saved for backward by the code inside are
+    offloaded to `tier`, and brought back during backward. ::
+
+        with nofrag.torch.offload_activations(min_bytes=4 << 20):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x).loss
+        loss.backward()
+
+    Recorded: plain CUDA tensors with at least `min_bytes` of storage that
+    belong to the autograd graph -- not leaves (parameters, buffers, inputs)
+    nor views of them, not autocast's casts of parameters (autocast may reuse
+    them) -- one entry per storage. Nothing moves while the forward may still
+    read what it saved: the recorded storages are offloaded, on a side stream,
+    when the context exits. With ``layers=[...]`` (e.g. the transformer
+    blocks), each layer's recorded storages are offloaded as soon as that
+    layer's forward returns, except the storages of its inputs and outputs
+    (the next layer reads them); only this lowers the forward's peak. Layers
+    must not use activation checkpointing (refused). What is saved outside
+    the layers (the head, the loss: needed first by backward) is offloaded at
+    exit only if `outside` (default: True without `layers`, False with).
+
+    In backward, unpacking a saved tensor prefetches its storage (the current
+    stream waits for the copy) and starts prefetching the next `ahead`
+    recorded storages (reverse order of recording) on a side stream. At the
+    end of backward whatever is still offloaded and alive comes back.
+    Between the end of the context and backward, do not read a tensor the
+    forward saved (an output that an op also saved, an HF Cache object's
+    keys/values, ...): call ``ctx.prefetch_all()`` first. ``ctx.stats``
+    counts what happened.
+    """
+
+    def __init__(self, min_bytes=4 << 20, tier="host", ahead=4, layers=None, outside=None, skip_param_casts=True):
+        _lib.tier_value(tier)
+        self.min_bytes, self.tier, self.ahead = int(min_bytes), tier, max(0, int(ahead))
+        self.skip_param_casts = skip_param_casts
+        self.layers = list(layers) if layers is not None else []
+        self.outside = (not self.layers) if outside is None else bool(outside)
+        for m in self.layers:
+            if getattr(m, "gradient_checkpointing", False):
+                raise ValueError("nofrag.torch.offload_activations: layers=... does not combine with activation "
+                                 "checkpointing of those layers (the recomputation saves nothing to offload)")
+        self.stats = {"packed": 0, "recorded_storages": 0, "offloaded_storages": 0, "offloaded_bytes": 0,
+                      "kept_as_layer_io": 0, "prefetched_storages": 0, "prefetched_ahead": 0, "failed_offloads": 0,
+                      "failed_ahead_prefetches": 0}
+        self._lock = threading.RLock()
+        self._warned = set()
+        self._gen = _Gen()
+        self._hooks, self._layer_handles = None, []
+
+    # -- context
+    def __enter__(self):
+        torch = self._torch = _torch()
+        self._gen = _Gen()
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        try:
+            for m in self.layers:
+                self._layer_handles.append(m.register_forward_pre_hook(self._layer_begin, with_kwargs=True))
+                self._layer_handles.append(m.register_forward_hook(self._layer_end, with_kwargs=True))
+        except BaseException:
+            self._close_hooks(None, None, None)
+            raise
+        return self
+
+    def _close_hooks(self, et, ev, tb):
+        for h in self._layer_handles:
+            h.remove()
+        self._layer_handles = []
+        self._hooks.__exit__(et, ev, tb)
+
+    def __exit__(self, et, ev, tb):
+        self._close_hooks(et, ev, tb)
+        g = self._gen
+        keys = [k for lst in g.pending for k in lst]  # (lists left open by a layer that raised included)
+        g.pending = [[]]
+        if et is None and self.outside:
+            self._offload(g, keys, set())
+        return False
+
+    def _layer_begin(self, module, args, kwargs):
+        self._gen.pending.append([])
+
+    def _layer_end(self, module, args, kwargs, output):
+        g = self._gen
+        if len(g.pending) < 2:
+            return
+        keys = g.pending.pop()
+        keep = set()
+        for t in _tensors_in(self._torch, (args, kwargs, output), []):
+            try:
+                keep.add(t.untyped_storage().data_ptr())
+            except Exception:
+                pass
+        self._offload(g, keys, keep)
+
+    # -- recording
+    def _is_param_cast(self, t):
+        fn = t.grad_fn
+        if fn is None or not type(fn).__name__.startswith("ToCopyBackward"):
+            return False
+        return any(nf is not None and type(nf).__name__ == "AccumulateGrad" for nf, _ in fn.next_functions)
+
+    def _eligible(self, t):
+        torch = self._torch
+        if type(t) is not torch.Tensor or not t.is_cuda:  # Parameters and other subclasses: no
+            return None
+        base = t._base if t._base is not None else t
+        if base.is_leaf or (self.skip_param_casts and self._is_param_cast(base)):
+            return None
+        stg = t.untyped_storage()
+        ptr, n = stg.data_ptr(), stg.nbytes()
+        if not ptr or n < self.min_bytes:
+            return None
+        return _device_index(torch, t), ptr, n
+
+    def _pack(self, t):
+        self.stats["packed"] += 1
+        try:
+            info = self._eligible(t)
+        except Exception:  # anything unusual (no storage, ...) stays as it is
+            info = None
+        saved = _Saved(t.detach(), None)  # detach: the graph must not hold t itself (reference cycle)
+        if info is not None:
+            g = self._gen
+            dev, ptr, n = info
+            e = g.entries.get((dev, ptr))
+            if e is None or (e.state == _RESIDENT and not e.alive()):  # new, or a new storage at a freed address
+                e = g.entries[(dev, ptr)] = _Entry(g, dev, ptr, n, len(g.order))
+                g.order.append((dev, ptr))
+                g.pending[-1].append((dev, ptr))
+                self.stats["recorded_storages"] += 1
+            e.refs.append(weakref.ref(saved))
+            saved.entry = e
+        return saved
+
+    def _offload(self, g, keys, keep):
+        torch = self._torch
+        by_dev = {}
+        for key in keys:
+            e = g.entries.get(key)
+            if e is None or e.state != _RESIDENT:
+                continue
+            if not e.alive():
+                e.state = _DEAD
+            elif e.ptr in keep:
+                self.stats["kept_as_layer_io"] += 1
+            else:
+                by_dev.setdefault(e.dev, []).append(e)
+        for dev, es in by_dev.items():
+            cur = torch.cuda.current_stream(dev)
+            s = _side_stream(torch, dev, "activations")
+            s.wait_stream(cur)  # the forward's kernels that write them come first
+            p = pool(dev)
+            for e in es:
+                try:
+                    _nf_offload(p, e.ptr, s, self.tier)
+                except NofragError as err:
+                    self.stats["failed_offloads"] += 1
+                    _warn_once(self, "offload", f"nofrag.torch.offload_activations: kept on the device: {err}")
+                    continue
+                e.state = _OFFLOADED
+                self.stats["offloaded_storages"] += 1
+                self.stats["offloaded_bytes"] += e.nbytes
+            ev = torch.cuda.Event()
+            ev.record(s)
+            g.offload_ev[dev] = ev
+
+    # -- backward
+    def _issue_ahead(self, e):
+        torch = self._torch
+        s = _side_stream(torch, e.dev, "activations")
+        try:
+            _nf_prefetch(pool(e.dev), e.ptr, s)
+        except NofragError:
+            self.stats["failed_ahead_prefetches"] += 1  # fetched on demand later
+            return
+        ev = torch.cuda.Event()
+        ev.record(s)
+        e.event, e.state = ev, _PREFETCHING
+        self.stats["prefetched_ahead"] += 1
+
+    def _bring(self, e):
+        """Make e resident for the current stream of its device."""
+        torch = self._torch
+        cur = torch.cuda.current_stream(e.dev)
+        if e.state == _OFFLOADED:
+            ev = e.gen.offload_ev.get(e.dev)
+            if ev is not None:
+                cur.wait_event(ev)  # the offload copies (side stream) before the copy back
+            try:
+                _nf_prefetch(pool(e.dev), e.ptr, cur)
+            except NofragError as err:
+                raise NofragError(f"nofrag.torch.offload_activations: prefetch of a saved activation "
+                                  f"({e.nbytes} bytes)", err.status, err.detail) from err
+            self.stats["prefetched_storages"] += 1
+        elif e.state == _PREFETCHING:
+            cur.wait_event(e.event)
+            self.stats["prefetched_storages"] += 1
+        e.state, e.event = _RESIDENT, None
+
+    def _queue_finish(self, g):
+        torch = self._torch
+        try:
+            task = torch._C._current_graph_task_id()
+        except Exception:
+            task = -1
+        if task != -1 and task == g.cb_task:
+            return
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: self._finish(g))
+            g.cb_task = task
+        except Exception:  # not in a backward, or no such API: prefetch_all() is then the caller's
+            pass
+
+    def _unpack(self, saved):
+        e = saved.entry
+        if e is None or e.state in (_RESIDENT, _DEAD):
+            return saved.t
+        with self._lock:
+            g = e.gen
+            self._bring(e)
+            left, j, scanned = self.ahead, e.index - 1, 0
+            while left > 0 and j >= 0 and scanned < 64:
+                f = g.entries[g.order[j]]
+                j -= 1
+                scanned += 1
+                if f.state not in (_OFFLOADED, _PREFETCHING) or not f.alive():
+                    continue
+                if f.state == _OFFLOADED:
+                    self._issue_ahead(f)
+                left -= 1
+            self._queue_finish(g)
+        return saved.t
+
+    def _finish(self, g):
+        with self._lock:
+            for key in g.order:
+                e = g.entries[key]
+                if e.state in (_OFFLOADED, _PREFETCHING) and e.alive():
+                    self._bring(e)
+
+    def prefetch_all(self):
+        """Bring every recorded storage that is still offloaded (and alive)
+        back; the current streams wait for the copies. Runs by itself at the
+        end of backward."""
+        self._finish(self._gen)
+
+    def resident(self):
+        """True when nothing recorded is offloaded any more."""
+        return all(e.state in (_RESIDENT, _DEAD) or not e.alive() for e in self._gen.entries.values())

@@ -1,0 +1,538 @@
+"""nofrag.torch's offload helpers (offload / prefetch / block_tiers,
+offload_optimizer, offload_activations) without torch and without a GPU.
+
+    NOFRAG_LIB=build/libnofrag.so python3 -m unittest discover -s python/tests -v
+
+A small fake ``torch`` module stands in for what nofrag.torch_offload touches
+(tensors are blocks of the plug-in's host-backend pool; streams and events log
+what waits on what; saved-tensor hooks, forward hooks and the optimizer's step
+hooks are called as PyTorch calls them). Every test runs twice: against the
+library's nf_offload / nf_prefetch (skipped when the library lacks them) and
+against a simulator that poisons offloaded bytes, so that a hook letting its
+caller read an offloaded tensor shows up as wrong data.
+
+TestRealTorch runs a round trip with real torch on a GPU, in a subprocess
+(skipped without torch + CUDA).
+"""
+
+import collections
+import ctypes
+import os
+import subprocess
+import sys
+import types
+import unittest
+from unittest import mock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
+sys.path.insert(0, HERE)
+
+import nofrag  # noqa: E402
+import nofrag.torch as nft  # noqa: E402
+from nofrag import _lib, torch_offload  # noqa: E402
+from test_offload import HAVE_OFFLOAD, LIB, MiB, NO_OFFLOAD, pattern  # noqa: E402
+
+
+# ====================================================================== fake torch
+
+class FakeStream:
+    _next = [100]
+
+    def __init__(self, device=None, handle=None):
+        if handle is None:
+            FakeStream._next[0] += 1
+            handle = FakeStream._next[0]
+        self.cuda_stream = handle
+        FakeTorch.log.append(("stream", handle))
+
+    def __eq__(self, other):
+        return isinstance(other, FakeStream) and other.cuda_stream == self.cuda_stream
+
+    def __hash__(self):
+        return self.cuda_stream
+
+    def wait_stream(self, other):
+        FakeTorch.log.append(("wait_stream", self.cuda_stream, other.cuda_stream))
+
+    def wait_event(self, ev):
+        FakeTorch.log.append(("wait_event", self.cuda_stream, ev.stream))
+
+
+class FakeEvent:
+    def __init__(self, *a, **k):
+        self.stream = None
+
+    def record(self, stream=None):
+        self.stream = stream.cuda_stream if stream is not None else 1
+
+
+class FakeStorage:
+    def __init__(self, ptr, n):
+        self.ptr, self.n = ptr, n
+
+    def data_ptr(self):
+        return self.ptr
+
+    def nbytes(self):
+        return self.n
+
+
+class Node:
+    def __init__(self, *next_nodes):
+        self.next_functions = tuple((n, 0) for n in next_nodes)
+
+
+AccumulateGrad = type("AccumulateGrad", (Node,), {})
+ToCopyBackward0 = type("ToCopyBackward0", (Node,), {})
+MulBackward0 = type("MulBackward0", (Node,), {})
+
+
+class FakeTensor:
+    def __init__(self, storage, base=None, grad_fn=None, requires_grad=False, cuda=True):
+        self._storage, self._base, self.grad_fn = storage, base, grad_fn
+        self.requires_grad = requires_grad or grad_fn is not None
+        self.is_cuda = cuda
+        self.device = types.SimpleNamespace(type="cuda" if cuda else "cpu", index=0 if cuda else None)
+        self.post_acc_hooks = []
+
+    @property
+    def is_leaf(self):
+        return self.grad_fn is None
+
+    def untyped_storage(self):
+        return self._storage
+
+    def detach(self):
+        return FakeTensor(self._storage, cuda=self.is_cuda)
+
+    def view(self):
+        return FakeTensor(self._storage, base=self._base or self, grad_fn=MulBackward0() if self.requires_grad else None)
+
+    def register_post_accumulate_grad_hook(self, fn):
+        self.post_acc_hooks.append(fn)
+        return _Handle(self.post_acc_hooks, fn)
+
+    def bytes(self):
+        return ctypes.string_at(self._storage.ptr, self._storage.n)
+
+    def fill(self, seed):
+        ctypes.memmove(self._storage.ptr, pattern(seed, self._storage.n), self._storage.n)
+
+
+class FakeParameter(FakeTensor):
+    pass
+
+
+class _Handle:
+    def __init__(self, lst, fn):
+        self.lst, self.fn = lst, fn
+
+    def remove(self):
+        if self.fn in self.lst:
+            self.lst.remove(self.fn)
+
+
+class FakeModule:
+    """nn.Module's forward hooks (with_kwargs=True), called around `body`."""
+
+    def __init__(self, gradient_checkpointing=False):
+        self.pre, self.post = [], []
+        self.gradient_checkpointing = gradient_checkpointing
+
+    def register_forward_pre_hook(self, fn, with_kwargs=False):
+        assert with_kwargs
+        self.pre.append(fn)
+        return _Handle(self.pre, fn)
+
+    def register_forward_hook(self, fn, with_kwargs=False):
+        assert with_kwargs
+        self.post.append(fn)
+        return _Handle(self.post, fn)
+
+    def __call__(self, body, x, **kwargs):
+        for f in list(self.pre):
+            f(self, (x,), kwargs)
+        out = body(x)
+        for f in list(self.post):
+            f(self, (x,), kwargs, out)
+        return out
+
+
+class FakeTorch(types.ModuleType):
+    """Just what nofrag.torch_offload touches."""
+    log = []
+    hooks = []
+    task = [-1]
+    callbacks = []
+
+    def __init__(self):
+        super().__init__("torch")
+        self.Tensor = FakeTensor
+        self.nn = types.SimpleNamespace(Parameter=FakeParameter)
+        main = FakeStream(handle=1)
+        self.cuda = types.SimpleNamespace(
+            current_device=lambda: 0, current_stream=lambda device=None: main, Stream=FakeStream, Event=FakeEvent)
+
+        class saved_tensors_hooks:
+            def __init__(self, pack, unpack):
+                self.pair = (pack, unpack)
+
+            def __enter__(self):
+                FakeTorch.hooks.append(self.pair)
+
+            def __exit__(self, *a):
+                FakeTorch.hooks.pop()
+
+        def queue_callback(cb):
+            if FakeTorch.task[0] == -1:
+                raise RuntimeError("Final callbacks can only be installed during backward pass.")
+            FakeTorch.callbacks.append(cb)
+
+        self.autograd = types.SimpleNamespace(
+            graph=types.SimpleNamespace(saved_tensors_hooks=saved_tensors_hooks),
+            Variable=types.SimpleNamespace(_execution_engine=types.SimpleNamespace(queue_callback=queue_callback)))
+        self._C = types.SimpleNamespace(_current_graph_task_id=lambda: FakeTorch.task[0])
+
+
+def fake_save(*tensors):
+    """An op saving `tensors` for backward: a node holding what the hooks packed."""
+    if FakeTorch.hooks:
+        pack, unpack = FakeTorch.hooks[-1]
+        return [(pack(t), unpack) for t in tensors]
+    return [(t, None) for t in tensors]
+
+
+def fake_backward(nodes, check=None):
+    """Unpack every node's saved tensors in reverse order, as autograd does;
+    `check(tensor)` runs on each unpacked tensor (it is resident by then)."""
+    FakeTorch.task[0] = 7
+    try:
+        for node in reversed(nodes):
+            for packed, unpack in node:
+                t = unpack(packed) if unpack else packed
+                if check:
+                    check(t)
+        for cb in FakeTorch.callbacks:
+            cb()
+    finally:
+        FakeTorch.callbacks.clear()
+        FakeTorch.task[0] = -1
+
+
+class Simulator:
+    """Stands in for nf_offload & co.: offloaded bytes are saved aside and the
+    block is filled with 0xDE, so reading an offloaded tensor gives garbage."""
+
+    def __init__(self):
+        self.saved, self.offloads, self.prefetches = {}, 0, 0
+
+    def offload(self, pool, ptr, stream=None, tier="host"):
+        n = LIB.nf_block_size(pool, ptr)
+        if not n:
+            raise _lib.NofragError("nf_offload(sim)", _lib.NF_ERR_INVALID, "not a live block")
+        if ptr not in self.saved:
+            self.saved[ptr] = ctypes.string_at(ptr, n)
+            ctypes.memset(ptr, 0xDE, n)
+            self.offloads += 1
+
+    def prefetch(self, pool, ptr, stream=None):
+        if not LIB.nf_block_size(pool, ptr):
+            raise _lib.NofragError("nf_prefetch(sim)", _lib.NF_ERR_INVALID, "not a live block")
+        data = self.saved.pop(ptr, None)
+        if data is not None:
+            ctypes.memmove(ptr, data, len(data))
+            self.prefetches += 1
+
+    def block_tiers(self, pool, ptr):
+        n = LIB.nf_block_size(pool, ptr)
+        return {"device": 0 if ptr in self.saved else n, "host": n if ptr in self.saved else 0, "disk": 0}
+
+
+class TorchHelpersBase:
+    """Runs against the library (TestTorchHelpersLib) or the simulator."""
+    simulate = False
+
+    def setUp(self):
+        self.throw = LIB.nf_torch_set_throw(0)
+        LIB.nf_torch_shutdown()
+        nofrag.configure("backend:host,host_capacity:512MiB,granule:2MiB,limit:128MiB")
+        self.fake = FakeTorch()
+        FakeTorch.log.clear()
+        torch_offload._streams.clear()
+        self.patches = [mock.patch.dict(sys.modules, {"torch": self.fake})]
+        if self.simulate:
+            self.sim = Simulator()
+            self.patches += [mock.patch.object(torch_offload, "_nf_offload", self.sim.offload),
+                             mock.patch.object(torch_offload, "_nf_prefetch", self.sim.prefetch),
+                             mock.patch.object(torch_offload, "_nf_block_tiers", self.sim.block_tiers)]
+        for p in self.patches:
+            p.start()
+        self.blocks = []
+
+    def tearDown(self):
+        for p in reversed(self.patches):
+            p.stop()
+        for ptr, n in self.blocks:
+            LIB.nf_torch_free(ptr, n, 0, None)
+        LIB.nf_torch_shutdown()
+        LIB.nf_torch_configure(None)
+        LIB.nf_torch_set_throw(self.throw)
+
+    def tensor(self, n, seed=None, cls=FakeTensor, **kw):
+        ptr = LIB.nf_torch_alloc(n, 0, None)
+        self.assertTrue(ptr, _lib.last_error())
+        self.blocks.append((ptr, n))
+        t = cls(FakeStorage(ptr, n), **kw)
+        if seed is not None:
+            t.fill(seed)
+        return t
+
+    def tiers(self, t):
+        if not self.simulate:
+            nofrag.offload_wait(nft.pool(0))
+        return nft.block_tiers(t)
+
+    def assert_data(self, t, seed):
+        self.assertEqual(t.bytes(), pattern(seed, t.untyped_storage().nbytes()), "tensor data changed")
+
+    # ---------------------------------------------------------------- tests
+    def test_offload_prefetch_tensor(self):
+        t = self.tensor(8 * MiB, seed=1)
+        self.assertIs(nft.offload(t), t)
+        self.assertGreater(self.tiers(t)["host"], 0)
+        self.assertIs(nft.prefetch(t), t)
+        self.assertEqual(self.tiers(t)["host"], 0)
+        self.assert_data(t, 1)
+        with self.assertRaises(ValueError):
+            nft.offload(FakeTensor(FakeStorage(0, 0), cuda=False))
+        empty = FakeTensor(FakeStorage(0, 0))
+        self.assertIs(nft.offload(empty), empty)  # empty storage: left alone, no error
+        self.assertEqual(nft.block_tiers(empty), {"device": 0, "host": 0, "disk": 0})
+
+    def test_activation_recording_rules(self):
+        w = self.tensor(8 * MiB, seed=2, cls=FakeParameter, requires_grad=True)  # parameter
+        buf = self.tensor(8 * MiB, seed=3)                                   # buffer / input: leaf
+        act = self.tensor(8 * MiB, seed=4, grad_fn=MulBackward0())           # activation
+        small = self.tensor(64 * 1024, seed=5, grad_fn=MulBackward0())       # under min_bytes
+        cast = self.tensor(4 * MiB, seed=6, grad_fn=ToCopyBackward0(AccumulateGrad()))  # autocast weight cast
+        act2 = self.tensor(6 * MiB, seed=7, grad_fn=MulBackward0())
+        with nft.offload_activations(min_bytes=1 * MiB) as ctx:
+            nodes = [fake_save(w, act), fake_save(w.view(), buf, small), fake_save(act.view(), cast),
+                     fake_save(act2, act)]
+            # during forward nothing moves: the forward may still read what it saved
+            self.assertEqual(self.tiers(act)["host"], 0)
+        self.assertEqual(ctx.stats["packed"], 9)
+        self.assertEqual(ctx.stats["recorded_storages"], 2)  # act (3 saves, one a view) and act2
+        self.assertEqual(ctx.stats["offloaded_storages"], 2)
+        for t in (w, buf, small, cast):
+            self.assertEqual(self.tiers(t)["host"], 0)
+        self.assertGreater(self.tiers(act)["host"], 0)
+        self.assertGreater(self.tiers(act2)["host"], 0)
+        self.assertFalse(ctx.resident())
+        seen = []
+
+        def check(t):  # every unpacked tensor is resident and intact
+            ptr = t.untyped_storage().data_ptr()
+            seed = {a.untyped_storage().data_ptr(): s for a, s in ((w, 2), (buf, 3), (act, 4), (small, 5),
+                                                                    (cast, 6), (act2, 7))}[ptr]
+            self.assertEqual(self.tiers(t)["host"], 0)
+            self.assert_data(t, seed)
+            seen.append(seed)
+
+        fake_backward(nodes, check)
+        self.assertEqual(seen, [7, 4, 4, 6, 2, 3, 5, 2, 4])
+        self.assertTrue(ctx.resident())
+        self.assertEqual(ctx.stats["prefetched_storages"], 2)
+        # the consumer stream (1) waited for the copies before using them
+        self.assertTrue(any(e[0] == "wait_event" and e[1] == 1 for e in FakeTorch.log), FakeTorch.log)
+
+    def test_activation_prefetch_ahead_and_end_of_backward(self):
+        acts = [self.tensor(4 * MiB, seed=10 + i, grad_fn=MulBackward0()) for i in range(6)]
+        with nft.offload_activations(min_bytes=1 * MiB, ahead=2) as ctx:
+            nodes = [fake_save(a) for a in acts]
+            extra = fake_save(self.tensor(4 * MiB, seed=30, grad_fn=MulBackward0()))  # never unpacked
+        self.assertEqual(ctx.stats["offloaded_storages"], 7)
+        # unpack the last three only (a backward that stops early): the next ones come ahead
+        fake_backward(nodes[3:], lambda t: self.assertEqual(self.tiers(t)["host"], 0))
+        self.assertGreaterEqual(ctx.stats["prefetched_ahead"], 2)
+        # the end-of-backward callback brought back everything still alive
+        self.assertTrue(ctx.resident())
+        for i, a in enumerate(acts):
+            self.assertEqual(self.tiers(a)["host"], 0)
+            self.assert_data(a, 10 + i)
+        self.assertEqual(self.tiers(extra[0][0].t)["host"], 0)
+
+    def test_activation_dead_storage_is_skipped(self):
+        a = self.tensor(4 * MiB, seed=40, grad_fn=MulBackward0())
+        with nft.offload_activations(min_bytes=1 * MiB) as ctx:
+            node = fake_save(a)
+            del node  # the graph holding it is gone before the forward ends
+        self.assertEqual(ctx.stats["recorded_storages"], 1)
+        self.assertEqual(ctx.stats["offloaded_storages"], 0)
+        self.assertEqual(self.tiers(a)["host"], 0)
+
+    def test_activation_layers_mode(self):
+        layers = [FakeModule() for _ in range(3)]
+        h = self.tensor(4 * MiB, seed=50, grad_fn=MulBackward0())
+        inner, outs, nodes = [], [], []
+        with nft.offload_activations(min_bytes=1 * MiB, layers=layers) as ctx:
+            x = h
+            for i, m in enumerate(layers):
+                def body(x, i=i):
+                    self.assert_data(x, 50 if i == 0 else 70 + i - 1)  # the layer reads its input
+                    a = self.tensor(4 * MiB, seed=60 + i, grad_fn=MulBackward0())
+                    inner.append(a)
+                    nodes.append(fake_save(x, a))  # an op saving the layer input and an internal result
+                    out = self.tensor(4 * MiB, seed=70 + i, grad_fn=MulBackward0())
+                    nodes.append(fake_save(out))   # an op saving its output
+                    return (out, {"aux": None})    # nested output structure
+                x = m(body, x, mask=None)[0]
+                outs.append(x)
+                self.assertGreater(self.tiers(inner[-1])["host"], 0)  # moved as soon as the layer returned
+                self.assertEqual(self.tiers(x)["host"], 0)            # the next layer reads it
+            head = self.tensor(4 * MiB, seed=80, grad_fn=MulBackward0())  # saved outside the layers (the head)
+            nodes.append(fake_save(head))
+        self.assertEqual(self.tiers(head)["host"], 0)  # outside=False by default with layers: needed first
+        self.assertEqual([len(m.pre) + len(m.post) for m in layers], [0, 0, 0])  # hooks removed at exit
+        self.assertEqual(ctx.stats["offloaded_storages"], 3)
+        self.assertEqual(ctx.stats["kept_as_layer_io"], 4)  # h and out1 (layer 1), out2, out3
+        fake_backward(nodes, lambda t: self.assertEqual(self.tiers(t)["host"], 0))
+        for i, a in enumerate(inner):
+            self.assert_data(a, 60 + i)
+        self.assertTrue(ctx.resident())
+        with self.assertRaises(ValueError):
+            nft.offload_activations(layers=[FakeModule(gradient_checkpointing=True)])
+
+    def test_optimizer_state_offload(self):
+        params = [self.tensor(8 * MiB, cls=FakeParameter, requires_grad=True) for _ in range(3)]
+        test = self
+
+        class Opt:
+            def __init__(self):
+                self.param_groups = [{"params": params}]
+                self.state = collections.defaultdict(dict)
+                self.pre, self.post, self.sd = [], [], []
+                self.steps = 0
+
+            def register_step_pre_hook(self, fn):
+                self.pre.append(fn)
+                return _Handle(self.pre, fn)
+
+            def register_step_post_hook(self, fn):
+                self.post.append(fn)
+                return _Handle(self.post, fn)
+
+            def register_state_dict_pre_hook(self, fn):
+                self.sd.append(fn)
+                return _Handle(self.sd, fn)
+
+            def state_dict(self):
+                for h in list(self.sd):
+                    h(self)
+                return {id(p): dict(s) for p, s in self.state.items()}
+
+            def step(self):
+                for h in list(self.pre):
+                    h(self, (), {})
+                for i, p in enumerate(params):  # the step reads and writes every state tensor
+                    st = self.state[p]
+                    if not st:
+                        st["step"] = FakeTensor(FakeStorage(0, 8), cuda=False)
+                        st["exp_avg"] = test.tensor(8 * MiB)
+                        st["exp_avg_sq"] = test.tensor(8 * MiB)
+                        st["tiny"] = test.tensor(4096)
+                    else:
+                        for k, s in (("exp_avg", 0), ("exp_avg_sq", 1)):
+                            test.assertEqual(test.tiers(st[k])["host"], 0, "state read while offloaded")
+                            test.assert_data(st[k], 100 * self.steps + 10 * i + s)
+                    st["exp_avg"].fill(100 * (self.steps + 1) + 10 * i)
+                    st["exp_avg_sq"].fill(100 * (self.steps + 1) + 10 * i + 1)
+                self.steps += 1
+                for h in list(self.post):
+                    h(self, (), {})
+
+        opt = Opt()
+        h = nft.offload_optimizer(opt, min_bytes=1 * MiB)
+        for step in range(3):
+            if step:
+                for p in reversed(params[1:]):  # backward: grads of two params are ready
+                    for hook in p.post_acc_hooks:
+                        hook(p)
+            opt.step()
+            for p in params:  # between steps the big state is on the host, the tiny one is not
+                st = opt.state[p]
+                self.assertGreater(self.tiers(st["exp_avg"])["host"], 0)
+                self.assertGreater(self.tiers(st["exp_avg_sq"])["host"], 0)
+                self.assertEqual(self.tiers(st["tiny"])["host"], 0)
+        self.assertEqual(h.stats["steps"], 3)
+        self.assertEqual(h.stats["offloaded_tensors"], 18)
+        self.assertEqual(h.stats["prefetched_in_backward"], 8)  # 2 params x 2 tensors x 2 steps
+        self.assertEqual(h.offloaded_bytes, 6 * 8 * MiB)
+        # the step's stream waited for the prefetch stream
+        self.assertTrue(any(e[0] == "wait_stream" and e[1] == 1 for e in FakeTorch.log))
+        opt.state_dict()  # prefetches first (hook)
+        self.assertEqual(h.offloaded_bytes, 0)
+        for i, p in enumerate(params):
+            self.assert_data(opt.state[p]["exp_avg"], 300 + 10 * i)
+        opt.step()
+        h.remove()
+        self.assertEqual((opt.pre, opt.post, opt.sd), ([], [], []))
+        self.assertEqual(sum(len(p.post_acc_hooks) for p in params), 0)
+        for i, p in enumerate(params):
+            self.assertEqual(self.tiers(opt.state[p]["exp_avg_sq"])["host"], 0)
+            self.assert_data(opt.state[p]["exp_avg_sq"], 400 + 10 * i + 1)
+
+
+class TestTorchHelpersSimulated(TorchHelpersBase, unittest.TestCase):
+    simulate = True
+
+
+@unittest.skipUnless(HAVE_OFFLOAD, NO_OFFLOAD)
+class TestTorchHelpersLib(TorchHelpersBase, unittest.TestCase):
+    simulate = False
+
+
+GPU_SCRIPT = r"""
+import sys, torch, nofrag, nofrag.torch as nft
+nft.enable(spill="host")
+x = torch.arange(4 << 20, device="cuda", dtype=torch.float32)
+ref = x.clone()
+ptr = x.data_ptr()
+nft.offload(x); nofrag.offload_wait(nft.pool(0))
+assert nft.block_tiers(x)["host"] > 0, nft.block_tiers(x)
+nft.prefetch(x); torch.cuda.synchronize()
+assert x.data_ptr() == ptr and torch.equal(x, ref)
+m = torch.nn.Linear(2048, 2048, device="cuda")
+opt = torch.optim.AdamW(m.parameters())
+h = nft.offload_optimizer(opt, min_bytes=1 << 20)
+for _ in range(3):
+    with nft.offload_activations(min_bytes=1 << 20):
+        y = torch.relu(m(torch.randn(512, 2048, device="cuda"))) * 2
+    y.sum().backward(); opt.step(); opt.zero_grad()
+torch.cuda.synchronize()
+assert h.stats["offloaded_tensors"] >= 2, h.stats
+h.remove()
+print("OK", nofrag.stats()["offloads"], nofrag.stats()["prefetches"])
+"""
+
+
+class TestRealTorch(unittest.TestCase):
+    def test_gpu_round_trip(self):
+        try:
+            import torch
+            ok = torch.cuda.is_available()
+        except Exception:
+            ok = False
+        if not ok:
+            self.skipTest("needs torch with CUDA")
+        if not HAVE_OFFLOAD:
+            self.skipTest(NO_OFFLOAD)
+        env = dict(os.environ, PYTHONPATH=os.path.normpath(os.path.join(HERE, "..")), NOFRAG_LIB=_lib.path())
+        r = subprocess.run([sys.executable, "-c", GPU_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout[-2000:] + r.stderr[-3000:])
+        self.assertIn("OK", r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
