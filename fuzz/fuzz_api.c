@@ -1,6 +1,6 @@
 // libFuzzer target for the allocation API: the input is a program of
-// alloc / free / bad free / record_stream / trim / set_limit operations on a
-// small host-backend pool. Every live block carries a pattern that must
+// alloc / free / bad free / record_stream / trim / set_limit / offload /
+// prefetch operations on a small host-backend pool that spills to host memory. Every live block carries a pattern that must
 // survive every operation, and the pool's invariants must hold throughout.
 #include "nofrag.h"
 
@@ -27,6 +27,8 @@ static int ok(const void *p, size_t n, uint8_t tag) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static nf_backend_t *be;
   setenv("NOFRAG_MONITOR", "0", 0); // a pool per input: no shared-memory file each time
+  setenv("NOFRAG_QUIET_SPILL", "1", 0);
+  setenv("NOFRAG_QUIET_OOM", "1", 0);
   if (!be && nf_backend_host_create(&be, 1ull << 30, G) != NF_OK) abort();
   nf_config_t c;
   nf_config_default(&c);
@@ -34,11 +36,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   c.small_max = 8192;
   c.release_threshold = 8 * G;
   c.release_after = 4;
+  c.spill = 1;
+  c.spill_limit = 32 * G;
   nf_pool_t *p;
   if (nf_pool_create(&p, be, &c) != NF_OK) abort();
-  struct { void *p; size_t n; uint8_t tag; } l[SLOTS] = {{0}};
+  struct { void *p; size_t n; uint8_t tag, where; } l[SLOTS] = {{0}};
   for (size_t i = 0; i + 4 <= size; i += 4) {
-    uint8_t op = data[i] % 8, slot = data[i + 1] % SLOTS;
+    uint8_t op = data[i] % 10, slot = data[i + 1] % SLOTS;
     uint16_t arg = (uint16_t)(data[i + 2] | data[i + 3] << 8);
     nf_stream_t s = (nf_stream_t)(uintptr_t)(data[i + 1] >> 5);
     switch (op) {
@@ -51,12 +55,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
       }
       fill(q, n, data[i + 2]);
-      l[slot].p = q; l[slot].n = n; l[slot].tag = data[i + 2];
+      l[slot].p = q; l[slot].n = n; l[slot].tag = data[i + 2]; l[slot].where = 0;
       break;
     }
     case 3: case 4: // free
       if (!l[slot].p) break;
-      if (!ok(l[slot].p, l[slot].n, l[slot].tag)) abort();
+      if (l[slot].where != NF_TIER_DISK && !ok(l[slot].p, l[slot].n, l[slot].tag)) abort();
       if (nf_free(p, l[slot].p) != NF_OK) abort();
       l[slot].p = NULL;
       break;
@@ -71,12 +75,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (arg % 2) nf_trim(p);
       else nf_set_limit(p, (uint64_t)(arg % 64 + 8) * G);
       break;
+    case 8: { // offload: host or disk; refused only for a block on the other tier or no host room
+      if (!l[slot].p) break;
+      nf_tier_t t = arg % 3 == 0 ? NF_TIER_DISK : NF_TIER_HOST;
+      nf_status_t r = nf_offload(p, l[slot].p, s, t);
+      if (r == NF_OK) l[slot].where = l[slot].where ? l[slot].where : (uint8_t)t;
+      else if (!(r == NF_ERR_INVALID && l[slot].where && l[slot].where != t) && r != NF_ERR_OOM) abort();
+      break;
+    }
+    case 9: // prefetch (may find no device room), or wait for copies
+      if (arg % 4 == 0) { if (nf_offload_wait(p) != NF_OK) abort(); break; }
+      if (!l[slot].p) break;
+      if (nf_prefetch(p, l[slot].p, s) == NF_OK) l[slot].where = 0;
+      else if (nf_last_status() != NF_ERR_OOM) abort();
+      break;
     }
     if (nf_pool_check(p) != NF_OK) abort();
   }
   for (int k = 0; k < SLOTS; k++)
     if (l[k].p) {
-      if (!ok(l[k].p, l[k].n, l[k].tag)) abort();
+      if (l[k].where != NF_TIER_DISK && !ok(l[k].p, l[k].n, l[k].tag)) abort();
       nf_free(p, l[k].p);
     }
   nf_pool_destroy(p);

@@ -266,7 +266,12 @@ NF_API nf_status_t nf_offload(nf_pool_t *pool, void *ptr, nf_stream_t stream, nf
 //! copy is ordered on `stream`: work queued on `stream` afterwards sees the
 //! contents, other streams must wait on `stream` first. Device memory is
 //! found as for nf_alloc (stitching; spill is not used). NF_ERR_OOM leaves the
-//! block offloaded and intact. A block that is not offloaded: NF_OK, no-op.
+//! block offloaded and intact. A block whose offload copy has not completed yet
+//! never left the device: the copy is dropped without a host wait (its stream
+//! then counts as a record_stream stream of the block). A block that is not
+//! offloaded but has spilled granules: they move to the device (the host waits
+//! for the block's streams first, since such a block may be in use); else NF_OK,
+//! no-op.
 NF_API nf_status_t nf_prefetch(nf_pool_t *pool, void *ptr, nf_stream_t stream);
 
 //! Wait for every copy that nf_offload / nf_prefetch enqueued and finish the
@@ -276,7 +281,8 @@ NF_API nf_status_t nf_offload_wait(nf_pool_t *pool);
 
 //! Where a live block's bytes are: bytes[NF_TIER_DEVICE], bytes[NF_TIER_HOST],
 //! bytes[NF_TIER_DISK] (edge granules shared with neighbours count as device;
-//! spilled granules as host). NF_ERR_INVALID if `ptr` is not a live block.
+//! spilled granules as host, like offloaded ones: nf_prefetch moves both).
+//! NF_ERR_INVALID if `ptr` is not a live block.
 NF_API nf_status_t nf_block_tiers(nf_pool_t *pool, const void *ptr, uint64_t bytes[3]);
 
 //! Fill `st` (includes a walk for largest_free_mapped / live_granules).
