@@ -550,26 +550,6 @@ nf_status_t nf_offload_wait(nf_pool_t *p) {
   return st;
 }
 
-nf_status_t nf_block_tiers(nf_pool_t *p, const void *ptr, uint64_t bytes[3]) {
-  if (!p || !bytes) return nf__error(NF_ERR_INVALID, "nofrag: nf_block_tiers: NULL argument");
-  nf__lock(&p->lock);
-  nf_block_t *b;
-  nf_status_t st = lookup(p, ptr, "nf_block_tiers", &b);
-  if (st == NF_OK) {
-    nf_chunk_t *c = b->chunk;
-    uint64_t g0, g1, a = b->addr - c->base, e = a + b->size, G = p->granule;
-    bytes[0] = bytes[1] = bytes[2] = 0;
-    for (uint64_t g = a >> p->gshift; g < (e + G - 1) >> p->gshift; g++) {
-      uint64_t lo = g * G > a ? g * G : a, hi = (g + 1) * G < e ? (g + 1) * G : e;
-      int t = !nf__bit(c->mapped, g) ? NF_TIER_DISK : p->gran[c->phys[g]].tier;
-      bytes[t] += hi - lo;
-    }
-    (void)g0; (void)g1;
-  }
-  nf__unlock(&p->lock);
-  return st;
-}
-
 // ------------------------------------------------------------ pool hooks
 
 uint64_t nf__offload_busy(nf_pool_t *p, const nf_block_t *b) {

@@ -62,6 +62,27 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   *out = s;
 }
 
+// Where a live block's bytes are, granule by granule (an unmapped granule of
+// a live block is on disk).
+nf_status_t nf_block_tiers(nf_pool_t *p, const void *ptr, uint64_t bytes[3]) {
+  if (!p || !bytes) return nf__error(NF_ERR_INVALID, "nofrag: nf_block_tiers: NULL argument");
+  nf__lock(&p->lock);
+  nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
+  nf_status_t st = b ? NF_OK : nf__error(NF_ERR_INVALID, "nofrag: nf_block_tiers of %p: not the start of a live block", ptr);
+  if (st == NF_OK) {
+    nf_chunk_t *c = b->chunk;
+    uint64_t a = b->addr - c->base, e = a + b->size, G = p->granule;
+    bytes[0] = bytes[1] = bytes[2] = 0;
+    for (uint64_t g = a >> p->gshift; g < (e + G - 1) >> p->gshift; g++) {
+      uint64_t lo = g * G > a ? g * G : a, hi = (g + 1) * G < e ? (g + 1) * G : e;
+      int t = !nf__bit(c->mapped, g) ? NF_TIER_DISK : p->gran[c->phys[g]].tier;
+      bytes[t] += hi - lo;
+    }
+  }
+  nf__unlock(&p->lock);
+  return st;
+}
+
 void nf_stats_reset_peaks(nf_pool_t *p) {
   nf__lock(&p->lock);
   p->st.live_peak = p->st.live;

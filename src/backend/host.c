@@ -20,7 +20,7 @@
 //
 // Handles are (generation << 32) | (record index + 1): never 0, and a handle
 // used after its release (record reused) is detected as invalid.
-#include "backend.h"
+#include "host.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -43,71 +43,8 @@ nf_status_t nf__error(nf_status_t st, const char *fmt, ...)
 // the host test hooks work through a fault wrapper.
 nf_backend_t *nf__backend_fault_inner(nf_backend_t *be);
 
-enum { REC_FREE = 0, REC_LIVE = 1, REC_RELEASED = 2 }; // RELEASED: freed by user, still mapped
-enum { EVENT_MAGIC = 0x4E464556u };                    // "NFEV"
-enum { NTIERS = 2 };                                   // device, host (disk unsupported)
-
-// Per-granule slot of a reserved range: 0 = unmapped, else
-// (record index + 1) << 2 | SLOT_ACCESS (set_access done) | SLOT_START (first
-// granule of a mapping: unmap may not cut a mapping in the middle).
-#define SLOT_START 1u
-#define SLOT_ACCESS 2u
-#define SLOT_REC(s) (((s) >> 2) - 1)
-#define MAX_RECS ((1u << 30) - 1) // record index + 1 must fit a slot's 30 bits
-
-typedef struct {
-  uint64_t off, size; // extent in the tier's memfd
-  uint32_t gen;       // bumped whenever the record is freed
-  uint32_t maps;      // live mappings of this handle
-  uint32_t next_free; // free-list link (index + 1, 0 = end)
-  uint8_t tier, state;
-} mem_rec;
-
-typedef struct {
-  uint64_t off, len;
-} extent;
-
-typedef struct {
-  int fd;           // -1 until the tier is first used
-  uint64_t created; // bytes of extents in use (released-but-mapped included)
-  extent *free;     // free extents of the memfd, sorted by offset, coalesced
-  size_t nfree, capfree;
-} tier_state;
-
-typedef struct {
-  uintptr_t base;
-  size_t size;
-  size_t mapped;  // mapped granules in the range
-  uint32_t *slot; // one per granule (see SLOT_*)
-} va_range;
-
-typedef struct host_event {
-  uint32_t magic;
-  bool done;
-  uint64_t gen; // record order, to complete earlier events of a stream on sync
-  nf_stream_t stream;
-  struct host_event *prev, *next;
-} host_event;
-
-typedef struct {
-  nf_backend_t base;
-  pthread_mutex_t mu;
-  uint64_t capacity, granule;
-  tier_state tiers[NTIERS];
-  mem_rec *recs;
-  size_t nrecs, caprecs;
-  uint32_t free_rec; // head of the record free list (index + 1)
-  va_range *ranges;  // sorted by base
-  size_t nranges, capranges;
-  host_event *events; // every live event, for complete_events and destroy
-  uint64_t event_gen;
-  int manual;
-  uint64_t live_granules, mapped_granules;
-} host_backend;
-
 static const nf_backend_ops_t host_ops;
 
-static host_backend *hb(nf_backend_t *be) { return (host_backend *)be; }
 
 // Grow a dynamic array so that it holds at least `need` elements.
 static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
@@ -534,90 +471,6 @@ static nf_status_t h_copy(nf_backend_t *be, uintptr_t dst, uintptr_t src, size_t
   return st;
 }
 
-// ---------------------------------------------------------------- events
-
-// Lock the backend and check `ev`: returns the event (lock held) or NULL
-// with *st set (lock held too); ev_unlock ends either.
-static host_event *ev_lock(nf_backend_t *be, const char *op, nf_event_t ev, nf_status_t *st) {
-  pthread_mutex_lock(&hb(be)->mu);
-  *st = NF_OK;
-  if (ev && ((host_event *)ev)->magic == EVENT_MAGIC) return ev;
-  *st = nf__backend_fail(be, NF_ERR_INVALID, "host backend: %s: invalid event %p", op, ev);
-  return NULL;
-}
-
-static nf_status_t ev_unlock(nf_backend_t *be, nf_status_t st) {
-  pthread_mutex_unlock(&hb(be)->mu);
-  return st;
-}
-
-static nf_status_t h_event_create(nf_backend_t *be, nf_event_t *out) {
-  host_backend *h = hb(be);
-  host_event *e = calloc(1, sizeof *e);
-  if (!e) return nf__backend_fail(be, NF_ERR_NOMEM, "host backend: out of host memory");
-  e->magic = EVENT_MAGIC;
-  e->done = true; // an event never recorded counts as complete (CUDA)
-  pthread_mutex_lock(&h->mu);
-  e->next = h->events;
-  if (h->events) h->events->prev = e;
-  h->events = e;
-  pthread_mutex_unlock(&h->mu);
-  *out = e;
-  return NF_OK;
-}
-
-static void event_unlink_free(host_backend *h, host_event *e) {
-  if (e->prev) e->prev->next = e->next;
-  else h->events = e->next;
-  if (e->next) e->next->prev = e->prev;
-  e->magic = 0;
-  free(e);
-}
-
-static nf_status_t h_event_destroy(nf_backend_t *be, nf_event_t ev) {
-  nf_status_t st;
-  host_event *e = ev_lock(be, "event_destroy", ev, &st);
-  if (e) event_unlink_free(hb(be), e);
-  return ev_unlock(be, st);
-}
-
-static nf_status_t h_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s) {
-  nf_status_t st;
-  host_event *e = ev_lock(be, "event_record", ev, &st);
-  if (e) {
-    e->gen = ++hb(be)->event_gen;
-    e->stream = s;
-    e->done = !hb(be)->manual;
-  }
-  return ev_unlock(be, st);
-}
-
-static nf_status_t h_event_query(nf_backend_t *be, nf_event_t ev) {
-  nf_status_t st;
-  host_event *e = ev_lock(be, "event_query", ev, &st);
-  return ev_unlock(be, e && !e->done ? NF_ERR_NOT_READY : st);
-}
-
-// Waiting for an event means the work before it on its stream is done: the
-// events recorded earlier on the same stream complete too.
-static nf_status_t h_event_sync(nf_backend_t *be, nf_event_t ev) {
-  nf_status_t st;
-  host_event *t = ev_lock(be, "event_sync", ev, &st);
-  if (t && !t->done)
-    for (host_event *e = hb(be)->events; e; e = e->next)
-      if (e->stream == t->stream && e->gen <= t->gen) e->done = true;
-  return ev_unlock(be, st);
-}
-
-// Host "streams" run nothing, so a cross-stream wait has nothing to order.
-// Cross-stream dependencies are not modelled by the manual-event mode either.
-static nf_status_t h_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) {
-  (void)s;
-  nf_status_t st;
-  ev_lock(be, "stream_wait", ev, &st);
-  return ev_unlock(be, st);
-}
-
 // ---------------------------------------------------------------- lifetime
 
 // Frees everything, including what the user leaked: mappings, ranges, memfds, events.
@@ -631,7 +484,7 @@ static void h_destroy(nf_backend_t *be) {
     if (h->tiers[t].fd >= 0) close(h->tiers[t].fd);
     free(h->tiers[t].free);
   }
-  while (h->events) event_unlink_free(h, h->events);
+  while (h->events) nf__host_event_free(h, h->events);
   free(h->ranges);
   free(h->recs);
   pthread_mutex_destroy(&h->mu);
@@ -642,9 +495,9 @@ static const nf_backend_ops_t host_ops = {
     .name = "host",           .granularity = h_granularity,   .capacity = h_capacity,
     .va_reserve = h_va_reserve, .va_release = h_va_release,   .mem_create = h_mem_create,
     .mem_release = h_mem_release, .map = h_map,               .unmap = h_unmap,
-    .set_access = h_set_access, .copy = h_copy,               .event_create = h_event_create,
-    .event_destroy = h_event_destroy, .event_record = h_event_record, .event_query = h_event_query,
-    .event_sync = h_event_sync, .stream_wait = h_stream_wait, .destroy = h_destroy,
+    .set_access = h_set_access, .copy = h_copy,               .event_create = nf__host_event_create,
+    .event_destroy = nf__host_event_destroy, .event_record = nf__host_event_record, .event_query = nf__host_event_query,
+    .event_sync = nf__host_event_sync, .stream_wait = nf__host_stream_wait, .destroy = h_destroy,
 };
 
 NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity, uint64_t granule) {

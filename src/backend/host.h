@@ -1,0 +1,86 @@
+// Internal to the host backend (host.c: memory ops, host_event.c: events):
+// its records and the backend object. See host.c for the model.
+#ifndef NF_HOST_H
+#define NF_HOST_H
+
+#include "backend.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+enum { REC_FREE = 0, REC_LIVE = 1, REC_RELEASED = 2 }; // RELEASED: freed by user, still mapped
+enum { EVENT_MAGIC = 0x4E464556u };                    // "NFEV"
+enum { NTIERS = 2 };                                   // device, host (disk unsupported)
+
+// Per-granule slot of a reserved range: 0 = unmapped, else
+// (record index + 1) << 2 | SLOT_ACCESS (set_access done) | SLOT_START (first
+// granule of a mapping: unmap may not cut a mapping in the middle).
+#define SLOT_START 1u
+#define SLOT_ACCESS 2u
+#define SLOT_REC(s) (((s) >> 2) - 1)
+#define MAX_RECS ((1u << 30) - 1) // record index + 1 must fit a slot's 30 bits
+
+typedef struct {
+  uint64_t off, size; // extent in the tier's memfd
+  uint32_t gen;       // bumped whenever the record is freed
+  uint32_t maps;      // live mappings of this handle
+  uint32_t next_free; // free-list link (index + 1, 0 = end)
+  uint8_t tier, state;
+} mem_rec;
+
+typedef struct {
+  uint64_t off, len;
+} extent;
+
+typedef struct {
+  int fd;           // -1 until the tier is first used
+  uint64_t created; // bytes of extents in use (released-but-mapped included)
+  extent *free;     // free extents of the memfd, sorted by offset, coalesced
+  size_t nfree, capfree;
+} tier_state;
+
+typedef struct {
+  uintptr_t base;
+  size_t size;
+  size_t mapped;  // mapped granules in the range
+  uint32_t *slot; // one per granule (see SLOT_*)
+} va_range;
+
+typedef struct host_event {
+  uint32_t magic;
+  bool done;
+  uint64_t gen; // record order, to complete earlier events of a stream on sync
+  nf_stream_t stream;
+  struct host_event *prev, *next;
+} host_event;
+
+typedef struct {
+  nf_backend_t base;
+  pthread_mutex_t mu;
+  uint64_t capacity, granule;
+  tier_state tiers[NTIERS];
+  mem_rec *recs;
+  size_t nrecs, caprecs;
+  uint32_t free_rec; // head of the record free list (index + 1)
+  va_range *ranges;  // sorted by base
+  size_t nranges, capranges;
+  host_event *events; // every live event, for complete_events and destroy
+  uint64_t event_gen;
+  int manual;
+  uint64_t live_granules, mapped_granules;
+} host_backend;
+
+static inline host_backend *hb(nf_backend_t *be) { return (host_backend *)be; }
+
+// host_event.c: the event ops (streams run nothing; manual mode keeps events
+// pending until the test completes them).
+nf_status_t nf__host_event_create(nf_backend_t *be, nf_event_t *out);
+nf_status_t nf__host_event_destroy(nf_backend_t *be, nf_event_t ev);
+nf_status_t nf__host_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s);
+nf_status_t nf__host_event_query(nf_backend_t *be, nf_event_t ev);
+nf_status_t nf__host_event_sync(nf_backend_t *be, nf_event_t ev);
+nf_status_t nf__host_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev);
+void nf__host_event_free(host_backend *h, host_event *e); // unlink and free, under the lock
+
+#endif
