@@ -253,7 +253,10 @@ typedef struct nf_stats_s {
 //! - From nf_offload until nf_prefetch returns, the block must not be read or
 //!   written by any stream. Host tier: the device granules go back to the
 //!   pool once the copy completes (noticed at later pool calls;
-//!   nf_offload_wait forces it). Disk tier: synchronous (the host waits for
+//!   nf_offload_wait forces it). Exception, host tier only: after
+//!   nf_offload_wait the block may be used in place (the GPU reads and writes
+//!   host memory over the bus, slower) as long as that work has completed
+//!   before nf_prefetch is called. Disk tier: synchronous (the host waits for
 //!   the copy, writes the file, unmaps); touching the block before
 //!   nf_prefetch is an illegal-address fault (CUDA) or SIGSEGV (host backend).
 //! - nf_free of an offloaded block is allowed and releases everything.

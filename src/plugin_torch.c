@@ -177,6 +177,21 @@ static void *nft_fail_alloc(size_t size, int device, const char *why) {
 //! through nofrag yet (for nofrag.snapshot() and stats of the torch pools).
 NF_API nf_pool_t *nf_torch_pool(int device) { return nft_pool(device, 0); }
 
+// Host placement for this thread (nf_torch_set_host_alloc): blocks of at
+// least this many bytes are moved to host memory as soon as they are made
+// (0: off). Used while an optimizer creates its state.
+static _Thread_local size_t tl_host_min;
+
+//! While `min_bytes` > 0, this thread's allocations of at least `min_bytes`
+//! are placed in host memory at once (allocated, offloaded, waited for): the
+//! device sees at most one such block at a time. The blocks are then used in
+//! place by the GPU (nf_offload's host tier). Returns the previous value.
+NF_API size_t nf_torch_set_host_alloc(size_t min_bytes) {
+  size_t old = tl_host_min;
+  tl_host_min = min_bytes;
+  return old;
+}
+
 NF_API void *nf_torch_alloc(size_t size, int device, void *stream) {
   nf_pool_t *pool = nft_pool(device, 1);
   if (!pool) {
@@ -188,6 +203,9 @@ NF_API void *nf_torch_alloc(size_t size, int device, void *stream) {
     return nft_fail_alloc(size, device, why);
   }
   void *p = nf_alloc(pool, size, (nf_stream_t)stream);
+  if (p && tl_host_min && size >= tl_host_min &&
+      nf_offload(pool, p, (nf_stream_t)stream, NF_TIER_HOST) == NF_OK)
+    nf_offload_wait(pool); // best effort: on failure the block stays on the device
   if (p) {
     nft_dev_t *d = &devs[device];
     atomic_fetch_add_explicit(&d->bytes_alloc, size, memory_order_relaxed);

@@ -460,7 +460,10 @@ void nf__maybe_release(nf_pool_t *p) {
   nf_status_t st;
   nf__unmap_cached(p, (cached - thr / 2) >> p->gshift, false, NULL, 0, 0, -1, &st);
   if (st == NF_OK) nf__granules_release(p, p->cfg.retain >> p->gshift);
-  nf__host_granules_release(p, 0);
+  // Host granules stay (up to spill_limit) until nf_trim: creating pinned
+  // host memory is slow (on the H200, a 512 MiB offload onto fresh host
+  // granules ran at 2.1 GB/s, the way back at 11.4), and a pool that spilled
+  // once will likely spill again at the next peak.
   p->release_floor = nf__cached(p) > thr ? nf__cached(p) : 0;
 }
 

@@ -275,7 +275,8 @@ class OptimizerOffload:
         return sum(self._off.values())
 
 
-def offload_optimizer(opt, tier="host", min_bytes=2 << 20, prefetch_in_backward=True, side_streams=True):
+def offload_optimizer(opt, tier="host", min_bytes=2 << 20, prefetch_in_backward=True, side_streams=True,
+                      mode="swap"):
     """Keep `opt`'s state on the host between steps: after each ``opt.step()``
     the CUDA state tensors of at least `min_bytes` (exp_avg, exp_avg_sq, ...)
     are offloaded (step post-hook), and before the next step they come back
@@ -287,7 +288,16 @@ def offload_optimizer(opt, tier="host", min_bytes=2 << 20, prefetch_in_backward=
 
     Reading the state between steps is forbidden while it is offloaded; the
     optimizer's state_dict() / load_state_dict() prefetch it first (hooks), or
-    call ``handle.prefetch()``. Returns an OptimizerOffload (``.remove()``)."""
+    call ``handle.prefetch()``. Returns an OptimizerOffload (``.remove()``).
+
+    ``mode="resident"``: the state is created in host memory at the first step
+    and used there in place by every step (no copies per step; see
+    nofrag.torch_resident). Only `min_bytes` applies then."""
+    if mode == "resident":
+        from .torch_resident import ResidentOptimizerState
+        return ResidentOptimizerState(opt, min_bytes=min_bytes)
+    if mode != "swap":
+        raise ValueError(f"nofrag.torch.offload_optimizer: mode must be 'swap' or 'resident', not {mode!r}")
     return OptimizerOffload(opt, tier=tier, min_bytes=min_bytes, prefetch_in_backward=prefetch_in_backward,
                             side_streams=side_streams)
 

@@ -132,6 +132,32 @@ class TestPluginOnHost(unittest.TestCase):
         self.assertEqual(nofrag.stats(0)["live"], 0)
         self.assertIsNone(lib.nf_torch_alloc(0, 0, None))  # empty storage: NULL, not an error
 
+    def test_host_alloc_places_new_blocks_in_host_memory(self):
+        # What offload_optimizer(mode="resident") relies on: while set, big
+        # blocks of this thread land in host memory (same address, contents
+        # writable), small ones and other calls stay on the device.
+        lib = self.lib
+        lib.nf_torch_set_host_alloc.restype = ctypes.c_size_t
+        lib.nf_torch_set_host_alloc.argtypes = [ctypes.c_size_t]
+        self.assertEqual(lib.nf_torch_set_host_alloc(4 * MiB), 0)
+        try:
+            big = lib.nf_torch_alloc(16 * MiB, 0, None)
+            small = lib.nf_torch_alloc(1 * MiB, 0, None)
+        finally:
+            self.assertEqual(lib.nf_torch_set_host_alloc(0), 4 * MiB)
+        after = lib.nf_torch_alloc(16 * MiB, 0, None)
+        self.assertTrue(big and small and after, _lib.last_error())
+        pool = lib.nf_torch_pool(0)
+        self.assertEqual(nofrag.block_tiers(pool, big), {"device": 0, "host": 16 * MiB, "disk": 0})
+        self.assertEqual(nofrag.block_tiers(pool, small)["host"], 0)
+        self.assertEqual(nofrag.block_tiers(pool, after)["host"], 0)
+        ctypes.memset(big, 0x5A, 16 * MiB)  # in place, like a kernel writing the optimizer state
+        self.assertEqual(ctypes.string_at(big + 16 * MiB - 4, 4), b"\x5a" * 4)
+        s = nofrag.stats(0)
+        self.assertEqual(s["offloaded"], 16 * MiB)
+        for p, n in ((big, 16 * MiB), (small, MiB), (after, 16 * MiB)):
+            lib.nf_torch_free(p, n, 0, None)
+
     def test_configure_refused_once_pool_exists(self):
         p = self.lib.nf_torch_alloc(MiB, 0, None)
         self.assertTrue(p)

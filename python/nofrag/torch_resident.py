@@ -1,0 +1,84 @@
+"""Optimizer state resident in host memory, used in place by the GPU.
+
+``nofrag.torch.offload_optimizer(opt, mode="resident")`` returns a
+ResidentOptimizerState. The state tensors (AdamW's exp_avg, exp_avg_sq, ...)
+are created in host memory at the optimizer's first step -- each is
+allocated, moved to the host tier at the same address and waited for, so the
+device never holds more than one of them -- and stay there: every later
+step's kernels read and write them over the bus (no copies, no remapping, no
+driver calls per step). The device then holds parameters, gradients and
+activations only. The cost is the step's memory traffic at host-link speed
+instead of HBM speed.
+
+Why not copy the state in before each step and out after (mode="swap")? The
+step needs all of it at once, so the peak would not drop; and the copies
+and remaps cost more than reading it in place once.
+
+Rules: the tensors keep their identity and data_ptr(); state_dict() works
+(the GPU reads host memory); ``remove()`` brings the state back to the device
+(after a device synchronize: the rule of nf_prefetch).
+"""
+
+from . import _lib
+from . import prefetch as _nf_prefetch
+
+
+class ResidentOptimizerState:
+    """What offload_optimizer(opt, mode="resident") returns: ``remove()``,
+    ``stats`` (tensors and bytes placed on the host, steps seen)."""
+
+    def __init__(self, opt, min_bytes=2 << 20):
+        import torch
+        from .torch_offload import pool
+        self._torch, self._pool, self.opt = torch, pool, opt
+        self.min_bytes = int(min_bytes)
+        self.stats = {"host_tensors": 0, "host_bytes": 0, "steps": 0}
+        self._lib = _lib.load()
+        if not hasattr(self._lib, "nf_torch_set_host_alloc"):
+            raise _lib.NofragError("nf_torch_set_host_alloc", _lib.NF_ERR_INVALID,
+                                   "this libnofrag.so has no nf_torch_set_host_alloc: rebuild it")
+        self._lib.nf_torch_set_host_alloc.restype = _lib.ctypes.c_size_t
+        self._lib.nf_torch_set_host_alloc.argtypes = [_lib.ctypes.c_size_t]
+        self._prev = 0
+        self._handles = [opt.register_step_pre_hook(self._pre), opt.register_step_post_hook(self._post)]
+
+    def _params(self):
+        for g in self.opt.param_groups:
+            for p in g["params"]:
+                yield p
+
+    def _pre(self, opt, args, kwargs):
+        # New state (the first step, or a parameter that gets its first
+        # gradient late) is created in host memory.
+        if any(p.grad is not None and not self.opt.state.get(p) for p in self._params()):
+            self._prev = self._lib.nf_torch_set_host_alloc(self.min_bytes)
+
+    def _post(self, opt, args, kwargs):
+        self._lib.nf_torch_set_host_alloc(self._prev)
+        self._prev = 0
+        self.stats["steps"] += 1
+        n = b = 0
+        for st in self.opt.state.values():
+            for v in st.values():
+                if isinstance(v, self._torch.Tensor) and v.is_cuda and v.untyped_storage().nbytes() >= self.min_bytes:
+                    tiers = self._tiers(v)
+                    n += tiers["host"] > 0
+                    b += tiers["host"]
+        self.stats["host_tensors"], self.stats["host_bytes"] = n, b
+
+    def _tiers(self, t):
+        from .torch_offload import block_tiers
+        return block_tiers(t)
+
+    def remove(self):
+        """Unhook and bring every state tensor back to the device."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        torch = self._torch
+        torch.cuda.synchronize()  # in-place use must be complete before a prefetch
+        for st in self.opt.state.values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor) and v.is_cuda and v.untyped_storage().data_ptr():
+                    dev = v.device.index if v.device.index is not None else torch.cuda.current_device()
+                    _nf_prefetch(self._pool(dev), v.untyped_storage().data_ptr(), torch.cuda.current_stream(dev))
