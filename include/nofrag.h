@@ -74,7 +74,7 @@ typedef struct nf_config_s {
   uint64_t limit;             //!< max physical bytes (rounded down to granules); 0 = backend capacity
   uint64_t reserve;           //!< physical bytes created up front at pool creation
   uint64_t release_threshold; //!< cached (mapped, not live) bytes kept before releasing; UINT64_MAX = never,
-                              //!< UINT64_MAX-1 = auto (limit/4)
+                              //!< UINT64_MAX-1 = auto (never under an explicit limit, else capacity/4)
   uint64_t retain;            //!< unmapped physical bytes kept when releasing; above it granules go back
   uint64_t granule;           //!< granule size; 0 = backend's granularity (host backend: settable)
   uint64_t small_max;         //!< requests up to this size are packed apart from large ones
@@ -105,8 +105,8 @@ typedef struct nf_config_s {
 #define NF_BACKEND_CUDA 1
 
 //! Fill `cfg` with defaults: limit 0 (= backend capacity), reserve 0,
-//! release_threshold "auto" (= limit/4; UINT64_MAX-1 in the struct, "never" =
-//! UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
+//! release_threshold "auto" (= never under an explicit limit, else capacity/4;
+//! UINT64_MAX-1 in the struct, "never" = UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
 //! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, release_after 4096, tight 0,
 //! trace "" (off), trace_max 256 MiB, spill off, spill_limit 0 (= host capacity), offload_dir "" ($TMPDIR).
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
