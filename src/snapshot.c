@@ -253,9 +253,15 @@ bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large) 
   // One suggestion: either the bytes do not fit at all, or the granules
   // pinned by live blocks leave too few whole ones (the guarantee in
   // nofrag.h: live granules + ceil(s/G) + 1 <= L/G always succeeds).
-  if (live + size > L) {
-    rep(&r, "  suggestion: live memory alone exceeds the limit by %s: reduce the batch or raise the limit\n",
+  if (live + size > L && !p->cfg.spill) {
+    rep(&r, "  suggestion: live memory alone exceeds the limit by %s: reduce the batch, raise the limit, or "
+            "set spill:host to back the excess with host memory (slower where it is touched)\n",
         B(live + size - L, b1));
+  } else if (live + size > L) {
+    rep(&r, "  suggestion: live memory exceeds the limit by %s and the host tier is full too (%s spilled, "
+            "spill_limit %s): raise spill_limit or the limit, or reduce the batch\n",
+        B(live + size - L, b1), B((p->host_mapped - p->offl_granules) << p->gshift, b2),
+        B(p->max_host_granules << p->gshift, b3));
   } else {
     uint64_t want = (live_gr + need_gr + 1) << p->gshift;
     rep(&r, "  suggestion: fragmentation: the largest free range is %s; live blocks pin %llu granules (%s) "

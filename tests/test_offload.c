@@ -49,6 +49,7 @@ static void test_spill_basic(void **state) {
   // Past spill_limit: a clear OOM, nothing changed.
   assert_null(nf_alloc(p, 14 * G, NULL));
   assert_int_equal(nf_last_status(), NF_ERR_OOM);
+  assert_non_null(strstr(nf_last_oom_report(), "raise spill_limit"));
   stats(p, &s);
   assert_true(s.spilled == 4 * G);
   // Spilled memory does not stay cached: free the spilled blocks and the
@@ -74,6 +75,7 @@ static void test_spill_basic(void **state) {
   for (int i = 0; i < 6; i++) got += (q[i] = nf_alloc(p, 2 * G, NULL)) != NULL;
   assert_int_equal(got, 4);
   assert_int_equal(nf_last_status(), NF_ERR_OOM);
+  assert_non_null(strstr(nf_last_oom_report(), "set spill:host"));
   nf_pool_destroy(p);
   nf_backend_destroy(be);
 }
