@@ -1,6 +1,7 @@
 // Many threads on one pool: every thread keeps its own live set with
 // patterns, under a limit tight enough that stitching runs concurrently with
-// other threads' fast paths. Run under TSan in CI.
+// other threads' fast paths; a second run adds spill, offload and prefetch
+// (another thread's call may finish an offload's remap). Run under TSan in CI.
 #include "nf_test.h"
 
 #include <pthread.h>
@@ -11,15 +12,30 @@
 
 static nf_pool_t *pool;
 static _Atomic int errors;
+static int moves; // the second run: offload/prefetch own blocks too
 
 static void *worker(void *arg) {
   uint64_t rng = (uint64_t)(uintptr_t)arg * 7919 + nft_env_seed(1);
-  struct { void *p; size_t n; uint64_t tag; } l[SLOTS] = {{0}};
+  struct { void *p; size_t n; uint64_t tag; int where; } l[SLOTS] = {{0}};
   nf_stream_t s = (nf_stream_t)arg;
   for (int it = 0; it < 20000; it++) {
     int i = (int)(nft_rand(&rng) % SLOTS);
+    if (l[i].p && moves && nft_rand(&rng) % 3 == 0) { // an offloaded block is not touched until prefetched
+      if (!l[i].where) {
+        nf_tier_t t = nft_rand(&rng) % 4 ? NF_TIER_HOST : NF_TIER_DISK;
+        nf_status_t st = nf_offload(pool, l[i].p, s, t);
+        if (st == NF_OK) l[i].where = t;
+        else if (st != NF_ERR_OOM) errors++;
+      } else if (nf_prefetch(pool, l[i].p, s) == NF_OK) {
+        l[i].where = 0;
+        if (!nft_check(l[i].p, l[i].n, l[i].tag)) errors++;
+      } else if (nf_last_status() != NF_ERR_OOM) {
+        errors++;
+      }
+      continue;
+    }
     if (l[i].p) {
-      if (!nft_check(l[i].p, l[i].n, l[i].tag)) errors++;
+      if (!l[i].where && !nft_check(l[i].p, l[i].n, l[i].tag)) errors++;
       if (nf_free(pool, l[i].p) != NF_OK) errors++;
       l[i].p = NULL;
       continue;
@@ -32,19 +48,19 @@ static void *worker(void *arg) {
       continue;
     }
     nft_fill(p, n, r);
-    l[i].p = p; l[i].n = n; l[i].tag = r;
+    l[i].p = p; l[i].n = n; l[i].tag = r; l[i].where = 0;
   }
   for (int i = 0; i < SLOTS; i++)
     if (l[i].p) {
-      if (!nft_check(l[i].p, l[i].n, l[i].tag)) errors++;
+      if (!l[i].where && !nft_check(l[i].p, l[i].n, l[i].tag)) errors++;
       nf_free(pool, l[i].p);
     }
   return NULL;
 }
 
-static void test_threads_stress(void **state) {
+static void run_stress(const char *conf) {
   nf_backend_t *be;
-  pool = nft_pool(&be, 1ull << 30, G, "limit:6MiB,small_max:16KiB");
+  pool = nft_pool(&be, 1ull << 30, G, conf);
   assert_non_null(pool);
   pthread_t t[THREADS];
   for (uintptr_t i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, worker, (void *)(i + 1));
@@ -52,7 +68,7 @@ static void test_threads_stress(void **state) {
   for (int k = 0; k < 20; k++) {
     nf_stats_t st;
     nf_stats_get(pool, &st);
-    assert_true(st.mapped <= st.physical && st.physical <= st.limit);
+    assert_true(st.mapped <= st.physical + st.host_physical && st.physical <= st.limit);
   }
   for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
   assert_int_equal(errors, 0);
@@ -61,6 +77,7 @@ static void test_threads_stress(void **state) {
   nf_stats_get(pool, &st);
   assert_int_equal(st.live, 0);
   assert_true(st.reclaims > 0);
+  if (moves) assert_true(st.offloads > 100 && st.prefetches > 100 && st.spills > 0);
   nf_pool_destroy(pool);
   uint64_t gr, mp;
   nf_backend_host_usage(be, &gr, &mp);
@@ -68,7 +85,22 @@ static void test_threads_stress(void **state) {
   nf_backend_destroy(be);
 }
 
+static void test_threads_stress(void **state) {
+  (void)state;
+  moves = 0;
+  run_stress("limit:6MiB,small_max:16KiB");
+}
+
+static void test_threads_spill_offload(void **state) {
+  (void)state;
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  setenv("NOFRAG_QUIET_OOM", "1", 1);
+  moves = 1;
+  run_stress("limit:6MiB,small_max:16KiB,spill:host,spill_limit:4MiB");
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_stress)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_stress),
+                                     cmocka_unit_test(test_threads_spill_offload)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
