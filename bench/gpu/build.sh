@@ -1,5 +1,5 @@
-# Sourced by bench/gpu/run.sh and run_dist.sh: build libnofrag on the GPU
-# machine. CMake first (tests off: cmocka may be absent there). If CMake or
+# Sourced by bench/gpu/run.sh, run_dist.sh and run_spill.sh: build libnofrag
+# on the GPU machine (nf_build_lib), and pack $OUT at the end (nf_pack_out). CMake first (tests off: cmocka may be absent there). If CMake or
 # zlib is missing, compile the sources directly and leave out files that do not
 # compile (the trace reader needs zlib; the allocator and the plug-in do not).
 # Sets LIBS (what a program linking build/libnofrag.a needs); logs to
@@ -29,4 +29,14 @@ nf_build_lib() {
   fi
   rm -f build/libnofrag.a && ar rcs build/libnofrag.a build/direct/*.o
   [ -f build/libnofrag.so ]
+}
+
+# The device tool brings back at most 8 files: pack everything in $OUT into
+# all.tar.gz and keep beside it only the files named (read first).
+nf_pack_out() {
+  local keep=() f
+  for f in "$@"; do keep+=(! -name "$f"); done
+  (cd "$OUT" && tar czf /tmp/nofrag-pack.tar.gz . && mv /tmp/nofrag-pack.tar.gz all.tar.gz &&
+    find . -mindepth 1 -maxdepth 1 ! -name all.tar.gz "${keep[@]}" -exec rm -rf {} +)
+  ls -la "$OUT" | head -20
 }

@@ -1,8 +1,11 @@
-"""What bench/gpu/train.py (one GPU) and bench/gpu/dist.py (torchrun) share:
+"""What bench/gpu/train.py (one GPU), dist.py (torchrun) and spill.py share:
 the environment of a run per allocator, the settings that make losses
-comparable bit for bit across allocators, and the GiB format of the tables."""
+comparable bit for bit across allocators, the GiB format of the tables, and
+the orchestrators' time budget with results saved after every run."""
 
+import json
 import os
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -48,3 +51,24 @@ def deterministic(torch, seed):
 def gib(x):
     """Bytes as GiB with 3 decimals for the tables ('' for none)."""
     return f"{x / GiB:.3f}" if isinstance(x, (int, float)) and x else ""
+
+
+class BudgetedRunner:
+    """Base of the orchestrators: a deadline `budget` seconds from now, and
+    results.json / results.md (rendered by `markdown`) in `out`, rewritten by
+    save() after every run so that a run cut short keeps what it measured."""
+
+    def __init__(self, out, budget, results, markdown):
+        self.deadline = time.time() + budget
+        self.results, self._markdown, self._out = results, markdown, out
+        os.makedirs(out, exist_ok=True)
+        self.n = 0
+
+    def left(self):
+        return self.deadline - time.time()
+
+    def save(self):
+        with open(os.path.join(self._out, "results.json"), "w") as f:
+            json.dump(self.results, f, indent=1)
+        with open(os.path.join(self._out, "results.md"), "w") as f:
+            f.write(self._markdown(self.results))

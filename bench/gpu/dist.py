@@ -58,7 +58,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import GiB, ROOT, base_env, deterministic, gib  # noqa: E402
+from common import GiB, ROOT, BudgetedRunner, base_env, deterministic, gib  # noqa: E402
 ALLOCS = ("native", "expandable", "nofrag")
 MODELS = {  # batch per rank, seq range, default steps, launch timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150, wrap="ddp"),
@@ -353,23 +353,12 @@ def fake_launch_main(argv):
 
 # ================================================================ orchestrator
 
-class Runner:
+class Runner(BudgetedRunner):
     def __init__(self, a):
         self.a = a
-        self.deadline = time.time() + a.budget
-        self.results = {"runs": [], "bisect": {}, "started": time.strftime("%F %T"), "budget_s": a.budget,
-                        "nproc_per_node": a.nproc_per_node, "dry_run": a.dry_run, "env": NO_MULTICAST}
-        os.makedirs(a.out, exist_ok=True)
-        self.n = 0
-
-    def left(self):
-        return self.deadline - time.time()
-
-    def save(self):
-        with open(os.path.join(self.a.out, "results.json"), "w") as f:
-            json.dump(self.results, f, indent=1)
-        with open(os.path.join(self.a.out, "results.md"), "w") as f:
-            f.write(markdown(self.results))
+        super().__init__(a.out, a.budget, {"runs": [], "bisect": {}, "started": time.strftime("%F %T"),
+                                           "budget_s": a.budget, "nproc_per_node": a.nproc_per_node,
+                                           "dry_run": a.dry_run, "env": NO_MULTICAST}, markdown)
 
     def launch_cmd(self, worker_args):
         me = os.path.abspath(__file__)

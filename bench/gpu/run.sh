@@ -72,9 +72,4 @@ else
 fi
 
 say "done; results in $OUT"
-# The device tool brings back at most 8 files: pack everything into one
-# archive and keep the few files read first beside it.
-(cd "$OUT" && tar czf /tmp/nofrag-all.tar.gz . && mv /tmp/nofrag-all.tar.gz all.tar.gz && \
-  find . -mindepth 1 -maxdepth 1 ! -name all.tar.gz ! -name results.md ! -name results.json \
-    ! -name run.log ! -name test_cuda.log -exec rm -rf {} +)
-ls -la "$OUT" | head -30
+nf_pack_out results.md results.json run.log test_cuda.log

@@ -27,6 +27,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 DRY=0
 for a in "$@"; do [ "$a" = "--dry-run" ] && DRY=1; done
 
+. bench/gpu/build.sh # nf_build_lib, nf_pack_out
 say "machine"
 NGPU=0
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -86,9 +87,4 @@ else
 fi
 
 say "done; results in $OUT"
-# The device tool brings back at most 8 files: pack everything into one
-# archive and keep the few files read first beside it.
-(cd "$OUT" && tar czf /tmp/nofrag-dist-all.tar.gz . && mv /tmp/nofrag-dist-all.tar.gz all.tar.gz && \
-  find . -mindepth 1 -maxdepth 1 ! -name all.tar.gz ! -name results.md ! -name results.json \
-    ! -name run.log -exec rm -rf {} +)
-ls -la "$OUT" | head -20
+nf_pack_out results.md results.json run.log

@@ -29,6 +29,7 @@ if [ ! -f include/nofrag.h ] || [ ! -f bench/gpu/spill.py ]; then
 fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
+. bench/gpu/build.sh # nf_build_lib, nf_pack_out
 say "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -4
 free -g 2>/dev/null | head -2
@@ -80,8 +81,4 @@ else
 fi
 
 say "done; results in $OUT"
-# Pack everything; keep the few files read first beside the archive.
-(cd "$OUT" && tar czf /tmp/nofrag-spill-all.tar.gz . && mv /tmp/nofrag-spill-all.tar.gz all.tar.gz && \
-  find . -mindepth 1 -maxdepth 1 ! -name all.tar.gz ! -name results.md ! -name results.json \
-    ! -name run.log -exec rm -rf {} +)
-ls -la "$OUT" | head -20
+nf_pack_out results.md results.json run.log

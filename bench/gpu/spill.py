@@ -54,7 +54,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import train  # noqa: E402  (model builders, per-step data, SEED, WARMUP)
-from common import GiB, ROOT, base_env, deterministic, gib  # noqa: E402
+from common import GiB, ROOT, BudgetedRunner, base_env, deterministic, gib  # noqa: E402
 
 STEPS = {"gpt2": 12, "llama": 10}
 FSDP_STEPS = 8
@@ -280,23 +280,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-class Runner:
+class Runner(BudgetedRunner):
     def __init__(self, a):
         self.a = a
-        self.deadline = time.time() + a.budget
-        self.results = {"started": time.strftime("%F %T"), "budget_s": a.budget, "dry_run": a.dry_run,
-                        "runs": {}, "cap": None, "cap_div": a.cap_div}
+        super().__init__(a.out, a.budget, {"started": time.strftime("%F %T"), "budget_s": a.budget,
+                                           "dry_run": a.dry_run, "runs": {}, "cap": None, "cap_div": a.cap_div},
+                         markdown)
         os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
-        self.n = 0
-
-    def left(self):
-        return self.deadline - time.time()
-
-    def save(self):
-        with open(os.path.join(self.a.out, "results.json"), "w") as f:
-            json.dump(self.results, f, indent=1)
-        with open(os.path.join(self.a.out, "results.md"), "w") as f:
-            f.write(markdown(self.results))
 
     def run(self, name, model, alloc, steps=None, timeout=None, **opts):
         steps = steps or STEPS[model]

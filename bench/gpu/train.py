@@ -42,7 +42,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import GiB, ROOT, base_env, deterministic, gib  # noqa: E402
+from common import GiB, ROOT, BudgetedRunner, base_env, deterministic, gib  # noqa: E402
 ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill")  # tight:1 / spill:host
 DEFAULT_ALLOCS = "native,expandable,nofrag,nofrag-tight"  # nofrag-spill on request (bench/gpu/spill.py)
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
@@ -249,23 +249,11 @@ def dry_worker(a):
 
 # ================================================================ orchestrator
 
-class Runner:
+class Runner(BudgetedRunner):
     def __init__(self, a):
         self.a = a
-        self.deadline = time.time() + a.budget
-        self.results = {"runs": [], "bisect": {}, "limits": None, "started": time.strftime("%F %T"),
-                        "budget_s": a.budget}
-        os.makedirs(a.out, exist_ok=True)
-        self.n = 0
-
-    def left(self):
-        return self.deadline - time.time()
-
-    def save(self):
-        with open(os.path.join(self.a.out, "results.json"), "w") as f:
-            json.dump(self.results, f, indent=1)
-        with open(os.path.join(self.a.out, "results.md"), "w") as f:
-            f.write(markdown(self.results))
+        super().__init__(a.out, a.budget, {"runs": [], "bisect": {}, "limits": None,
+                                           "started": time.strftime("%F %T"), "budget_s": a.budget}, markdown)
 
     def run(self, model, alloc, steps, cap=0, timeout=None):
         """One worker subprocess; returns its result dict (status set even on crash)."""
