@@ -40,3 +40,18 @@ nf_pack_out() {
     find . -mindepth 1 -maxdepth 1 ! -name all.tar.gz "${keep[@]}" -exec rm -rf {} +)
   ls -la "$OUT" | head -20
 }
+
+# Run a benchmark script with what is left of $BUDGET seconds (the caller's
+# elapsed/say helpers), passing --budget; "no time left" below a minute.
+#   nf_run_left "training benchmark" bench/gpu/train.py --out "$OUT" "$@"
+nf_run_left() {
+  local what=$1 left=$(( BUDGET - $(elapsed) - 10 ))
+  shift
+  say "$what, budget ${left}s ($1)"
+  if [ "$left" -gt 60 ]; then
+    python3 "$@" --budget "$left"
+    echo "$1 exit status: $?"
+  else
+    echo "no time left for the $what"
+  fi
+}

@@ -62,14 +62,7 @@ timeout 90 python3 -m unittest discover -s python/tests -v >"$OUT/python_tests.l
 echo "python tests exit status: $? ; tail:"; tail -5 "$OUT/python_tests.log"
 
 # ------------------------------------------------------------------ training
-LEFT=$(( BUDGET - $(elapsed) - 10 ))
-say "training benchmark, budget ${LEFT}s (bench/gpu/train.py)"
-if [ "$LEFT" -gt 60 ]; then
-  python3 bench/gpu/train.py --out "$OUT" --budget "$LEFT" "$@"
-  echo "train.py exit status: $?"
-else
-  echo "no time left for training"
-fi
+nf_run_left "training benchmark" bench/gpu/train.py --out "$OUT" "$@"
 
 say "done; results in $OUT"
 nf_pack_out results.md results.json run.log test_cuda.log

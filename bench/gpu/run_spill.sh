@@ -71,14 +71,7 @@ say "Python offload tests (python/tests/test_offload*.py; the GPU round trip nee
 echo "python offload tests exit status: $? ; tail:"; tail -6 "$OUT/python_offload_tests.log"
 
 # ------------------------------------------------------------------ benchmark
-LEFT=$(( BUDGET - $(elapsed) - 10 ))
-say "spill/offload benchmark, budget ${LEFT}s (bench/gpu/spill.py)"
-if [ "$LEFT" -gt 60 ]; then
-  python3 bench/gpu/spill.py --out "$OUT" --budget "$LEFT" "$@"
-  echo "spill.py exit status: $?"
-else
-  echo "no time left for the benchmark"
-fi
+nf_run_left "spill/offload benchmark" bench/gpu/spill.py --out "$OUT" "$@"
 
 say "done; results in $OUT"
 nf_pack_out results.md results.json run.log
