@@ -63,6 +63,8 @@ static void snap_blocks(sbuf_t *b, const nf_pool_t *p, const nf_chunk_t *c) {
                 (unsigned long long)k->extra);
     if (k->state != NF_BLK_LIVE) // streams whose work may still use the memory
       sb_printf(b, ",\"stream_mask\":\"0x%llx\"", (unsigned long long)k->smask);
+    if (k->state == NF_BLK_LIVE && k->where) // nf_offload'ed: its owned granules are on that tier
+      sb_printf(b, ",\"offloaded\":\"%s\"", k->where == NF_TIER_DISK ? "disk" : "host");
     sb_printf(b, "}");
   }
   sb_printf(b, "]");
@@ -105,13 +107,16 @@ char *nf_snapshot(nf_pool_t *p) {
   }
   sb_printf(&b,
             "{\"version\":1,\n\"totals\":{\"live\":%llu,\"live_rounded\":%llu,\"mapped\":%llu,\"physical\":%llu,"
-            "\"limit\":%llu,\"granule\":%llu,\"cached\":%llu,\"live_blocks\":%llu},\n"
+            "\"limit\":%llu,\"granule\":%llu,\"cached\":%llu,\"live_blocks\":%llu,\"spilled\":%llu,"
+            "\"offloaded\":%llu,\"offloaded_disk\":%llu,\"host_physical\":%llu},\n"
             "\"granules\":{\"created\":%llu,\"mapped\":%llu,\"free\":%llu,\"unused_slots\":%llu,"
             "\"tiers\":{\"device\":%llu,\"host\":%llu,\"disk\":%llu}},\n\"streams\":[",
             (unsigned long long)p->st.live, (unsigned long long)p->st.live_rounded,
             (unsigned long long)(p->gran_mapped << p->gshift), (unsigned long long)(p->gran_created << p->gshift),
             (unsigned long long)p->cfg.limit, (unsigned long long)p->granule, (unsigned long long)nf__cached(p),
-            (unsigned long long)p->st.live_blocks, (unsigned long long)p->gran_created,
+            (unsigned long long)p->st.live_blocks, (unsigned long long)((p->host_mapped - p->offl_granules) << p->gshift),
+            (unsigned long long)(p->offl_granules << p->gshift), (unsigned long long)p->disk_bytes,
+            (unsigned long long)(p->host_created << p->gshift), (unsigned long long)(p->gran_created + p->host_created),
             (unsigned long long)gstate[NF_GR_MAPPED], (unsigned long long)gstate[NF_GR_FREE],
             (unsigned long long)gstate[NF_GR_UNUSED], (unsigned long long)tiers[NF_TIER_DEVICE],
             (unsigned long long)tiers[NF_TIER_HOST], (unsigned long long)tiers[NF_TIER_DISK]);

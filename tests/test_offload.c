@@ -118,6 +118,11 @@ static void test_offload_host(void **state) {
   tiers(p, a, t);
   assert_true(t[1] == 10 * G && t[0] == 0);
   assert_true(nft_check(a, 10 * G, 7)); // host memory at the same address
+  char *snap = nf_snapshot(p);
+  assert_non_null(snap);
+  assert_non_null(strstr(snap, "\"offloaded\":\"host\"")); // the block
+  assert_non_null(strstr(snap, "\"offloaded\":655360,"));    // the totals
+  nf_snapshot_free(snap);
   void *b = nf_alloc(p, 10 * G, NULL);  // fits now
   assert_non_null(b);
   nft_fill(b, 10 * G, 8);
