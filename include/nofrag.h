@@ -97,6 +97,8 @@ typedef struct nf_config_s {
                               //!< address, slower) instead of failing; 0 (`spill:off`, default)
   uint64_t spill_limit;       //!< most host bytes spill and nf_offload may hold; 0 = the host tier's
                               //!< capacity as the backend reports it (MemTotal on CUDA)
+  uint64_t spill_reserve;     //!< host bytes created at pool creation and kept by nf_trim: pinned host
+                              //!< memory is slow to create (on the H200 a first spill of 11 GiB took 8 s)
   char offload_dir[NF_TRACE_PATH_MAX]; //!< directory for nf_offload(..., NF_TIER_DISK) files;
                               //!< "" = $TMPDIR, else /tmp. The file is unlinked at creation.
 } nf_config_t;
@@ -108,7 +110,8 @@ typedef struct nf_config_s {
 //! release_threshold "auto" (= never under an explicit limit, else capacity/4;
 //! UINT64_MAX-1 in the struct, "never" = UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
 //! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, release_after 4096, tight 0,
-//! trace "" (off), trace_max 256 MiB, spill off, spill_limit 0 (= host capacity), offload_dir "" ($TMPDIR).
+//! trace "" (off), trace_max 256 MiB, spill off, spill_limit 0 (= host capacity), spill_reserve 0,
+//! offload_dir "" ($TMPDIR).
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
 
 //! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB

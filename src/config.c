@@ -32,7 +32,7 @@
 
 static const char VALID_KEYS[] =
     "limit, reserve, release_threshold, retain, granule, small_max, va_chunk, "
-    "device, backend, host_capacity, release_after, tight, trace, trace_max, spill, spill_limit, offload_dir";
+    "device, backend, host_capacity, release_after, tight, trace, trace_max, spill, spill_limit, spill_reserve, offload_dir";
 
 nf_status_t nf_config_default(nf_config_t *cfg) {
   if (!cfg) return NF_ERR_INVALID;
@@ -242,6 +242,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
       {"host_capacity", offsetof(nf_config_t, host_capacity)},
       {"trace_max", offsetof(nf_config_t, trace_max)},
       {"spill_limit", offsetof(nf_config_t, spill_limit)},
+      {"spill_reserve", offsetof(nf_config_t, spill_reserve)},
   };
   for (size_t i = 0; i < sizeof SIZE_KEYS / sizeof SIZE_KEYS[0]; i++) {
     if (!tok_eq(k, SIZE_KEYS[i].key)) continue;
@@ -394,10 +395,10 @@ int nf_config_format(const nf_config_t *cfg, char *buf, size_t len) {
                   "limit:%" PRIu64 ",reserve:%" PRIu64 ",release_threshold:%s,retain:%" PRIu64
                   ",granule:%" PRIu64 ",small_max:%" PRIu64 ",va_chunk:%" PRIu64
                   ",device:%d,backend:%s,host_capacity:%" PRIu64 ",release_after:%" PRIu64 ",tight:%d"
-                  ",trace_max:%" PRIu64 ",spill:%s,spill_limit:%" PRIu64 "%s%.*s%s%.*s",
+                  ",trace_max:%" PRIu64 ",spill:%s,spill_limit:%" PRIu64 ",spill_reserve:%" PRIu64 "%s%.*s%s%.*s",
                   cfg->limit, cfg->reserve, rt, cfg->retain, cfg->granule, cfg->small_max,
                   cfg->va_chunk, cfg->device, be, cfg->host_capacity, cfg->release_after, cfg->tight,
-                  cfg->trace_max, cfg->spill ? "host" : "off", cfg->spill_limit,
+                  cfg->trace_max, cfg->spill ? "host" : "off", cfg->spill_limit, cfg->spill_reserve,
                   cfg->trace[0] ? ",trace:" : "", (int)strnlen(cfg->trace, sizeof cfg->trace - 1), cfg->trace,
                   cfg->offload_dir[0] ? ",offload_dir:" : "",
                   (int)strnlen(cfg->offload_dir, sizeof cfg->offload_dir - 1), cfg->offload_dir);

@@ -140,6 +140,13 @@ nf_status_t nf_pool_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t 
     pool_free(p);
     return st;
   }
+  if (cfg->spill_reserve && (st = nf__host_granules_create(p, (cfg->spill_reserve + g - 1) >> p->gshift)) != NF_OK) {
+    if (st == NF_ERR_OOM) nf__error(st, "nofrag: spill_reserve %llu B exceeds the host tier's limit %llu B (spill_limit)",
+                                    (unsigned long long)cfg->spill_reserve,
+                                    (unsigned long long)(p->max_host_granules << p->gshift));
+    pool_free(p);
+    return st;
+  }
   if (p->cfg.trace[0] && (st = nf__rec_open(p)) != NF_OK) { // names the path and errno's text
     pool_free(p);
     return st;
@@ -397,7 +404,7 @@ nf_status_t nf_trim(nf_pool_t *p) {
   if (st == NF_OK) st = nf__pending_poll(p, true);
   if (st == NF_OK) nf__unmap_cached(p, UINT64_MAX, true, NULL, 0, 0, -1, &st);
   if (st == NF_OK) st = nf__granules_release(p, p->cfg.retain >> p->gshift);
-  if (st == NF_OK) nf__host_granules_release(p, 0);
+  if (st == NF_OK) nf__host_granules_release(p, p->cfg.spill_reserve >> p->gshift);
   p->host_sweep = false;
   nf__mon_full(p);
   nf__unlock(&p->lock);

@@ -348,7 +348,8 @@ static void spill_warn(nf_pool_t *p, uint64_t size, uint64_t host) {
           "nofrag: warning: device memory is exhausted (limit %s, live %s): %llu granule(s) of a %s request "
           "are backed by host memory instead (spill:host, spill_limit %s). The program keeps running, "
           "slower where it touches spilled memory; spilled bytes are in the stats ('spilled') and in "
-          "`nofrag top`. Printed once per pool (NOFRAG_QUIET_SPILL=1 silences it).\n",
+          "`nofrag top`. Creating pinned host memory is slow the first time; spill_reserve:SIZE creates it "
+          "at start. Printed once per pool (NOFRAG_QUIET_SPILL=1 silences it).\n",
           lim, live, (unsigned long long)host, req, sl);
 }
 

@@ -429,9 +429,9 @@ static void test_spill_keys(void **state) {
   assert_int_equal(c.spill, 0);
   assert_int_equal(c.spill_limit, 0);
   assert_string_equal(c.offload_dir, "");
-  c = ok("spill:host,spill_limit:64GiB,offload_dir:/var/tmp/nf");
+  c = ok("spill:host,spill_limit:64GiB,spill_reserve:8GiB,offload_dir:/var/tmp/nf");
   assert_int_equal(c.spill, 1);
-  assert_true(c.spill_limit == 64 * NF_GiB);
+  assert_true(c.spill_limit == 64 * NF_GiB && c.spill_reserve == 8 * NF_GiB);
   assert_string_equal(c.offload_dir, "/var/tmp/nf");
   roundtrip(&c);
   c = ok("spill:host,spill:off");

@@ -93,6 +93,41 @@ static void test_spill_config_errors(void **state) {
   nf_backend_destroy(be);
 }
 
+// spill_reserve: host granules made at creation, used by the first spill
+// without creating any, kept by trim; more than spill_limit is an error.
+static void test_spill_reserve(void **state) {
+  (void)state;
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,spill_limit:1MiB,spill_reserve:256KiB");
+  nf_stats_t s;
+  stats(p, &s);
+  assert_true(s.host_physical == 4 * G && s.spilled == 0);
+  void *a = nf_alloc(p, 12 * G, NULL); // 8 device + 4 host granules
+  assert_non_null(a);
+  stats(p, &s);
+  assert_true(s.spilled == 4 * G && s.host_physical == 4 * G && s.calls.create == 8 + 4);
+  nft_fill(a, 12 * G, 5);
+  assert_true(nft_check(a, 12 * G, 5));
+  nf_free(p, a);
+  assert_int_equal(nf_trim(p), NF_OK);
+  stats(p, &s);
+  assert_true(s.host_physical == 4 * G && s.physical == 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  assert_int_equal(nf_config_parse(&cfg, "spill:host,spill_limit:256KiB,spill_reserve:1MiB", NULL, 0), NF_OK);
+  assert_int_equal(nf_backend_host_create(&be, 64 * G, G), NF_OK);
+  p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &cfg), NF_ERR_OOM);
+  assert_non_null(strstr(nf_last_error(), "spill_reserve"));
+  uint64_t gr, maps;
+  nf_backend_host_usage(be, &gr, &maps);
+  assert_true(gr == 0 && maps == 0); // nothing left behind
+  nf_backend_destroy(be);
+}
+
 // Offload frees device memory for others; prefetch brings the same bytes
 // back at the same address; in-flight copies (manual events) are settled
 // by wait, by prefetch (cancel) and by free.
@@ -319,6 +354,7 @@ int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_spill_basic),  cmocka_unit_test(test_spill_config_errors),
+      cmocka_unit_test(test_spill_reserve),
       cmocka_unit_test(test_offload_host), cmocka_unit_test(test_offload_disk),
       cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
   };
