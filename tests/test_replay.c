@@ -207,6 +207,16 @@ static void test_cli(void **state) {
   char *nl = strchr(out, '\n');
   assert_non_null(nl);
   assert_true(nl[-1] == '}' && nl[1] == 0);
+  // What-if spill: the GPT-2 trace under a cap of 0.77 x its live peak
+  // completes with spill:host, every block's signature intact.
+  snprintf(args, sizeof args, "replay '%s/gpt2.trace.gz' --limit 17.85GiB --conf spill:host --verify",
+           data ? data : "data");
+  rc = nft_run_cli(args, out, n);
+  if (rc != 0 || !strstr(out, "OOMs                  0") || !strstr(out, "none lost") ||
+      !strstr(out, "allocations spilled") || strstr(out, "warning"))
+    fail_msg("exit %d: %s", rc, out);
+  snprintf(args, sizeof args, "replay '%s/gpt2.trace.gz' --limit 17.85GiB", data ? data : "data");
+  assert_int_not_equal(nft_run_cli(args, out, n), 0); // the same cap without spill stops at an OOM
   free(out);
 }
 

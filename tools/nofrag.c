@@ -89,7 +89,7 @@ static void human(char *buf, size_t n, uint64_t b) {
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
 
 #define CALLS(X) X(va_reserve) X(va_release) X(create) X(release) X(map) X(unmap) X(set_access) \
-  X(event_create) X(event_record) X(event_query) X(event_sync) X(stream_wait)
+  X(event_create) X(event_record) X(event_query) X(event_sync) X(stream_wait) X(copy)
 
 static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__replay_opts *ro,
                        const nf__replay_result *r, const nf__replay_bisect *b, int bisected, const char *end) {
@@ -116,8 +116,9 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
 #define X(f) printf("%s\"" #f "\":%" PRIu64, sep, s->calls.f); sep = ",";
   CALLS(X)
 #undef X
-  printf("},\"reclaims\":%" PRIu64 ",\"reclaimed_granules\":%" PRIu64 ",\"cross_stream_reuses\":%" PRIu64,
-         s->reclaims, s->reclaimed_granules, s->cross_stream_reuses);
+  printf("},\"reclaims\":%" PRIu64 ",\"reclaimed_granules\":%" PRIu64 ",\"cross_stream_reuses\":%" PRIu64
+         ",\"spilled_peak\":%" PRIu64 ",\"spills\":%" PRIu64,
+         s->reclaims, s->reclaimed_granules, s->cross_stream_reuses, s->spilled_peak, s->spills);
   // events_per_second counts trace events walked (free_requested and
   // segment_* included, as no-ops); ops_per_second counts allocator calls.
   size_t events_done = r->ops_done < ops->n_ops ? (size_t)ops->ops[r->ops_done].event : ops->n_events;
@@ -218,6 +219,11 @@ static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   printf(")\n");
   printf("  in 2nd half         %" PRIu64 " (steady state: the trace's later steps)\n", r->calls_second_half);
   printf("reclaims              %" PRIu64 " (%" PRIu64 " granules stitched)\n", s->reclaims, s->reclaimed_granules);
+  if (s->spills) {
+    human(h1, sizeof h1, s->spilled_peak);
+    printf("spilled               peak %" PRIu64 " B (%s) on host granules, %" PRIu64 " allocations spilled\n",
+           s->spilled_peak, h1, s->spills);
+  }
   printf("replay                %.3f s, %.0f allocator calls/s (%zu of %zu)\n", r->seconds,
          r->seconds > 0 ? (double)r->ops_done / r->seconds : 0.0, r->ops_done, ops->n_ops);
   printf("OOMs                  %" PRIu64 "\n", s->ooms);
@@ -545,6 +551,7 @@ int main(int argc, char **argv) {
   // reported by the tool itself: the library's stderr OOM report stays off
   // unless the user asks for it (NOFRAG_QUIET_OOM=0).
   setenv("NOFRAG_QUIET_OOM", "1", 0);
+  setenv("NOFRAG_QUIET_SPILL", "1", 0); // the report has a "spilled" line
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
     fputs(usage, stdout);
     return 0;
