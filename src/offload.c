@@ -216,12 +216,17 @@ static nf_status_t offload_finish(nf_pool_t *p, nf_xfer_t *x) {
 
 nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
   nf_status_t first = NF_OK;
+  uint64_t busy = 0; // streams found not done in this poll: not asked again (one query per stream)
   for (nf_xfer_t **l = &p->xfers; *l;) {
     nf_xfer_t *x = *l;
     bool done = false;
-    nf_status_t st = nf__stream_done(p, x->s, x->tick, blocking, &done);
-    if (st != NF_OK) return st;
+    if (!(busy >> x->s & 1) || p->streams[x->s].done_tick >= x->tick) {
+      nf_status_t st = nf__stream_done(p, x->s, x->tick, blocking, &done);
+      if (st != NF_OK) return st;
+      if (!done) busy |= 1ull << x->s;
+    }
     if (!done) { l = &x->next; continue; }
+    nf_status_t st = NF_OK;
     *l = x->next;
     if (x->b) st = offload_finish(p, x);
     else stage_drop(p, x);

@@ -211,6 +211,30 @@ static void test_offload_host(void **state) {
   nf_backend_destroy(be);
 }
 
+// Many copies in flight on one stream: a poll asks that stream once, not
+// once per copy (activation offload keeps hundreds in flight).
+static void test_offload_poll_cost(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:16MiB");
+  void *a[100];
+  for (int i = 0; i < 100; i++) assert_non_null(a[i] = nf_alloc(p, 2 * G, NULL));
+  nf_backend_host_set_manual_events(be, 1);
+  nf_stats_t s0, s1;
+  for (int i = 0; i < 99; i++) assert_int_equal(nf_offload(p, a[i], NULL, NF_TIER_HOST), NF_OK);
+  stats(p, &s0);
+  assert_int_equal(nf_offload(p, a[99], NULL, NF_TIER_HOST), NF_OK); // polls 99 copies in flight
+  stats(p, &s1);
+  assert_true(s1.calls.event_query - s0.calls.event_query <= 1);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  stats(p, &s1);
+  assert_true(s1.offloaded == 100 * 2 * G && s1.calls.event_sync - s0.calls.event_sync <= 1);
+  for (int i = 0; i < 100; i++) nf_free(p, a[i]);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 static void test_offload_disk(void **state) {
   (void)state;
   nf_backend_t *be;
@@ -354,7 +378,7 @@ int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_spill_basic),  cmocka_unit_test(test_spill_config_errors),
-      cmocka_unit_test(test_spill_reserve),
+      cmocka_unit_test(test_spill_reserve), cmocka_unit_test(test_offload_poll_cost),
       cmocka_unit_test(test_offload_host), cmocka_unit_test(test_offload_disk),
       cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
   };
