@@ -26,6 +26,20 @@ static inline bool bit_get(const uint64_t *bm, uint64_t i) { return bm[i >> 6] >
 static inline void bit_set(uint64_t *bm, uint64_t i) { bm[i >> 6] |= 1ull << (i & 63); }
 static inline void bit_clr(uint64_t *bm, uint64_t i) { bm[i >> 6] &= ~(1ull << (i & 63)); }
 
+// First set bit at or after g, below end (end if none): a word at a time,
+// so walking a large, mostly unmapped free range costs ngran/64 loads.
+static inline uint64_t next_set(const uint64_t *bm, uint64_t g, uint64_t end) {
+  while (g < end) {
+    uint64_t w = bm[g >> 6] >> (g & 63);
+    if (w) {
+      g += (uint64_t)__builtin_ctzll(w);
+      return g < end ? g : end;
+    }
+    g = (g | 63) + 1;
+  }
+  return end;
+}
+
 static bool bits_all(const uint64_t *bm, uint64_t g0, uint64_t g1) {
   while (g0 < g1) {
     uint64_t b = g0 & 63, n = 64 - b < g1 - g0 ? 64 - b : g1 - g0;
@@ -247,7 +261,7 @@ uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_c
       uint64_t gi0 = (ra - c->base + p->granule - 1) >> p->gshift, gi1 = (rb - c->base) >> p->gshift;
 #define TAKE(x) (bit_get(c->mapped, x) && !(c == keep_c && (x) >= keep_g0 && (x) < keep_g1) && \
                  (tier < 0 || p->gran[c->phys[x]].tier == tier))
-      for (uint64_t g = gi0; g < gi1 && got < want;) {
+      for (uint64_t g = next_set(c->mapped, gi0, gi1); g < gi1 && got < want; g = next_set(c->mapped, g, gi1)) {
         if (!TAKE(g)) { g++; continue; }
         uint64_t e = g;
         while (e < gi1 && e - g < want - got && TAKE(e)) e++;
@@ -443,8 +457,8 @@ void nf__host_sweep(nf_pool_t *p) {
       uintptr_t ra = b->addr, rb = ra;
       for (; b && b->state == NF_BLK_FREE; b = b->next) rb = b->addr + b->size;
       uint64_t g0 = (ra - c->base + p->granule - 1) >> p->gshift, g1 = (rb - c->base) >> p->gshift;
-      for (uint64_t g = g0; g < g1 && !left; g++)
-        left = bit_get(c->mapped, g) && p->gran[c->phys[g]].tier == NF_TIER_HOST;
+      for (uint64_t g = next_set(c->mapped, g0, g1); g < g1 && !left; g = next_set(c->mapped, g + 1, g1))
+        left = p->gran[c->phys[g]].tier == NF_TIER_HOST;
     }
   p->host_sweep = left;
 }
