@@ -235,8 +235,9 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
 void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   if (NF_UNLIKELY(!p)) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc: NULL pool"); return NULL; }
   if (NF_UNLIKELY(!size)) { ok(); return NULL; }
-  uint64_t most = p->cfg.limit + (p->cfg.spill ? p->max_host_granules << p->gshift : 0);
-  if (NF_UNLIKELY((uint64_t)size > most)) {
+  // Larger than the limit: only spill (up to spill_limit more) can serve it.
+  if (NF_UNLIKELY((uint64_t)size > p->cfg.limit) &&
+      (!p->cfg.spill || (uint64_t)size - p->cfg.limit > p->max_host_granules << p->gshift)) {
     char req[32], lim[32];
     nf__fmt_bytes(req, sizeof req, size);
     nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);

@@ -126,7 +126,6 @@ void nf__gran_push_free(nf_pool_t *p, uint32_t i) {
   p->gran_free = (int32_t)i;
   p->gran_free_count++;
 }
-#define gran_push_free nf__gran_push_free
 
 // Pop a free granule of `tier` (the caller checked the count).
 uint32_t nf__gran_pop(nf_pool_t *p, nf_tier_t tier) {
@@ -142,7 +141,6 @@ uint32_t nf__gran_pop(nf_pool_t *p, nf_tier_t tier) {
   }
   return i;
 }
-static uint32_t gran_pop_free(nf_pool_t *p) { return nf__gran_pop(p, NF_TIER_DEVICE); }
 
 // A slot in gran[] for a new granule, or -1 (out of host memory).
 static int32_t gran_slot(nf_pool_t *p) {
@@ -172,59 +170,47 @@ static nf_status_t gran_new(nf_pool_t *p, nf_tier_t tier) {
   p->gran_unused = p->gran[i].next_free;
   p->gran[i].handle = h;
   p->gran[i].tier = (uint8_t)tier;
-  gran_push_free(p, (uint32_t)i);
+  nf__gran_push_free(p, (uint32_t)i);
   return NF_OK;
 }
 
-// Create up to n host granules (bounded by spill_limit) onto their free list.
-nf_status_t nf__host_granules_create(nf_pool_t *p, uint64_t n) {
-  for (; n; n--) {
-    if (p->host_created >= p->max_host_granules) return NF_ERR_OOM;
-    nf_status_t st = gran_new(p, NF_TIER_HOST);
+// Create up to n granules of `tier` onto its free list, bounded by the limit
+// (device) or spill_limit (host).
+static nf_status_t granules_create(nf_pool_t *p, nf_tier_t tier, uint64_t n) {
+  bool h = tier == NF_TIER_HOST;
+  uint64_t *created = h ? &p->host_created : &p->gran_created;
+  uint64_t *peak = h ? &p->st.host_physical_peak : &p->st.physical_peak;
+  for (uint64_t max = h ? p->max_host_granules : p->max_granules; n; n--) {
+    if (*created >= max) return NF_ERR_OOM;
+    nf_status_t st = gran_new(p, tier);
     if (st != NF_OK) return st;
-    p->host_created++;
-    nf__peak(&p->st.host_physical_peak, p->host_created << p->gshift);
+    ++*created;
+    nf__peak(peak, *created << p->gshift);
   }
   return NF_OK;
 }
 
-// Give unmapped host granules back (pinned host memory is precious).
-void nf__host_granules_release(nf_pool_t *p, uint64_t keep) {
-  while (p->host_created > keep && p->host_free >= 0) {
-    uint32_t i = (uint32_t)p->host_free;
-    if (NF_BE(p, mem_release, release, p->gran[i].handle) != NF_OK) return;
-    nf__gran_pop(p, NF_TIER_HOST);
-    p->gran[i] = (nf_granule_t){.next_free = p->gran_unused};
-    p->gran_unused = (int32_t)i;
-    p->host_created--;
-  }
-}
-
-// Create up to n new device granules (bounded by the limit) onto the free list.
-nf_status_t nf__granules_create(nf_pool_t *p, uint64_t n) {
-  for (; n; n--) {
-    if (p->gran_created >= p->max_granules) return NF_ERR_OOM;
-    nf_status_t st = gran_new(p, NF_TIER_DEVICE);
-    if (st != NF_OK) return st;
-    p->gran_created++;
-    nf__peak(&p->st.physical_peak, p->gran_created << p->gshift);
-  }
-  return NF_OK;
-}
-
-// Return unmapped granules to the backend until at most `keep` exist.
-nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep) {
-  while (p->gran_created > keep && p->gran_free >= 0) {
-    uint32_t i = (uint32_t)p->gran_free;
+// Return unmapped granules of `tier` to the backend until at most `keep` exist.
+static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep) {
+  uint64_t *created = tier == NF_TIER_HOST ? &p->host_created : &p->gran_created;
+  const int32_t *head = tier == NF_TIER_HOST ? &p->host_free : &p->gran_free;
+  while (*created > keep && *head >= 0) {
+    uint32_t i = (uint32_t)*head;
     nf_status_t st = NF_BE(p, mem_release, release, p->gran[i].handle);
     if (st != NF_OK) return nf__error(st, "nofrag: releasing a granule failed: %s", p->be->err);
-    gran_pop_free(p);
+    nf__gran_pop(p, tier);
     p->gran[i] = (nf_granule_t){.next_free = p->gran_unused};
     p->gran_unused = (int32_t)i;
-    p->gran_created--;
+    --*created;
   }
   return NF_OK;
 }
+
+nf_status_t nf__granules_create(nf_pool_t *p, uint64_t n) { return granules_create(p, NF_TIER_DEVICE, n); }
+nf_status_t nf__host_granules_create(nf_pool_t *p, uint64_t n) { return granules_create(p, NF_TIER_HOST, n); }
+nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep) { return granules_release(p, NF_TIER_DEVICE, keep); }
+// Pinned host memory is precious: unmapped host granules go back on trim.
+void nf__host_granules_release(nf_pool_t *p, uint64_t keep) { granules_release(p, NF_TIER_HOST, keep); }
 
 // ------------------------------------------------------------ unmapping
 
@@ -237,7 +223,7 @@ nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
     bit_clr(c->mapped, g);
     bit_clr(READY(c), g);
     p->host_mapped -= p->gran[c->phys[g]].tier == NF_TIER_HOST;
-    gran_push_free(p, c->phys[g]);
+    nf__gran_push_free(p, c->phys[g]);
   }
   p->gran_mapped -= g1 - g0;
   return NF_OK;
@@ -406,7 +392,7 @@ nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     uint32_t i = nf__gran_pop(p, h ? NF_TIER_HOST : NF_TIER_DEVICE);
     st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK) {
-      gran_push_free(p, i);
+      nf__gran_push_free(p, i);
       nf__error(st, "nofrag: map failed: %s", p->be->err);
       break;
     }
