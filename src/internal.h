@@ -266,6 +266,9 @@ void nf__oom_print(void);
 // offload.c: same-address moves of live blocks between tiers, and the copies
 // in flight. nf__xfer_poll finishes the copies that completed (blocking: all).
 nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking);
+// At the device limit: wait for the offload copies in flight that hold
+// device granules (none: no wait), so that those granules come back.
+nf_status_t nf__xfer_reclaim(nf_pool_t *p);
 // Called by nf_free for a block with `where` set or an offload in flight:
 // settles the offload so that the block can be freed like any other (a copy
 // still in flight becomes a record_stream stream of the block).

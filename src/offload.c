@@ -236,6 +236,12 @@ nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
   return first;
 }
 
+nf_status_t nf__xfer_reclaim(nf_pool_t *p) {
+  for (nf_xfer_t *x = p->xfers; x; x = x->next)
+    if (x->b && x->n) return nf__xfer_poll(p, true);
+  return NF_OK;
+}
+
 // ------------------------------------------------------------ host tier
 
 static nf_status_t offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1) {

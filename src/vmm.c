@@ -306,10 +306,16 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
   if (st != NF_ERR_OOM) return st;
   // At the limit: device granules of finished offloads, then what is known
   // complete (no host wait: frees older than the last completed event), then
-  // spill, else wait for the streams, then also for blocks held back by
+  // wait for offload copies in flight (their blocks are bound for the host
+  // anyway; a spilled block would stay there for its lifetime), then spill,
+  // else wait for the streams, then also for blocks held back by
   // record_stream.
   if (p->xfers && (st = nf__xfer_poll(p, false)) != NF_OK) return st;
   for (int round = 0; round < 3 && p->gran_free_count < k; round++) {
+    if (round == 1 && p->xfers) {
+      if ((st = nf__xfer_reclaim(p)) != NF_OK) return st;
+      if (p->gran_free_count >= k) break;
+    }
     if (round == 1 && spill) {
       uint64_t need = k - p->gran_free_count;
       if (p->host_free_count < need) {

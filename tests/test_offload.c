@@ -211,6 +211,50 @@ static void test_offload_host(void **state) {
   nf_backend_destroy(be);
 }
 
+// At the limit, a request waits for offload copies in flight to get their
+// device granules back, rather than failing -- or spilling: the offloaded
+// block is bound for the host anyway, a spilled one would stay there.
+static void test_offload_wait_at_limit(void **state) {
+  (void)state;
+  const char *confs[] = {"limit:1MiB", "limit:1MiB,spill:host"}; // 16 granules
+  for (int i = 0; i < 2; i++) {
+    nf_backend_t *be;
+    nf_pool_t *p = mk(&be, confs[i]);
+    void *a = nf_alloc(p, 10 * G, NULL);
+    assert_non_null(a);
+    nft_fill(a, 10 * G, 3);
+    nf_backend_host_set_manual_events(be, 1);
+    assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
+    nf_stats_t s;
+    stats(p, &s);
+    assert_true(s.offloaded == 0); // copy in flight
+    nf_stats_t s0 = s;
+    void *b = nf_alloc(p, 10 * G, NULL); // fits once the copy is done
+    assert_non_null(b);
+    stats(p, &s);
+    assert_true(s.offloaded == 10 * G && s.spilled == 0 && s.physical <= 16 * G);
+    assert_true(s.calls.event_sync > s0.calls.event_sync); // it waited
+    uint64_t t[3];
+    tiers(p, b, t);
+    assert_true(t[0] == 10 * G && t[1] == 0);
+    nft_fill(b, 10 * G, 4);
+    assert_true(nft_check(a, 10 * G, 3) && nft_check(b, 10 * G, 4));
+    // Nothing in flight that holds device granules: a request that does not
+    // fit fails (or spills) without waiting for anything.
+    s0 = s;
+    void *c = nf_alloc(p, 10 * G, NULL);
+    stats(p, &s);
+    if (i == 0) assert_null(c);
+    else assert_true(c && s.spilled == 4 * G);
+    assert_int_equal(s.calls.event_sync, s0.calls.event_sync);
+    if (c) nf_free(p, c);
+    nf_free(p, b);
+    nf_free(p, a);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+  }
+}
+
 // Many copies in flight on one stream: a poll asks that stream once, not
 // once per copy (activation offload keeps hundreds in flight).
 static void test_offload_poll_cost(void **state) {
@@ -379,6 +423,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_spill_basic),  cmocka_unit_test(test_spill_config_errors),
       cmocka_unit_test(test_spill_reserve), cmocka_unit_test(test_offload_poll_cost),
+      cmocka_unit_test(test_offload_wait_at_limit),
       cmocka_unit_test(test_offload_host), cmocka_unit_test(test_offload_disk),
       cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
   };

@@ -1,5 +1,6 @@
 # Sourced by bench/gpu/run.sh, run_dist.sh and run_spill.sh: build libnofrag
-# on the GPU machine (nf_build_lib), and pack $OUT at the end (nf_pack_out). CMake first (tests off: cmocka may be absent there). If CMake or
+# on the GPU machine (nf_build_lib), run the C GPU test (nf_test_cuda), and
+# pack $OUT at the end (nf_pack_out). CMake first (tests off: cmocka may be absent there). If CMake or
 # zlib is missing, compile the sources directly and leave out files that do not
 # compile (the trace reader needs zlib; the allocator and the plug-in do not).
 # Sets LIBS (what a program linking build/libnofrag.a needs); logs to
@@ -29,6 +30,20 @@ nf_build_lib() {
   fi
   rm -f build/libnofrag.a && ar rcs build/libnofrag.a build/direct/*.o
   [ -f build/libnofrag.so ]
+}
+
+# Build and run tests/gpu/test_cuda.c against build/libnofrag.a (after
+# nf_build_lib): $OUT/test_cuda.{log,json}, its tail printed.
+nf_test_cuda() {
+  if gcc -std=c11 -O2 -g -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c build/libnofrag.a $LIBS \
+       -o build/test_cuda >>"$OUT/build.log" 2>&1; then
+    timeout 150 ./build/test_cuda "$OUT/test_cuda.json" >"$OUT/test_cuda.log" 2>&1
+    local rc=$?
+    tail -30 "$OUT/test_cuda.log"
+    echo "test_cuda exit status: $rc (0 pass, 1 fail, 77 skip, 124 timeout)"
+  else
+    echo "test_cuda did not compile:"; tail -20 "$OUT/build.log"
+  fi
 }
 
 # The device tool brings back at most 8 files: pack everything in $OUT into

@@ -46,15 +46,7 @@ echo "library: $NOFRAG_LIB ($(stat -L -c %s "$NOFRAG_LIB") bytes)"
 
 # ------------------------------------------------------------------ C GPU test
 say "C test of the CUDA backend and the pool on the GPU (tests/gpu/test_cuda.c)"
-if gcc -std=c11 -O2 -g -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c build/libnofrag.a $LIBS \
-     -o build/test_cuda >>"$OUT/build.log" 2>&1; then
-  timeout 150 ./build/test_cuda "$OUT/test_cuda.json" >"$OUT/test_cuda.log" 2>&1
-  rc=$?
-  tail -30 "$OUT/test_cuda.log"
-  echo "test_cuda exit status: $rc (0 pass, 1 fail, 77 skip, 124 timeout)"
-else
-  echo "test_cuda did not compile:"; tail -20 "$OUT/build.log"
-fi
+nf_test_cuda
 
 # ------------------------------------------------------------------ Python unit tests
 say "Python package tests (python/tests)"

@@ -2,12 +2,13 @@
 # GPU proof of spill and same-address offload (issue 7). Run from the
 # repository root on the GPU machine (one H200):
 #     bash bench/gpu/run_spill.sh            # or: OUT=/some/dir bash bench/gpu/run_spill.sh
-# Builds build/libnofrag.so (bench/gpu/build.sh), runs the Python offload
-# tests (python/tests/test_offload*.py, including the real-torch GPU round trip),
+# Builds build/libnofrag.so (bench/gpu/build.sh), runs tests/gpu/test_cuda.c
+# (NOFRAG_TEST_CUDA=0 skips it) and the Python offload tests
+# (python/tests/test_offload*.py, including the real-torch GPU round trip),
 # then bench/gpu/spill.py with what remains of NOFRAG_SPILL_BUDGET (default
 # 480 s; every configuration in its own subprocess with a timeout, results
 # written after each one). At the end everything is packed into
-# $OUT/all.tar.gz and only results.md, results.json and run.log are kept
+# $OUT/all.tar.gz and only results.md, results.json, run.log and test_cuda.log are kept
 # beside it (the device tool returns at most 8 files).
 # Extra arguments go to spill.py (e.g. --parts spill). --dry-run: no build,
 # fake workers (tests this script and spill.py's orchestration without torch;
@@ -64,6 +65,12 @@ names = ("nf_offload", "nf_prefetch", "nf_offload_wait", "nf_block_tiers")
 print("offload symbols:", ", ".join(f"{n} {'yes' if hasattr(lib, n) else 'MISSING'}" for n in names))
 EOF
 
+# ------------------------------------------------------------------ C GPU test
+if [ "$DRY" = 0 ] && [ "${NOFRAG_TEST_CUDA:-1}" = 1 ]; then
+  say "C test of the CUDA backend and the pool on the GPU (tests/gpu/test_cuda.c; NOFRAG_TEST_CUDA=0 skips)"
+  nf_test_cuda
+fi
+
 # ------------------------------------------------------------------ Python tests
 say "Python offload tests (python/tests/test_offload*.py; the GPU round trip needs torch + CUDA)"
 (cd python/tests && timeout 120 python3 -m unittest test_offload test_offload_torch -v) \
@@ -74,4 +81,4 @@ echo "python offload tests exit status: $? ; tail:"; tail -6 "$OUT/python_offloa
 nf_run_left "spill/offload benchmark" bench/gpu/spill.py --out "$OUT" "$@"
 
 say "done; results in $OUT"
-nf_pack_out results.md results.json run.log
+nf_pack_out results.md results.json run.log test_cuda.log

@@ -4,7 +4,7 @@
 Orchestrator (run by bench/gpu/run_spill.sh; every configuration in its own
 subprocess with a timeout, results written after each run):
 
-    python3 bench/gpu/spill.py --out $OUT --budget 420 [--parts spill,opt,act] [--dry-run]
+    python3 bench/gpu/spill.py --out $OUT --budget 420 [--parts spill,opt,act,actcap,reserve] [--dry-run]
 
 Worker (one training run, one JSON file, rewritten after every step):
 
@@ -35,7 +35,11 @@ compare bit for bit across allocators; bf16 autocast, AdamW lr 1e-4.
    slowdown is at most half of FSDP2's.
 3. act (GPT-2 uncapped): nofrag + nofrag.torch.offload_activations(layers=
    the transformer blocks): losses identical?, peak device memory
-   (physical_peak) vs the nofrag reference, step time.
+   (physical_peak) vs the nofrag reference, step time. actcap: the same
+   under the spill cap without spill (first 6 blocks, then all 12): does
+   offloading let the run fit where nofrag alone OOMs, at what step time?
+4. reserve: spill at the cap with spill_reserve = peak live - cap (host
+   granules made at pool creation: the first spill does not pin memory).
 
 --dry-run replaces the workers by fakes without torch (tests orchestration,
 comparisons and the report).
@@ -91,6 +95,8 @@ def run_worker(a, res, dump):
         conf = {"limit": str(a.cap)} if a.cap else {}
         if a.spill:
             conf["spill"] = "host"
+        if a.spill_reserve:
+            conf["spill_reserve"] = str(a.spill_reserve)
         res["nofrag_install"] = nft.enable(**conf)
     import torch
     deterministic(torch, train.SEED)
@@ -131,7 +137,9 @@ def run_worker(a, res, dump):
             handle = nft.offload_optimizer(opt, mode="resident")
         else:
             handle = nft.offload_optimizer(opt, prefetch_in_backward=(a.opt_offload == "early"))
-    act_layers = _layers(model, a.model) if a.act_offload == "layers" else None
+    act_layers = list(_layers(model, a.model)) if a.act_offload == "layers" else None
+    if act_layers and a.act_layers:
+        act_layers = act_layers[:a.act_layers]  # the first blocks: backward needs them last
     lens = train.seq_lengths(a.model, a.steps)
     batch = train.MODELS[a.model]["batch"]
     gen = torch.Generator(device="cuda")
@@ -195,7 +203,7 @@ def dry_worker(a, res, dump):
     losses = [(10.0 - i / 7).hex() for i in range(a.steps)]
     dev = live * (1.05 if a.alloc == "nofrag" else 1.32)
     oom_at = None
-    if a.cap and not (a.alloc == "nofrag" and a.spill):
+    if a.cap and not (a.alloc == "nofrag" and (a.spill or a.act_offload)):
         oom_at = 4
     if a.spill and a.cap:
         t, dev = t * 1.25, a.cap
@@ -233,6 +241,8 @@ def worker_main(argv):
     p.add_argument("--cap", type=int, default=0, help="memory cap in bytes (0: none)")
     p.add_argument("--spill", action="store_true", help="nofrag: spill:host")
     p.add_argument("--act-offload", choices=("layers", "exit"), default=None)
+    p.add_argument("--act-layers", type=int, default=0, help="with --act-offload layers: only the first N blocks")
+    p.add_argument("--spill-reserve", type=int, default=0, help="nofrag spill_reserve in bytes")
     p.add_argument("--ahead", type=int, default=4, help="activation storages prefetched ahead")
     p.add_argument("--opt-offload", choices=("early", "late", "resident"), default=None,
                    help="offload_optimizer; resident: state lives in host memory, used in place; early/late: "
@@ -347,7 +357,7 @@ def plan(R, parts):
     a = R.a
     m = a.spill_model
     cap = 0
-    if "spill" in parts or "act" in parts:
+    if parts & {"spill", "reserve", "act", "actcap"}:
         ref = R.run("spill/nofrag-uncapped", m, "nofrag")
         if ref.get("status") == "ok" and ref.get("peak_live"):
             cap = int(ref["peak_live"] / a.cap_div)
@@ -362,8 +372,14 @@ def plan(R, parts):
         R.run("opt/a-native", "llama", "native")
         R.run("opt/b-nofrag-offload", "llama", "nofrag", opt_offload="resident")
         R.run("opt/c-fsdp2-cpu-offload", "llama", "native", steps=FSDP_STEPS, timeout=TIMEOUT["fsdp"], fsdp=True)
+    if "reserve" in parts and cap:  # host granules made at pool creation: the first spill pays no pinning
+        R.run("spill/nofrag-spill-reserve-cap", m, "nofrag", cap=cap, spill=True,
+              spill_reserve=int(ref["peak_live"]) - cap)
     if "act" in parts:
         R.run("act/nofrag-layers", m, "nofrag", act_offload="layers")
+    if "actcap" in parts and cap:  # offload instead of spill: the first 6 blocks (GPT-2 has 12), then all
+        R.run("act/nofrag-6-layers-cap", m, "nofrag", cap=cap, act_offload="layers", act_layers=6)
+        R.run("act/nofrag-layers-cap", m, "nofrag", cap=cap, act_offload="layers")
     # Controls, with whatever time is left.
     if "opt" in parts:
         R.run("opt/nofrag-no-offload", "llama", "nofrag")
@@ -445,6 +461,12 @@ def markdown(R):
                       f"**{'met' if rt is not None and rt <= 1.5 else 'NOT met'}**), mean {f3(ratio(sp, ref, 'mean_step_s'))}"
                       f", max-step ratio {f3(ratio(sp, ref, 'max_step_s'))}; steps that spilled: "
                       f"{'%d of %d' % ks if ks else '?'} (sequence lengths {sp.get('seq_lens')})."]
+        rs = g("spill/nofrag-spill-reserve-cap")
+        if rs:
+            L += [f"- with spill_reserve = peak live - cap ({gib(rs.get('spill_reserve'))} GiB of host granules made "
+                  f"at pool creation): {rs.get('status')}, losses = nofrag uncapped: **{same_losses(rs, ref)}**; "
+                  f"median step ratio {f3(ratio(rs, ref))}, mean {f3(ratio(rs, ref, 'mean_step_s'))}, max-step "
+                  f"ratio {f3(ratio(rs, ref, 'max_step_s'))}."]
         for k in ("spill/native-cap", "spill/expandable-cap", "spill/nofrag-cap-no-spill"):
             r = g(k)
             if r:
@@ -478,18 +500,22 @@ def markdown(R):
         L.append("")
     act = [k for k in runs if k.startswith("act/")]
     if act:
-        L += ["## 3. Activation offload (nofrag.torch.offload_activations, uncapped)", "",
-              "| run | status | losses = nofrag uncapped | median step s | vs nofrag uncapped | peak device GiB "
-              "| vs nofrag uncapped | peak live GiB | offloaded GiB (last step) |", "|" + " --- |" * 9]
+        L += ["## 3. Activation offload (nofrag.torch.offload_activations)", "",
+              "| run | status | cap GiB | losses = nofrag uncapped | median step s | vs nofrag uncapped "
+              "| peak device GiB | vs nofrag uncapped | peak live GiB | offloaded GiB (last step) | calls/step |",
+              "|" + " --- |" * 11]
         for k in act:
             r = runs[k]
             off = (r.get("act_offload_stats") or {}).get("offloaded_bytes")
             dv = ratio(r, ref, "peak_device")
-            L.append(row(r, [k, r.get("status"), same_losses(r, ref), f3(r.get("median_step_s")), f3(ratio(r, ref)),
-                             gib(r.get("peak_device")), "" if dv is None else f"{dv - 1:+.1%}",
-                             gib(r.get("peak_live")), gib(off)]))
-        L += ["", "layers: each transformer block's saved activations move when the block returns; exit: all "
-                  "at the end of forward (cannot lower the forward's peak)."]
+            L.append(row(r, [k, r.get("status"), gib(r.get("cap")) or "-", same_losses(r, ref),
+                             f3(r.get("median_step_s")), f3(ratio(r, ref)), gib(r.get("peak_device")),
+                             "" if dv is None else f"{dv - 1:+.1%}", gib(r.get("peak_live")), gib(off),
+                             f3(r.get("calls_per_step"))]))
+        L += ["", "layers: each transformer block's saved activations move when the block returns (6-layers: the "
+                  "first 6 blocks only); exit: all at the end of forward (cannot lower the forward's peak). "
+                  "Uncapped, the pool grows instead of waiting for offload copies, so the peak shows what the "
+                  "offload can save only under a cap (-cap rows: limit set, no spill)."]
     bad = [(k, r) for k, r in runs.items() if r.get("status") not in ("ok",) and r.get("log_tail")]
     if bad:
         L += ["", "## Failures (log tails)", ""]

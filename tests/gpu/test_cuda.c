@@ -184,6 +184,41 @@ static void test_backend(nf_backend_t *be) {
   printf("\n");
   fprintf(jout, "},\n");
 
+  // Run costs: one call over 64 granules vs one call per granule (remapping
+  // and staging could use either), for device and host granules.
+  fprintf(jout, "\"run_of_64_us\": {");
+  for (int tier = 0; tier < 2; tier++) {
+    nf_tier_t t = tier ? NF_TIER_HOST : NF_TIER_DEVICE;
+    const char *tn = tier ? "host" : "device";
+    int made = 0;
+    OKB(be->ops->va_reserve(be, (size_t)N * g, g, &vb));
+    for (; made < N; made++)
+      if (be->ops->mem_create(be, t, g, &hh[made]) != NF_OK) break;
+    double r[4] = {0};
+    if (made == N) {
+      for (int pass = 0; pass < 2; pass++) { // pass 0: one call per run, 1: per granule
+        for (int i = 0; i < N; i++) OKB(be->ops->map(be, vb + (size_t)i * g, g, hh[i]));
+        double t0 = now_us();
+        if (!pass) OKB(be->ops->set_access(be, vb, (size_t)N * g));
+        else for (int i = 0; i < N; i++) OKB(be->ops->set_access(be, vb + (size_t)i * g, g));
+        double t1 = now_us();
+        if (!pass) OKB(be->ops->unmap(be, vb, (size_t)N * g));
+        else for (int i = 0; i < N; i++) OKB(be->ops->unmap(be, vb + (size_t)i * g, g));
+        double t2 = now_us();
+        r[2 * pass] = t1 - t0;
+        r[2 * pass + 1] = t2 - t1;
+      }
+      printf("   %s x64 granules: set_access one call %.0f us, 64 calls %.0f us; unmap one call %.0f us, "
+             "64 calls %.0f us\n", tn, r[0], r[2], r[1], r[3]);
+    } else {
+      printf("   %s x64 granules: skipped (%d created: %s)\n", tn, made, be->err);
+    }
+    fprintf(jout, "%s\"%s\": [%.1f, %.1f, %.1f, %.1f]", tier ? ", " : "", tn, r[0], r[2], r[1], r[3]);
+    for (int i = 0; i < made; i++) OKB(be->ops->mem_release(be, hh[i]));
+    OKB(be->ops->va_release(be, vb, (size_t)N * g));
+  }
+  fprintf(jout, "},\n");
+
   // Events: a long memset on a stream keeps an event pending for a while.
   CUstream s1 = NULL, s2 = NULL;
   DRV(cuStreamCreate(&s1, 1 /* non-blocking */));
