@@ -4,7 +4,7 @@
 Orchestrator (run by bench/gpu/run_spill.sh; every configuration in its own
 subprocess with a timeout, results written after each run):
 
-    python3 bench/gpu/spill.py --out $OUT --budget 420 [--parts spill,opt,act,actcap,reserve] [--dry-run]
+    python3 bench/gpu/spill.py --out $OUT --budget 420 [--parts spill,opt,act,actcap,savecpu,reserve] [--dry-run]
 
 Worker (one training run, one JSON file, rewritten after every step):
 
@@ -38,6 +38,9 @@ compare bit for bit across allocators; bf16 autocast, AdamW lr 1e-4.
    (physical_peak) vs the nofrag reference, step time. actcap: the same
    under the spill cap without spill (first 6 blocks, then all 12): does
    offloading let the run fit where nofrag alone OOMs, at what step time?
+   savecpu: PyTorch's torch.autograd.graph.save_on_cpu(pin_memory=True) at
+   the same cap, native and nofrag (a copy per saved tensor, new storage on
+   unpack; the reference for what activation offload costs here).
 4. reserve: spill at the cap with spill_reserve = peak live - cap (host
    granules made at pool creation: the first spill does not pin memory).
 
@@ -150,8 +153,12 @@ def run_worker(a, res, dump):
         x = torch.randint(0, vocab, (batch, lens[step]), device="cuda", generator=gen)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        ctx = (nft.offload_activations(min_bytes=4 << 20, ahead=a.ahead, layers=act_layers) if a.act_offload
-               else contextlib.nullcontext())
+        if a.act_offload == "save_on_cpu":
+            ctx = torch.autograd.graph.save_on_cpu(pin_memory=True)
+        elif a.act_offload:
+            ctx = nft.offload_activations(min_bytes=4 << 20, ahead=a.ahead, layers=act_layers)
+        else:
+            ctx = contextlib.nullcontext()
         with ctx:
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = model(input_ids=x, labels=x, use_cache=False).loss
@@ -169,7 +176,7 @@ def run_worker(a, res, dump):
             per_step.append({"peak_live": torch.cuda.max_memory_allocated(),
                              "peak_reserved": torch.cuda.max_memory_reserved(),
                              "driver_calls": ms.get("num_device_alloc", 0) + ms.get("num_device_free", 0)})
-        if a.act_offload:
+        if a.act_offload and a.act_offload != "save_on_cpu":
             res["act_offload_stats"] = dict(ctx.stats)
         res.update(losses=losses, step_times=times, seq_lens=lens[:step + 1], per_step=per_step,
                    steps_done=step + 1)
@@ -203,7 +210,7 @@ def dry_worker(a, res, dump):
     losses = [(10.0 - i / 7).hex() for i in range(a.steps)]
     dev = live * (1.05 if a.alloc == "nofrag" else 1.32)
     oom_at = None
-    if a.cap and not (a.alloc == "nofrag" and (a.spill or a.act_offload)):
+    if a.cap and not ((a.alloc == "nofrag" and (a.spill or a.act_offload)) or a.act_offload == "save_on_cpu"):
         oom_at = 4
     if a.spill and a.cap:
         t, dev = t * 1.25, a.cap
@@ -240,7 +247,8 @@ def worker_main(argv):
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--cap", type=int, default=0, help="memory cap in bytes (0: none)")
     p.add_argument("--spill", action="store_true", help="nofrag: spill:host")
-    p.add_argument("--act-offload", choices=("layers", "exit"), default=None)
+    p.add_argument("--act-offload", choices=("layers", "exit", "save_on_cpu"), default=None,
+                   help="nofrag.torch.offload_activations (layers, exit) or torch's save_on_cpu(pin_memory=True)")
     p.add_argument("--act-layers", type=int, default=0, help="with --act-offload layers: only the first N blocks")
     p.add_argument("--spill-reserve", type=int, default=0, help="nofrag spill_reserve in bytes")
     p.add_argument("--ahead", type=int, default=4, help="activation storages prefetched ahead")
@@ -252,7 +260,7 @@ def worker_main(argv):
     p.add_argument("--json", required=True)
     p.add_argument("--dry-run", action="store_true")
     a = p.parse_args(argv)
-    if (a.spill or a.act_offload or a.opt_offload) and a.alloc != "nofrag":
+    if (a.spill or a.act_offload not in (None, "save_on_cpu") or a.opt_offload) and a.alloc != "nofrag":
         p.error("--spill / --act-offload / --opt-offload need --alloc nofrag")
     res = {k: v for k, v in vars(a).items() if k not in ("json", "dry_run")}
     res["status"] = "started"
@@ -357,7 +365,7 @@ def plan(R, parts):
     a = R.a
     m = a.spill_model
     cap = 0
-    if parts & {"spill", "reserve", "act", "actcap"}:
+    if parts & {"spill", "reserve", "act", "actcap", "savecpu"}:
         ref = R.run("spill/nofrag-uncapped", m, "nofrag")
         if ref.get("status") == "ok" and ref.get("peak_live"):
             cap = int(ref["peak_live"] / a.cap_div)
@@ -380,6 +388,9 @@ def plan(R, parts):
     if "actcap" in parts and cap:  # offload instead of spill: the first 6 blocks (GPT-2 has 12), then all
         R.run("act/nofrag-6-layers-cap", m, "nofrag", cap=cap, act_offload="layers", act_layers=6)
         R.run("act/nofrag-layers-cap", m, "nofrag", cap=cap, act_offload="layers")
+    if "savecpu" in parts and cap:  # PyTorch's own remedy at the same cap: every saved tensor to pinned memory
+        R.run("act/native-save-on-cpu-cap", m, "native", cap=cap, act_offload="save_on_cpu")
+        R.run("act/nofrag-save-on-cpu-cap", m, "nofrag", cap=cap, act_offload="save_on_cpu")
     # Controls, with whatever time is left.
     if "opt" in parts:
         R.run("opt/nofrag-no-offload", "llama", "nofrag")
@@ -513,7 +524,8 @@ def markdown(R):
                              "" if dv is None else f"{dv - 1:+.1%}", gib(r.get("peak_live")), gib(off),
                              f3(r.get("calls_per_step"))]))
         L += ["", "layers: each transformer block's saved activations move when the block returns (6-layers: the "
-                  "first 6 blocks only); exit: all at the end of forward (cannot lower the forward's peak). "
+                  "first 6 blocks only); exit: all at the end of forward (cannot lower the forward's peak); save-on-cpu: "
+                  "torch.autograd.graph.save_on_cpu(pin_memory=True), every saved tensor copied to pinned memory. "
                   "Uncapped, the pool grows instead of waiting for offload copies, so the peak shows what the "
                   "offload can save only under a cap (-cap rows: limit set, no spill)."]
     bad = [(k, r) for k, r in runs.items() if r.get("status") not in ("ok",) and r.get("log_tail")]
