@@ -16,40 +16,14 @@
 //                   to the host free list once the copy completed.
 // disk              synchronous: copy out through a bounce buffer, write the
 //                   file, unmap; prefetch maps device granules and reads back.
-#include "internal.h"
+#include "offload.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#define BOUNCE_MAX (64ull << 20)
-
-// A copy in flight. `b` set: an offload waiting to remap (granules gs[j] of
-// b's chunk get hg[j]); NULL: a staging range to drop once the copy is done.
-typedef struct nf_xfer_s {
-  struct nf_xfer_s *next;
-  nf_block_t *b;
-  uintptr_t stage;
-  uint64_t n;
-  uint64_t *gs;  // block granule index per staging granule
-  uint32_t *hg;  // host granule mapped at stage + j*G
-  uint32_t s;    // stream of the copy
-  uint64_t tick; // its record
-} nf_xfer_t;
-
-// An offloaded block (host: remapped or in flight; disk: file extent).
-typedef struct nf_offl_s {
-  struct nf_offl_s *next;
-  nf_block_t *b;
-  nf_xfer_t *x;  // offload still in flight
-  uint64_t n;    // granules moved
-  uint64_t off;  // disk: file offset of the owned range
-} nf_offl_t;
-
-static nf_offl_t *offl_find(nf_pool_t *p, const nf_block_t *b, nf_offl_t ***link) {
+nf_offl_t *nf__offl_find(nf_pool_t *p, const nf_block_t *b, nf_offl_t ***link) {
   for (nf_offl_t **l = &p->offl; *l; l = &(*l)->next)
     if ((*l)->b == b) {
       if (link) *link = l;
@@ -58,7 +32,7 @@ static nf_offl_t *offl_find(nf_pool_t *p, const nf_block_t *b, nf_offl_t ***link
   return NULL;
 }
 
-static void xfer_free(nf_xfer_t *x) {
+void nf__xfer_free(nf_xfer_t *x) {
   if (!x) return;
   free(x->gs);
   free(x->hg);
@@ -95,7 +69,7 @@ static void stage_drop(nf_pool_t *p, nf_xfer_t *x) {
 }
 
 // Take n host granules off the free list (creating them up to spill_limit).
-static nf_status_t host_take(nf_pool_t *p, uint64_t n, uint32_t *hg) {
+nf_status_t nf__host_take(nf_pool_t *p, uint64_t n, uint32_t *hg) {
   if (p->host_free_count < n) {
     nf_status_t st = nf__host_granules_create(p, n - p->host_free_count);
     if (st == NF_ERR_OOM) {
@@ -115,7 +89,7 @@ static nf_status_t host_take(nf_pool_t *p, uint64_t n, uint32_t *hg) {
 
 // Order stream s after the work of the block's other streams (allocation,
 // record_stream): its copy then starts after all of it. No host wait.
-static nf_status_t order_block(nf_pool_t *p, const nf_block_t *b, uint32_t s) {
+nf_status_t nf__order_block(nf_pool_t *p, const nf_block_t *b, uint32_t s) {
   uint64_t m = (b->extra | 1ull << b->stream) & ~(1ull << s);
   for (; m; m &= m - 1) {
     uint32_t x = (uint32_t)__builtin_ctzll(m);
@@ -207,7 +181,7 @@ static nf_status_t offload_finish(nf_pool_t *p, nf_xfer_t *x) {
   unstage(p, x->stage, x->n * p->granule, x->n * p->granule);
   for (uint64_t j = done; j < x->n; j++) nf__gran_push_free(p, x->hg[j]); // not placed: back to the list
   p->offl_granules += done;
-  nf_offl_t *o = offl_find(p, b, NULL);
+  nf_offl_t *o = nf__offl_find(p, b, NULL);
   o->x = NULL;
   o->n = done;
   p->st.offloads++;
@@ -231,7 +205,7 @@ nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
     if (x->b) st = offload_finish(p, x);
     else stage_drop(p, x);
     if (st != NF_OK && first == NF_OK) first = st;
-    xfer_free(x);
+    nf__xfer_free(x);
   }
   return first;
 }
@@ -251,18 +225,18 @@ static nf_status_t offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_
   if (x) x->gs = malloc((g1 - g0) * sizeof *x->gs);
   if (x) x->hg = malloc((g1 - g0) * sizeof *x->hg);
   if (!x || !o || !x->gs || !x->hg) {
-    xfer_free(x);
+    nf__xfer_free(x);
     free(o);
     return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
   }
   for (uint64_t g = g0; g < g1; g++) // spilled granules are on the host already
     if (p->gran[c->phys[g]].tier == NF_TIER_DEVICE) x->gs[x->n++] = g;
-  nf_status_t st = x->n ? host_take(p, x->n, x->hg) : NF_OK;
-  if (st != NF_OK) { xfer_free(x); free(o); return st; }
+  nf_status_t st = x->n ? nf__host_take(p, x->n, x->hg) : NF_OK;
+  if (st != NF_OK) { nf__xfer_free(x); free(o); return st; }
   if (x->n && (st = stage_map(p, x)) != NF_OK) goto undo;
   x->b = b;
   x->s = s;
-  if (x->n && ((st = order_block(p, b, s)) != NF_OK || (st = copy_runs(p, x, c, true)) != NF_OK ||
+  if (x->n && ((st = nf__order_block(p, b, s)) != NF_OK || (st = copy_runs(p, x, c, true)) != NF_OK ||
                (st = nf__stream_record(p, s)) != NF_OK)) {
     // The copy may have been queued: wait for the stream before dropping.
     nf_stream_rec_t *r = &p->streams[s];
@@ -276,7 +250,7 @@ static nf_status_t offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_
   p->offl = o;
   b->where = NF_TIER_HOST;
   if (!x->n) {
-    xfer_free(x);
+    nf__xfer_free(x);
     p->st.offloads++;
     return NF_OK;
   }
@@ -286,7 +260,7 @@ static nf_status_t offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_
   return NF_OK;
 undo:
   for (uint64_t j = 0; j < x->n; j++) nf__gran_push_free(p, x->hg[j]);
-  xfer_free(x);
+  nf__xfer_free(x);
   free(o);
   return st;
 }
@@ -309,7 +283,7 @@ static nf_status_t prefetch_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64
   if (x) x->gs = malloc((g1 - g0) * sizeof *x->gs);
   if (x) x->hg = malloc((g1 - g0) * sizeof *x->hg);
   if (!x || !dev || !x->gs || !x->hg) {
-    xfer_free(x);
+    nf__xfer_free(x);
     free(dev);
     return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
   }
@@ -319,7 +293,7 @@ static nf_status_t prefetch_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64
       x->hg[x->n++] = c->phys[g];
     }
   x->s = s;
-  if (!x->n) { xfer_free(x); free(dev); return NF_OK; }
+  if (!x->n) { nf__xfer_free(x); free(dev); return NF_OK; }
   // A spilled block may be in use: its streams must be done before its
   // granules move (an offloaded block is not in use, by contract).
   if (spilled) {
@@ -383,107 +357,9 @@ static nf_status_t prefetch_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64
   free(dev);
   return NF_OK;
 fail:
-  xfer_free(x);
+  nf__xfer_free(x);
   free(dev);
   return st;
-}
-
-// ------------------------------------------------------------ disk tier
-
-static nf_status_t disk_open(nf_pool_t *p) {
-  if (p->disk_fd >= 0) return NF_OK;
-  const char *dir = p->cfg.offload_dir[0] ? p->cfg.offload_dir : getenv("TMPDIR");
-  if (!dir || !*dir) dir = "/tmp";
-  char path[NF_TRACE_PATH_MAX + 32];
-  snprintf(path, sizeof path, "%s/nofrag-offload-XXXXXX", dir);
-  int fd = mkstemp(path);
-  if (fd < 0) return nf__error(NF_ERR_BACKEND, "nofrag: offload: cannot create a file in %s: %s", dir, strerror(errno));
-  unlink(path); // nothing is left behind, whatever happens to the process
-  p->disk_fd = fd;
-  return NF_OK;
-}
-
-static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, uint64_t len, uint32_t s) {
-  uint64_t chunk = len < BOUNCE_MAX ? len : BOUNCE_MAX;
-  char *buf = malloc(chunk);
-  if (!buf) return nf__error(NF_ERR_NOMEM, "nofrag: offload: out of host memory for a bounce buffer");
-  nf_status_t st = NF_OK;
-  nf_stream_rec_t *r = &p->streams[s];
-  for (uint64_t k = 0; k < len && st == NF_OK; k += chunk) {
-    uint64_t n = len - k < chunk ? len - k : chunk;
-    if (out) {
-      p->st.calls.copy++;
-      st = p->be->ops->copy(p->be, (uintptr_t)buf, va + k, n, r->handle);
-      if (st == NF_OK && (st = nf__stream_record(p, s)) == NF_OK)
-        st = NF_BE(p, event_sync, event_sync, r->event);
-      if (st != NF_OK) { nf__error(st, "nofrag: offload to disk: copy failed: %s", p->be->err); break; }
-    } else if (pread(p->disk_fd, buf, n, (off_t)(off + k)) != (ssize_t)n) {
-      st = nf__error(NF_ERR_BACKEND, "nofrag: prefetch from disk: read failed: %s", strerror(errno));
-      break;
-    }
-    if (out && pwrite(p->disk_fd, buf, n, (off_t)(off + k)) != (ssize_t)n) {
-      st = nf__error(NF_ERR_BACKEND, "nofrag: offload to disk: write failed: %s", strerror(errno));
-    } else if (!out) {
-      p->st.calls.copy++;
-      // Pageable source: the copy has read the buffer when it returns.
-      st = p->be->ops->copy(p->be, va + k, (uintptr_t)buf, n, r->handle);
-      if (st != NF_OK) nf__error(st, "nofrag: prefetch from disk: copy failed: %s", p->be->err);
-    }
-  }
-  free(buf);
-  return st;
-}
-
-static nf_status_t offload_disk(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1) {
-  nf_chunk_t *c = b->chunk;
-  uint64_t len = (g1 - g0) << p->gshift;
-  nf_offl_t *o = calloc(1, sizeof *o);
-  if (!o) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
-  nf_status_t st = disk_open(p);
-  if (st == NF_OK) st = order_block(p, b, s);
-  if (st == NF_OK) st = disk_io(p, true, p->disk_end, c->base + (g0 << p->gshift), len, s);
-  if (st == NF_OK) st = nf__unmap_run(p, c, g0, g1); // one mapping run: the block owns it whole
-  if (st != NF_OK) { free(o); return st; }
-  o->b = b;
-  o->n = g1 - g0;
-  o->off = p->disk_end;
-  o->next = p->offl;
-  p->offl = o;
-  p->disk_end += len;
-  p->disk_granules += o->n;
-  p->disk_bytes += b->size;
-  b->where = NF_TIER_DISK;
-  p->st.offloads++;
-  return NF_OK;
-}
-
-static void disk_forget(nf_pool_t *p, nf_offl_t *o) {
-  fallocate(p->disk_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)o->off, (off_t)(o->n << p->gshift));
-  p->disk_granules -= o->n;
-  p->disk_bytes -= o->b->size;
-}
-
-static nf_status_t prefetch_disk(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_t s, uint64_t g0, uint64_t g1) {
-  nf_chunk_t *c = b->chunk;
-  // Mapping counts the range as new granules: take it out of disk first.
-  p->disk_granules -= o->n;
-  nf_status_t st = nf__map_range(p, c, g0, g1, o->n << p->gshift, false);
-  if (st == NF_OK) st = disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s);
-  if (st != NF_OK) {
-    // The range must be unmapped again (map_range's own rollback may have
-    // left granules behind on a failing backend).
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", nf_last_error());
-    for (uint64_t g = g0; g < g1; g++)
-      for (int t = 0; t < 3 && nf__bit(c->mapped, g); t++) nf__unmap_run(p, c, g, g + 1);
-    nf__error(st, "%s", msg);
-    p->disk_granules += o->n;
-    return st;
-  }
-  p->disk_granules += o->n; // disk_forget takes it out again
-  disk_forget(p, o);
-  p->st.prefetches++;
-  return NF_OK;
 }
 
 // ------------------------------------------------------------ public API
@@ -513,7 +389,7 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
     goto out;
   }
   if (!nf__owned(p, b, &g0, &g1)) goto out; // under a granule: nothing it owns alone
-  st = tier == NF_TIER_HOST ? offload_host(p, b, s, g0, g1) : offload_disk(p, b, s, g0, g1);
+  st = tier == NF_TIER_HOST ? offload_host(p, b, s, g0, g1) : nf__offload_disk(p, b, s, g0, g1);
 out:
   nf__mon_full(p);
   nf__unlock(&p->lock);
@@ -531,12 +407,12 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   if (st == NF_OK) st = nf__stream_index(p, stream, &s);
   if (st == NF_OK && p->xfers) st = nf__xfer_poll(p, false);
   if (st != NF_OK || !nf__owned(p, b, &g0, &g1)) goto out;
-  if (b->where) o = offl_find(p, b, &link);
+  if (b->where) o = nf__offl_find(p, b, &link);
   if (o && o->x) { // still copying out: the block never left the device
     offload_cancel(b, o);
     p->st.prefetches++;
   } else if (b->where == NF_TIER_DISK) {
-    if ((st = prefetch_disk(p, b, o, s, g0, g1)) != NF_OK) goto out;
+    if ((st = nf__prefetch_disk(p, b, o, s, g0, g1)) != NF_OK) goto out;
   } else if ((st = prefetch_host(p, b, s, g0, g1, !o)) != NF_OK) {
     goto out;
   }
@@ -564,19 +440,19 @@ nf_status_t nf_offload_wait(nf_pool_t *p) {
 // ------------------------------------------------------------ pool hooks
 
 uint64_t nf__offload_busy(nf_pool_t *p, const nf_block_t *b) {
-  nf_offl_t *o = offl_find(p, b, NULL);
+  nf_offl_t *o = nf__offl_find(p, b, NULL);
   return o && o->x && o->x->s != b->stream ? 1ull << o->x->s : 0;
 }
 
 void nf__offload_forget(nf_pool_t *p, nf_block_t *b) {
-  nf_offl_t **link, *o = offl_find(p, b, &link);
+  nf_offl_t **link, *o = nf__offl_find(p, b, &link);
   if (o && o->x) offload_cancel(b, o);
   if (o) {
     if (b->where == NF_TIER_HOST) {
       p->offl_granules -= o->n;
       p->host_sweep = p->host_sweep || o->n; // now cached host granules
     } else {
-      disk_forget(p, o); // the range stays unmapped: free ranges may be
+      nf__disk_forget(p, o); // the range stays unmapped: free ranges may be
     }
     *link = o->next;
     free(o);
@@ -596,7 +472,7 @@ void nf__offload_destroy(nf_pool_t *p) {
     nf_xfer_t *x = p->xfers;
     p->xfers = x->next;
     stage_drop(p, x);
-    xfer_free(x);
+    nf__xfer_free(x);
   }
   while (p->offl) {
     nf_offl_t *o = p->offl;

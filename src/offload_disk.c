@@ -1,0 +1,109 @@
+// Disk tier of nf_offload: synchronous. The owned range is copied out
+// through a bounce buffer into an unlinked file and unmapped; prefetch maps
+// device granules again and reads it back (see offload.c for the tiers).
+#include "offload.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define BOUNCE_MAX (64ull << 20)
+
+static nf_status_t disk_open(nf_pool_t *p) {
+  if (p->disk_fd >= 0) return NF_OK;
+  const char *dir = p->cfg.offload_dir[0] ? p->cfg.offload_dir : getenv("TMPDIR");
+  if (!dir || !*dir) dir = "/tmp";
+  char path[NF_TRACE_PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/nofrag-offload-XXXXXX", dir);
+  int fd = mkstemp(path);
+  if (fd < 0) return nf__error(NF_ERR_BACKEND, "nofrag: offload: cannot create a file in %s: %s", dir, strerror(errno));
+  unlink(path); // nothing is left behind, whatever happens to the process
+  p->disk_fd = fd;
+  return NF_OK;
+}
+
+static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, uint64_t len, uint32_t s) {
+  uint64_t chunk = len < BOUNCE_MAX ? len : BOUNCE_MAX;
+  char *buf = malloc(chunk);
+  if (!buf) return nf__error(NF_ERR_NOMEM, "nofrag: offload: out of host memory for a bounce buffer");
+  nf_status_t st = NF_OK;
+  nf_stream_rec_t *r = &p->streams[s];
+  for (uint64_t k = 0; k < len && st == NF_OK; k += chunk) {
+    uint64_t n = len - k < chunk ? len - k : chunk;
+    if (out) {
+      p->st.calls.copy++;
+      st = p->be->ops->copy(p->be, (uintptr_t)buf, va + k, n, r->handle);
+      if (st == NF_OK && (st = nf__stream_record(p, s)) == NF_OK)
+        st = NF_BE(p, event_sync, event_sync, r->event);
+      if (st != NF_OK) { nf__error(st, "nofrag: offload to disk: copy failed: %s", p->be->err); break; }
+    } else if (pread(p->disk_fd, buf, n, (off_t)(off + k)) != (ssize_t)n) {
+      st = nf__error(NF_ERR_BACKEND, "nofrag: prefetch from disk: read failed: %s", strerror(errno));
+      break;
+    }
+    if (out && pwrite(p->disk_fd, buf, n, (off_t)(off + k)) != (ssize_t)n) {
+      st = nf__error(NF_ERR_BACKEND, "nofrag: offload to disk: write failed: %s", strerror(errno));
+    } else if (!out) {
+      p->st.calls.copy++;
+      // Pageable source: the copy has read the buffer when it returns.
+      st = p->be->ops->copy(p->be, va + k, (uintptr_t)buf, n, r->handle);
+      if (st != NF_OK) nf__error(st, "nofrag: prefetch from disk: copy failed: %s", p->be->err);
+    }
+  }
+  free(buf);
+  return st;
+}
+
+nf_status_t nf__offload_disk(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1) {
+  nf_chunk_t *c = b->chunk;
+  uint64_t len = (g1 - g0) << p->gshift;
+  nf_offl_t *o = calloc(1, sizeof *o);
+  if (!o) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
+  nf_status_t st = disk_open(p);
+  if (st == NF_OK) st = nf__order_block(p, b, s);
+  if (st == NF_OK) st = disk_io(p, true, p->disk_end, c->base + (g0 << p->gshift), len, s);
+  if (st == NF_OK) st = nf__unmap_run(p, c, g0, g1); // one mapping run: the block owns it whole
+  if (st != NF_OK) { free(o); return st; }
+  o->b = b;
+  o->n = g1 - g0;
+  o->off = p->disk_end;
+  o->next = p->offl;
+  p->offl = o;
+  p->disk_end += len;
+  p->disk_granules += o->n;
+  p->disk_bytes += b->size;
+  b->where = NF_TIER_DISK;
+  p->st.offloads++;
+  return NF_OK;
+}
+
+void nf__disk_forget(nf_pool_t *p, nf_offl_t *o) {
+  fallocate(p->disk_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)o->off, (off_t)(o->n << p->gshift));
+  p->disk_granules -= o->n;
+  p->disk_bytes -= o->b->size;
+}
+
+nf_status_t nf__prefetch_disk(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_t s, uint64_t g0, uint64_t g1) {
+  nf_chunk_t *c = b->chunk;
+  // Mapping counts the range as new granules: take it out of disk first.
+  p->disk_granules -= o->n;
+  nf_status_t st = nf__map_range(p, c, g0, g1, o->n << p->gshift, false);
+  if (st == NF_OK) st = disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s);
+  if (st != NF_OK) {
+    // The range must be unmapped again (map_range's own rollback may have
+    // left granules behind on a failing backend).
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", nf_last_error());
+    for (uint64_t g = g0; g < g1; g++)
+      for (int t = 0; t < 3 && nf__bit(c->mapped, g); t++) nf__unmap_run(p, c, g, g + 1);
+    nf__error(st, "%s", msg);
+    p->disk_granules += o->n;
+    return st;
+  }
+  p->disk_granules += o->n; // disk_forget takes it out again
+  nf__disk_forget(p, o);
+  p->st.prefetches++;
+  return NF_OK;
+}
