@@ -60,7 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 3: case 4: // free
       if (!l[slot].p) break;
-      if (l[slot].where != NF_TIER_DISK && !ok(l[slot].p, l[slot].n, l[slot].tag)) abort();
+      if ((!l[slot].where || l[slot].where == NF_TIER_HOST) && !ok(l[slot].p, l[slot].n, l[slot].tag)) abort();
       if (nf_free(p, l[slot].p) != NF_OK) abort();
       l[slot].p = NULL;
       break;
@@ -75,9 +75,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (arg % 2) nf_trim(p);
       else nf_set_limit(p, (uint64_t)(arg % 64 + 8) * G);
       break;
-    case 8: { // offload: host or disk; refused only for a block on the other tier or no host room
+    case 8: { // offload: host, detached or disk; refused only for a block on another tier or no host room
       if (!l[slot].p) break;
-      nf_tier_t t = arg % 3 == 0 ? NF_TIER_DISK : NF_TIER_HOST;
+      nf_tier_t t = arg % 3 == 0 ? NF_TIER_DISK : arg % 3 == 1 ? NF_TIER_HOST_DETACHED : NF_TIER_HOST;
       nf_status_t r = nf_offload(p, l[slot].p, s, t);
       if (r == NF_OK) l[slot].where = l[slot].where ? l[slot].where : (uint8_t)t;
       else if (!(r == NF_ERR_INVALID && l[slot].where && l[slot].where != t) && r != NF_ERR_OOM) abort();
@@ -94,7 +94,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   for (int k = 0; k < SLOTS; k++)
     if (l[k].p) {
-      if (l[k].where != NF_TIER_DISK && !ok(l[k].p, l[k].n, l[k].tag)) abort();
+      if ((!l[k].where || l[k].where == NF_TIER_HOST) && !ok(l[k].p, l[k].n, l[k].tag)) abort();
       nf_free(p, l[k].p);
     }
   nf_pool_destroy(p);

@@ -50,7 +50,12 @@ typedef enum nf_status_e {
 } nf_status_t;
 
 //! Physical memory tiers. Granules carry a tier; device is the default.
-typedef enum nf_tier_e { NF_TIER_DEVICE = 0, NF_TIER_HOST = 1, NF_TIER_DISK = 2 } nf_tier_t;
+typedef enum nf_tier_e {
+  NF_TIER_DEVICE = 0,
+  NF_TIER_HOST = 1,          //!< host memory mapped at the block's address (usable in place)
+  NF_TIER_DISK = 2,          //!< a file; the range is unmapped while away
+  NF_TIER_HOST_DETACHED = 3, //!< host memory, the range unmapped while away (cheaper moves)
+} nf_tier_t;
 
 //! Opaque stream handle (a `CUstream`/`cudaStream_t` on CUDA; any value on the
 //! host backend). NULL is the default stream.
@@ -244,8 +249,8 @@ typedef struct nf_stats_s {
 
 // ---------------------------------------------------------------- offload
 
-//! Move a live block's memory to `tier` (NF_TIER_HOST or NF_TIER_DISK) at the
-//! same address, freeing its device granules. `ptr` is the block's start.
+//! Move a live block's memory to `tier` (NF_TIER_HOST, NF_TIER_HOST_DETACHED
+//! or NF_TIER_DISK) at the same address, freeing its device granules. `ptr` is the block's start.
 //! Only granules that lie wholly inside the block move; the (at most two)
 //! edge granules it shares with neighbours stay on the device, so a block
 //! smaller than a granule does not move at all (NF_OK).
@@ -259,7 +264,12 @@ typedef struct nf_stats_s {
 //!   nf_offload_wait forces it). Exception, host tier only: after
 //!   nf_offload_wait the block may be used in place (the GPU reads and writes
 //!   host memory over the bus, slower) as long as that work has completed
-//!   before nf_prefetch is called. Disk tier: synchronous (the host waits for
+//!   before nf_prefetch is called. Detached host tier: asynchronous like the
+//!   host tier, but once the copy completed the range is unmapped (touching
+//!   it faults, as for disk); each 2 MiB moved costs one unmap out and one
+//!   map + set-access back, instead of remapping host memory at the block
+//!   (several times cheaper: use it when the block is not needed in place,
+//!   e.g. saved activations). Disk tier: synchronous (the host waits for
 //!   the copy, writes the file, unmaps); touching the block before
 //!   nf_prefetch is an illegal-address fault (CUDA) or SIGSEGV (host backend).
 //! - nf_free of an offloaded block is allowed and releases everything.
@@ -287,7 +297,8 @@ NF_API nf_status_t nf_offload_wait(nf_pool_t *pool);
 
 //! Where a live block's bytes are: bytes[NF_TIER_DEVICE], bytes[NF_TIER_HOST],
 //! bytes[NF_TIER_DISK] (edge granules shared with neighbours count as device;
-//! spilled granules as host, like offloaded ones: nf_prefetch moves both).
+//! spilled granules as host, like offloaded ones: nf_prefetch moves both;
+//! detached host bytes count as host).
 //! NF_ERR_INVALID if `ptr` is not a live block.
 NF_API nf_status_t nf_block_tiers(nf_pool_t *pool, const void *ptr, uint64_t bytes[3]);
 

@@ -92,6 +92,7 @@ typedef struct nf_granule_s {
   int32_t next_free; // free-list link among unmapped granules, -1 ends
   uint8_t tier;
   uint8_t state;     // NF_GR_*
+  uint8_t win;       // host granule also mapped at the host window (offload_detached.c)
 } nf_granule_t;
 enum { NF_GR_UNUSED = 0, NF_GR_FREE = 1, NF_GR_MAPPED = 2 };
 
@@ -153,7 +154,10 @@ struct nf_pool_s {
   uint64_t host_free_count, host_created, max_host_granules;
   uint64_t host_mapped;     // chunk-mapped host granules
   uint64_t offl_granules;   // ... of which under offloaded live blocks (the rest: spill)
-  uint64_t disk_granules;   // owned granules of disk-offloaded blocks (unmapped, still live)
+  uint64_t away_granules;   // owned granules of disk- or detached-offloaded blocks (unmapped, still live)
+  uint64_t detached_granules; // host granules holding detached blocks (offload_detached.c)
+  uintptr_t *win;           // host window: ranges of 512 granule slots (offload_detached.c)
+  uint64_t win_n;
   uint64_t disk_bytes;
   bool spill_warned;
   bool host_sweep;          // spilled granules may lie in free ranges: unmap them when retired
@@ -233,7 +237,7 @@ nf_status_t nf__granules_create(nf_pool_t *p, uint64_t n);
 nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep);
 void nf__maybe_release(nf_pool_t *p);
 static inline uint64_t nf__cached(const nf_pool_t *p) {
-  uint64_t m = (p->gran_mapped + p->disk_granules) << p->gshift;
+  uint64_t m = (p->gran_mapped + p->away_granules) << p->gshift;
   return m > p->st.live_rounded ? m - p->st.live_rounded : 0;
 }
 
@@ -269,6 +273,14 @@ nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking);
 // At the device limit: wait for the offload copies in flight that hold
 // device granules (none: no wait), so that those granules come back.
 nf_status_t nf__xfer_reclaim(nf_pool_t *p);
+// True when the block's owned range is unmapped while it is live (disk, or
+// a detached offload whose copy completed).
+bool nf__block_away(nf_pool_t *p, const nf_block_t *b);
+// offload_detached.c: the host window (host granules mapped once at a second
+// address). nf__win_unmap before releasing a host granule; nf__win_destroy
+// once every host granule is released.
+nf_status_t nf__win_unmap(nf_pool_t *p, uint32_t i);
+void nf__win_destroy(nf_pool_t *p);
 // Called by nf_free for a block with `where` set or an offload in flight:
 // settles the offload so that the block can be freed like any other (a copy
 // still in flight becomes a record_stream stream of the block).

@@ -64,7 +64,7 @@ static nf_status_t stage_map(nf_pool_t *p, nf_xfer_t *x) {
 }
 
 static void stage_drop(nf_pool_t *p, nf_xfer_t *x) {
-  unstage(p, x->stage, x->n * p->granule, x->n * p->granule);
+  if (x->stage) unstage(p, x->stage, x->n * p->granule, x->n * p->granule);
   for (uint64_t j = 0; j < x->n; j++) nf__gran_push_free(p, x->hg[j]);
 }
 
@@ -202,12 +202,17 @@ nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
     if (!done) { l = &x->next; continue; }
     nf_status_t st = NF_OK;
     *l = x->next;
-    if (x->b) st = offload_finish(p, x);
+    if (x->b) st = x->detached ? nf__detached_finish(p, x) : offload_finish(p, x);
     else stage_drop(p, x);
     if (st != NF_OK && first == NF_OK) first = st;
     nf__xfer_free(x);
   }
   return first;
+}
+
+void nf__xfer_push(nf_pool_t *p, nf_xfer_t *x) {
+  x->next = p->xfers;
+  p->xfers = x;
 }
 
 nf_status_t nf__xfer_reclaim(nf_pool_t *p) {
@@ -255,8 +260,7 @@ static nf_status_t offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_
     return NF_OK;
   }
   o->x = x;
-  x->next = p->xfers;
-  p->xfers = x;
+  nf__xfer_push(p, x);
   return NF_OK;
 undo:
   for (uint64_t j = 0; j < x->n; j++) nf__gran_push_free(p, x->hg[j]);
@@ -352,8 +356,7 @@ static nf_status_t prefetch_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64
   x->tick = p->streams[s].rec_tick;
   p->st.prefetches++;
   for (uint64_t j = 0; j < x->n; j++) p->gran[x->hg[j]].state = NF_GR_MAPPED; // until stage_drop
-  x->next = p->xfers;
-  p->xfers = x;
+  nf__xfer_push(p, x);
   free(dev);
   return NF_OK;
 fail:
@@ -372,8 +375,9 @@ static nf_status_t lookup(nf_pool_t *p, const void *ptr, const char *what, nf_bl
 
 nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t tier) {
   if (!p || !ptr) return nf__error(NF_ERR_INVALID, "nofrag: nf_offload: NULL argument");
-  if (tier != NF_TIER_HOST && tier != NF_TIER_DISK)
-    return nf__error(NF_ERR_INVALID, "nofrag: nf_offload: tier %d is not NF_TIER_HOST or NF_TIER_DISK", (int)tier);
+  if (tier != NF_TIER_HOST && tier != NF_TIER_HOST_DETACHED && tier != NF_TIER_DISK)
+    return nf__error(NF_ERR_INVALID, "nofrag: nf_offload: tier %d is not NF_TIER_HOST, NF_TIER_HOST_DETACHED or "
+                     "NF_TIER_DISK", (int)tier);
   nf__lock(&p->lock);
   nf_block_t *b;
   uint32_t s = 0;
@@ -385,11 +389,13 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
   if (b->where) {
     if (b->where != tier)
       st = nf__error(NF_ERR_INVALID, "nofrag: nf_offload of %p: already offloaded to %s; nf_prefetch it first", ptr,
-                     b->where == NF_TIER_HOST ? "host memory" : "disk");
+                     b->where == NF_TIER_HOST ? "host memory" : b->where == NF_TIER_DISK ? "disk" : "host memory (detached)");
     goto out;
   }
   if (!nf__owned(p, b, &g0, &g1)) goto out; // under a granule: nothing it owns alone
-  st = tier == NF_TIER_HOST ? offload_host(p, b, s, g0, g1) : nf__offload_disk(p, b, s, g0, g1);
+  st = tier == NF_TIER_HOST ? offload_host(p, b, s, g0, g1)
+       : tier == NF_TIER_DISK ? nf__offload_disk(p, b, s, g0, g1)
+                              : nf__offload_detached(p, b, s, g0, g1);
 out:
   nf__mon_full(p);
   nf__unlock(&p->lock);
@@ -413,6 +419,8 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
     p->st.prefetches++;
   } else if (b->where == NF_TIER_DISK) {
     if ((st = nf__prefetch_disk(p, b, o, s, g0, g1)) != NF_OK) goto out;
+  } else if (b->where == NF_TIER_HOST_DETACHED) {
+    if ((st = nf__prefetch_detached(p, b, o, s, g0, g1)) != NF_OK) goto out;
   } else if ((st = prefetch_host(p, b, s, g0, g1, !o)) != NF_OK) {
     goto out;
   }
@@ -439,6 +447,12 @@ nf_status_t nf_offload_wait(nf_pool_t *p) {
 
 // ------------------------------------------------------------ pool hooks
 
+bool nf__block_away(nf_pool_t *p, const nf_block_t *b) {
+  if (b->where == NF_TIER_DISK) return true;
+  nf_offl_t *o = b->where == NF_TIER_HOST_DETACHED ? nf__offl_find(p, b, NULL) : NULL;
+  return o && !o->x;
+}
+
 uint64_t nf__offload_busy(nf_pool_t *p, const nf_block_t *b) {
   nf_offl_t *o = nf__offl_find(p, b, NULL);
   return o && o->x && o->x->s != b->stream ? 1ull << o->x->s : 0;
@@ -451,8 +465,10 @@ void nf__offload_forget(nf_pool_t *p, nf_block_t *b) {
     if (b->where == NF_TIER_HOST) {
       p->offl_granules -= o->n;
       p->host_sweep = p->host_sweep || o->n; // now cached host granules
-    } else {
+    } else if (b->where == NF_TIER_DISK) {
       nf__disk_forget(p, o); // the range stays unmapped: free ranges may be
+    } else {
+      nf__detached_forget(p, o);
     }
     *link = o->next;
     free(o);
@@ -477,6 +493,7 @@ void nf__offload_destroy(nf_pool_t *p) {
   while (p->offl) {
     nf_offl_t *o = p->offl;
     p->offl = o->next;
+    if (o->hg) nf__detached_forget(p, o); // host granules back, released with the others
     free(o);
   }
   if (p->disk_fd >= 0) close(p->disk_fd);

@@ -72,7 +72,7 @@ nf_status_t nf__offload_disk(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g
   o->next = p->offl;
   p->offl = o;
   p->disk_end += len;
-  p->disk_granules += o->n;
+  p->away_granules += o->n;
   p->disk_bytes += b->size;
   b->where = NF_TIER_DISK;
   p->st.offloads++;
@@ -81,14 +81,14 @@ nf_status_t nf__offload_disk(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g
 
 void nf__disk_forget(nf_pool_t *p, nf_offl_t *o) {
   fallocate(p->disk_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)o->off, (off_t)(o->n << p->gshift));
-  p->disk_granules -= o->n;
+  p->away_granules -= o->n;
   p->disk_bytes -= o->b->size;
 }
 
 nf_status_t nf__prefetch_disk(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_t s, uint64_t g0, uint64_t g1) {
   nf_chunk_t *c = b->chunk;
   // Mapping counts the range as new granules: take it out of disk first.
-  p->disk_granules -= o->n;
+  p->away_granules -= o->n;
   nf_status_t st = nf__map_range(p, c, g0, g1, o->n << p->gshift, false);
   if (st == NF_OK) st = disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s);
   if (st != NF_OK) {
@@ -99,10 +99,10 @@ nf_status_t nf__prefetch_disk(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_
     for (uint64_t g = g0; g < g1; g++)
       for (int t = 0; t < 3 && nf__bit(c->mapped, g); t++) nf__unmap_run(p, c, g, g + 1);
     nf__error(st, "%s", msg);
-    p->disk_granules += o->n;
+    p->away_granules += o->n;
     return st;
   }
-  p->disk_granules += o->n; // disk_forget takes it out again
+  p->away_granules += o->n; // disk_forget takes it out again
   nf__disk_forget(p, o);
   p->st.prefetches++;
   return NF_OK;

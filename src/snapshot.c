@@ -115,7 +115,7 @@ char *nf_snapshot(nf_pool_t *p) {
             (unsigned long long)(p->gran_mapped << p->gshift), (unsigned long long)(p->gran_created << p->gshift),
             (unsigned long long)p->cfg.limit, (unsigned long long)p->granule, (unsigned long long)nf__cached(p),
             (unsigned long long)p->st.live_blocks, (unsigned long long)((p->host_mapped - p->offl_granules) << p->gshift),
-            (unsigned long long)(p->offl_granules << p->gshift), (unsigned long long)p->disk_bytes,
+            (unsigned long long)((p->offl_granules + p->detached_granules) << p->gshift), (unsigned long long)p->disk_bytes,
             (unsigned long long)(p->host_created << p->gshift), (unsigned long long)(p->gran_created + p->host_created),
             (unsigned long long)gstate[NF_GR_MAPPED], (unsigned long long)gstate[NF_GR_FREE],
             (unsigned long long)gstate[NF_GR_UNUSED], (unsigned long long)tiers[NF_TIER_DEVICE],

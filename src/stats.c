@@ -54,7 +54,7 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
                     c->set_access + c->event_create + c->event_record + c->event_query + c->event_sync +
                     c->stream_wait + c->copy;
   s.spilled = (p->host_mapped - p->offl_granules) << p->gshift;
-  s.offloaded = p->offl_granules << p->gshift;
+  s.offloaded = (p->offl_granules + p->detached_granules) << p->gshift;
   s.offloaded_disk = p->disk_bytes;
   s.host_physical = p->host_created << p->gshift;
   s.fragmentation = s.mapped ? 1.0 - (double)s.live / (double)s.mapped : 0.0;
@@ -75,7 +75,8 @@ nf_status_t nf_block_tiers(nf_pool_t *p, const void *ptr, uint64_t bytes[3]) {
     bytes[0] = bytes[1] = bytes[2] = 0;
     for (uint64_t g = a >> p->gshift; g < (e + G - 1) >> p->gshift; g++) {
       uint64_t lo = g * G > a ? g * G : a, hi = (g + 1) * G < e ? (g + 1) * G : e;
-      int t = !nf__bit(c->mapped, g) ? NF_TIER_DISK : p->gran[c->phys[g]].tier;
+      int t = nf__bit(c->mapped, g) ? p->gran[c->phys[g]].tier
+              : b->where == NF_TIER_HOST_DETACHED ? NF_TIER_HOST : NF_TIER_DISK;
       bytes[t] += hi - lo;
     }
   }
@@ -112,14 +113,14 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
       at += b->size;
       if (b->state == NF_BLK_FREE) { nfree_blocks++; continue; }
       uint64_t o0, o1;
-      if (b->where == NF_TIER_DISK && nf__owned(p, b, &o0, &o1)) {
-        // Disk-offloaded: the owned granules are unmapped, the edges ready.
+      if (b->state == NF_BLK_LIVE && nf__block_away(p, b) && nf__owned(p, b, &o0, &o1)) {
+        // Disk- or detached-offloaded: the owned granules are unmapped, the edges ready.
         for (uint64_t g = o0; g < o1; g++)
-          CHECK(!nf__bit(c->mapped, g), "check: disk-offloaded block %p still mapped", (void *)b->addr);
+          CHECK(!nf__bit(c->mapped, g), "check: offloaded (unmapped) block %p still mapped", (void *)b->addr);
         nd += o1 - o0;
         CHECK(nf__range_mapped(p, c, b->addr, (o0 << p->gshift) + c->base - b->addr) &&
                   nf__range_mapped(p, c, c->base + (o1 << p->gshift), b->addr + b->size - c->base - (o1 << p->gshift)),
-              "check: edges of disk-offloaded block %p not mapped", (void *)b->addr);
+              "check: edges of offloaded (unmapped) block %p not mapped", (void *)b->addr);
       } else if (b->state == NF_BLK_LIVE) { // pending blocks hold no data (a disk-offloaded one is unmapped)
         CHECK(nf__range_mapped(p, c, b->addr, b->size), "check: live block %p not fully mapped", (void *)b->addr);
       }
@@ -163,8 +164,8 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
         (unsigned long long)p->gran_mapped);
   CHECK(nhost == p->host_mapped && p->offl_granules <= nhost, "check: host granules mapped %llu, counter %llu",
         (unsigned long long)nhost, (unsigned long long)p->host_mapped);
-  CHECK(nd == p->disk_granules, "check: disk granules %llu, counter %llu", (unsigned long long)nd,
-        (unsigned long long)p->disk_granules);
+  CHECK(nd == p->away_granules, "check: unmapped live granules %llu, counter %llu", (unsigned long long)nd,
+        (unsigned long long)p->away_granules);
   uint64_t nfree = 0, hfree = 0;
   for (int32_t i = p->gran_free; i >= 0; i = p->gran[i].next_free) {
     CHECK(p->gran[i].state == NF_GR_FREE && !seen[i] && p->gran[i].tier == NF_TIER_DEVICE,
@@ -179,10 +180,11 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
     hfree++;
   }
   CHECK(nfree == p->gran_free_count && hfree == p->host_free_count, "check: free counts");
-  CHECK(nfree + hfree + mapped + nf__xfer_staged(p) == p->gran_created + p->host_created,
-        "check: granules created %llu + %llu host != free %llu + %llu host + mapped %llu + staged %llu",
-        (unsigned long long)p->gran_created, (unsigned long long)p->host_created, (unsigned long long)nfree,
-        (unsigned long long)hfree, (unsigned long long)mapped, (unsigned long long)nf__xfer_staged(p));
+  CHECK(nfree + hfree + mapped + nf__xfer_staged(p) + p->detached_granules == p->gran_created + p->host_created,
+        "check: granules created %llu + %llu host != free %llu + %llu host + mapped %llu + in copies %llu + "
+        "detached %llu", (unsigned long long)p->gran_created, (unsigned long long)p->host_created,
+        (unsigned long long)nfree, (unsigned long long)hfree, (unsigned long long)mapped,
+        (unsigned long long)nf__xfer_staged(p), (unsigned long long)p->detached_granules);
   CHECK(live_r <= ((mapped + nd) << p->gshift), "check: live exceeds mapped (+ on disk)");
 out:
   free(seen);

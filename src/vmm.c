@@ -196,7 +196,9 @@ static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep)
   const int32_t *head = tier == NF_TIER_HOST ? &p->host_free : &p->gran_free;
   while (*created > keep && *head >= 0) {
     uint32_t i = (uint32_t)*head;
-    nf_status_t st = NF_BE(p, mem_release, release, p->gran[i].handle);
+    nf_status_t st = nf__win_unmap(p, i);
+    if (st != NF_OK) return st;
+    st = NF_BE(p, mem_release, release, p->gran[i].handle);
     if (st != NF_OK) return nf__error(st, "nofrag: releasing a granule failed: %s", p->be->err);
     nf__gran_pop(p, tier);
     p->gran[i] = (nf_granule_t){.next_free = p->gran_unused};
@@ -493,6 +495,7 @@ void nf__chunks_destroy(nf_pool_t *p) {
   p->chunks = NULL;
   nf__granules_release(p, 0);
   nf__host_granules_release(p, 0);
+  nf__win_destroy(p);
   free(p->gran);
   p->gran = NULL;
 }

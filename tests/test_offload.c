@@ -320,8 +320,99 @@ static void test_offload_disk(void **state) {
   nf_backend_destroy(be);
 }
 
-// Randomized: allocations (spilling past the limit), frees, offloads to both
-// tiers, prefetches, with events completing at random; every live block's
+// Detached host tier: the range is unmapped once the copy completed, the data
+// waits in host granules (reached through the host window) and comes back.
+static void test_offload_detached(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:1MiB"); // 16 granules
+  void *a = nf_alloc(p, 10 * G + 4096, NULL); // owns 10 granules at most
+  assert_non_null(a);
+  nft_fill(a, 10 * G + 4096, 5);
+  nf_backend_host_set_manual_events(be, 1);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK);
+  nf_stats_t s;
+  stats(p, &s);
+  assert_true(s.offloaded == 0 && s.offloads == 0); // copy in flight: still mapped
+  assert_true(nft_check(a, 10 * G + 4096, 5));
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  stats(p, &s);
+  uint64_t t[3];
+  tiers(p, a, t);
+  uint64_t moved = t[NF_TIER_HOST];
+  assert_true(moved >= 9 * G && s.offloaded == moved && s.offloads == 1 && t[NF_TIER_DISK] == 0);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK); // again: no-op
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "detached"));
+  void *b = nf_alloc(p, 12 * G, NULL); // the device granules came back
+  assert_non_null(b);
+  nft_fill(b, 12 * G, 6);
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_ERR_OOM); // no room: stays detached, intact
+  stats(p, &s);
+  assert_int_equal(nf_free(p, b), NF_OK);
+  uint64_t calls0 = s.calls.set_access;
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+  stats(p, &s);
+  assert_true(s.offloaded == 0 && s.prefetches == 1);
+  assert_true(s.calls.set_access - calls0 <= 2); // the block's range once (the window is mapped already)
+  assert_true(nft_check(a, 10 * G + 4096, 5));
+  tiers(p, a, t);
+  assert_true(t[NF_TIER_DEVICE] == 10 * G + 4096);
+  // Cycles reuse the host granules and their window mappings: no new maps there.
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  stats(p, &s);
+  uint64_t maps0 = s.calls.map;
+  for (int k = 0; k < 3; k++) {
+    assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK);
+    nf_backend_host_complete_events(be);
+    assert_int_equal(nf_offload_wait(p), NF_OK);
+    assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+    assert_true(nft_check(a, 10 * G + 4096, 5));
+    nf_backend_host_complete_events(be); // the host granules come back once the copy is done
+    assert_int_equal(nf_offload_wait(p), NF_OK);
+  }
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  stats(p, &s);
+  assert_true(s.calls.map - maps0 <= 3 * moved / G); // the block's range only
+  // Prefetch while the copy is in flight: dropped, the block never left.
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK);
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+  assert_true(nft_check(a, 10 * G + 4096, 5));
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  stats(p, &s);
+  tiers(p, a, t);
+  assert_true(t[NF_TIER_DEVICE] == 10 * G + 4096 && s.offloaded == 0);
+  // Freed while detached, and freed while its copy is in flight.
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  stats(p, &s);
+  assert_true(s.offloaded == 0);
+  a = nf_alloc(p, 8 * G, NULL);
+  nft_fill(a, 8 * G, 7);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  stats(p, &s);
+  // Trim gives every host granule back, window mappings first.
+  assert_int_equal(nf_trim(p), NF_OK);
+  stats(p, &s);
+  assert_true(s.host_physical == 0 && s.offloaded == 0);
+  nf_pool_destroy(p);
+  uint64_t gr, maps;
+  nf_backend_host_usage(be, &gr, &maps);
+  assert_true(gr == 0 && maps == 0);
+  nf_backend_destroy(be);
+}
+
+// Randomized: allocations (spilling past the limit), frees, offloads to the
+// three tiers (unmapped ones are checked once back), prefetches, with events completing at random; every live block's
 // pattern is verified after every operation that moved memory.
 static void run_random(uint64_t seed, double fault_p) {
   nf_backend_t *host, *be;
@@ -350,7 +441,7 @@ static void run_random(uint64_t seed, double fault_p) {
         nft_fill(b[i].p, n, b[i].tag);
       }
     } else if (op < 3) {
-      if (b[i].where != NF_TIER_DISK) assert_true(nft_check(b[i].p, b[i].n, b[i].tag));
+      if (b[i].where == 0 || b[i].where == NF_TIER_HOST) assert_true(nft_check(b[i].p, b[i].n, b[i].tag));
       nf_status_t r = nf_free(p, b[i].p);
       if (r != NF_OK) { // only an injected fault (recording an event) may fail it
         assert_true(fault_p > 0 && r == NF_ERR_BACKEND);
@@ -358,7 +449,7 @@ static void run_random(uint64_t seed, double fault_p) {
       }
       b[i].p = NULL;
     } else if (op < 6 && !b[i].where) {
-      nf_tier_t t = op == 5 ? NF_TIER_DISK : NF_TIER_HOST;
+      nf_tier_t t = op == 5 ? NF_TIER_DISK : op == 4 ? NF_TIER_HOST_DETACHED : NF_TIER_HOST;
       nf_status_t r = nf_offload(p, b[i].p, st, t);
       if (getenv("NF_DEBUG")) fprintf(stderr, "  offload %d -> %d: %d %s\n", i, t, r, r ? nf_last_error() : "");
       if (r == NF_OK) b[i].where = t, moved++;
@@ -381,7 +472,7 @@ static void run_random(uint64_t seed, double fault_p) {
     }
     if (!(step % 1))
       for (int k = 0; k < N; k++)
-        if (b[k].p && b[k].where != NF_TIER_DISK && !nft_check(b[k].p, b[k].n, b[k].tag))
+        if (b[k].p && (b[k].where == 0 || b[k].where == NF_TIER_HOST) && !nft_check(b[k].p, b[k].n, b[k].tag))
           fail_msg("seed %llu step %d: block %d (%zu B, where %d) corrupted", (unsigned long long)seed, step, k,
                    b[k].n, b[k].where);
   }
@@ -423,7 +514,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_spill_basic),  cmocka_unit_test(test_spill_config_errors),
       cmocka_unit_test(test_spill_reserve), cmocka_unit_test(test_offload_poll_cost),
-      cmocka_unit_test(test_offload_wait_at_limit),
+      cmocka_unit_test(test_offload_wait_at_limit), cmocka_unit_test(test_offload_detached),
       cmocka_unit_test(test_offload_host), cmocka_unit_test(test_offload_disk),
       cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
   };

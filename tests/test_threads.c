@@ -22,7 +22,8 @@ static void *worker(void *arg) {
     int i = (int)(nft_rand(&rng) % SLOTS);
     if (l[i].p && moves && nft_rand(&rng) % 3 == 0) { // an offloaded block is not touched until prefetched
       if (!l[i].where) {
-        nf_tier_t t = nft_rand(&rng) % 4 ? NF_TIER_HOST : NF_TIER_DISK;
+        uint64_t k = nft_rand(&rng) % 4;
+        nf_tier_t t = k == 0 ? NF_TIER_DISK : k == 1 ? NF_TIER_HOST_DETACHED : NF_TIER_HOST;
         nf_status_t st = nf_offload(pool, l[i].p, s, t);
         if (st == NF_OK) l[i].where = t;
         else if (st != NF_ERR_OOM) errors++;

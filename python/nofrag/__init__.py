@@ -24,14 +24,14 @@ import ctypes
 import json
 
 from . import _lib
-from ._lib import (NF_TIER_DEVICE, NF_TIER_DISK, NF_TIER_HOST, NfCalls, NfStats, NofragError, conf_string,
+from ._lib import (NF_TIER_DEVICE, NF_TIER_DISK, NF_TIER_HOST, NF_TIER_HOST_DETACHED, NfCalls, NfStats, NofragError, conf_string,
                    last_error, load)
 from .torch_trace import export_torch_snapshot, snapshot_to_torch
 
 __version__ = "0.1.0"
 __all__ = ["stats", "configure", "last_error", "conf_string", "load", "NfStats", "NfCalls", "counters", "snapshot",
            "pool_snapshot", "snapshot_to_torch", "export_torch_snapshot", "NofragError", "offload", "prefetch",
-           "offload_wait", "block_tiers", "pool_stats", "pool_config", "NF_TIER_DEVICE", "NF_TIER_HOST",
+           "offload_wait", "block_tiers", "pool_stats", "pool_config", "NF_TIER_DEVICE", "NF_TIER_HOST", "NF_TIER_HOST_DETACHED",
            "NF_TIER_DISK"]
 
 
@@ -130,15 +130,17 @@ def _ptr(ptr):
 
 
 def offload(pool, ptr, stream=None, tier="host"):
-    """nf_offload: move the live block starting at `ptr` to host ("host") or
-    disk ("disk") memory at the same address, on `stream` (None: the default
-    stream; an int handle or a torch.cuda.Stream). From here until prefetch()
-    returns, nothing may read or write the block. Only granules wholly inside
+    """nf_offload: move the live block starting at `ptr` to host ("host"),
+    host with the range unmapped while away ("host_detached": cheaper moves,
+    no use in place) or disk ("disk") memory at the same address, on `stream`
+    (None: the default stream; an int handle or a torch.cuda.Stream). From
+    here until prefetch() returns, nothing may read or write the block. Only granules wholly inside
     the block move. Raises NofragError (e.g. NF_ERR_INVALID for a pointer that
     is not a live block's start; the block is then unchanged)."""
     t = _lib.tier_value(tier)
     if t == NF_TIER_DEVICE:
-        raise ValueError("nofrag.offload: tier must be 'host' or 'disk' (use prefetch() to come back)")
+        raise ValueError("nofrag.offload: tier must be 'host', 'host_detached' or 'disk' (use prefetch() to come "
+                         "back)")
     pl, p, s = _pool(pool), _ptr(ptr), _lib.stream_handle(stream)
     _lib.check(_lib.require("nf_offload")(pl, p, s, t), f"nf_offload({p:#x}, {tier})")
 

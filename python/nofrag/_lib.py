@@ -26,8 +26,8 @@ _u64 = ctypes.c_uint64
 # nf_status_t and nf_tier_t (include/nofrag.h).
 NF_OK, NF_ERR_INVALID, NF_ERR_OOM, NF_ERR_BACKEND, NF_ERR_CONFIG, NF_ERR_UNSUPPORTED, NF_ERR_NOMEM, \
     NF_ERR_NOT_READY = range(8)
-NF_TIER_DEVICE, NF_TIER_HOST, NF_TIER_DISK = 0, 1, 2
-TIERS = {"device": NF_TIER_DEVICE, "host": NF_TIER_HOST, "disk": NF_TIER_DISK}
+NF_TIER_DEVICE, NF_TIER_HOST, NF_TIER_DISK, NF_TIER_HOST_DETACHED = 0, 1, 2, 3
+TIERS = {"device": NF_TIER_DEVICE, "host": NF_TIER_HOST, "disk": NF_TIER_DISK, "host_detached": NF_TIER_HOST_DETACHED}
 
 
 class NofragError(RuntimeError):
@@ -108,7 +108,7 @@ def stream_handle(stream):
 
 
 def tier_value(tier):
-    """nf_tier_t from "host" / "disk" / "device" or the integer."""
+    """nf_tier_t from "host" / "host_detached" / "disk" / "device" or the integer."""
     if isinstance(tier, str):
         try:
             return TIERS[tier.lower()]

@@ -80,8 +80,8 @@ def _side_stream(torch, dev, purpose):
 
 
 def offload(t, tier="host", stream=None):
-    """Move tensor `t`'s storage to `tier` ("host" or "disk") at the same
-    address; returns `t` (same object, same data_ptr()). The copy is ordered
+    """Move tensor `t`'s storage to `tier` ("host", "host_detached" or "disk")
+    at the same address; returns `t` (same object, same data_ptr()). The copy is ordered
     on `stream` (default: the current stream of t's device) after the work
     queued there. Until prefetch(t), nothing may read or write t or any view
     of its storage. An empty storage is left alone. Raises NofragError."""
@@ -380,9 +380,15 @@ class offload_activations:
     forward saved (an output that an op also saved, an HF Cache object's
     keys/values, ...): call ``ctx.prefetch_all()`` first. ``ctx.stats``
     counts what happened.
+
+    `tier`: "host_detached" (default: the storage's range is unmapped while
+    away -- a stray read faults -- and each 2 MiB moved costs one unmap out and
+    one map back, several times cheaper than "host"), "host" (host memory
+    mapped at the same address) or "disk".
     """
 
-    def __init__(self, min_bytes=4 << 20, tier="host", ahead=4, layers=None, outside=None, skip_param_casts=True):
+    def __init__(self, min_bytes=4 << 20, tier="host_detached", ahead=4, layers=None, outside=None,
+                 skip_param_casts=True):
         _lib.tier_value(tier)
         self.min_bytes, self.tier, self.ahead = int(min_bytes), tier, max(0, int(ahead))
         self.skip_param_casts = skip_param_casts
