@@ -14,8 +14,12 @@
 //                   instead of H, copy staging -> block on the stream. Work
 //                   queued after it on the stream sees the data; H goes back
 //                   to the host free list once the copy completed.
-// disk              synchronous: copy out through a bounce buffer, write the
-//                   file, unmap; prefetch maps device granules and reads back.
+// detached          (offload_detached.c) like host, but the range is unmapped
+//                   once the copy is done; the data waits in host granules
+//                   reached through the host window. Cheaper moves.
+// disk              (offload_disk.c) synchronous: copy out through a bounce
+//                   buffer, write the file, unmap; prefetch maps device
+//                   granules and reads back.
 #include "offload.h"
 
 #include <stdio.h>
