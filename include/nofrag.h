@@ -219,7 +219,8 @@ typedef struct nf_calls_s {
 } nf_calls_t;
 
 //! Pool statistics. Bytes unless noted. `cached` = mapped bytes not holding
-//! live data (mapped - live_rounded). `fragmentation` = 1 - live/mapped.
+//! live data (mapped - live_rounded). `fragmentation` = 1 - live/mapped (live bytes
+//! unmapped by a disk or detached offload left out).
 typedef struct nf_stats_s {
   uint64_t live, live_peak;                 //!< requested bytes of live blocks
   uint64_t live_rounded, live_rounded_peak; //!< the same, rounded to 512 B

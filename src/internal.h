@@ -314,12 +314,17 @@ void nf__rec_row(nf_pool_t *p, bool alloc, uintptr_t ptr, uint64_t size, nf_stre
 // on x86 every one of these stores is a plain mov.
 #define NF_MON_MAGIC 0x314e4f4d4746524eull // "NRFGMON1" little-endian
 #define NF_MON_VERSION 1
+#define NF_MON_V1_FIELDS 13 // fields of the first layout: the smallest file a reader accepts
 enum {
   NF_MON_LIVE, NF_MON_LIVE_PEAK, NF_MON_ALLOCS, NF_MON_FREES, // fast path: every alloc/free
   NF_MON_MAPPED, NF_MON_PHYSICAL, NF_MON_LIMIT, NF_MON_GRANULE,
   NF_MON_LARGEST_FREE, // may be stale: walked on slow paths at most every 100 ms
   NF_MON_SPILLED,      // host granules mapped by spill x G
   NF_MON_OOMS, NF_MON_RECLAIMS, NF_MON_BACKEND_CALLS,
+  // Appended later: a reader takes from a file the fields its `size` holds
+  // (an older writer's file reads 0 for these).
+  NF_MON_OFFLOADED,    // host granules holding nf_offload'ed blocks x G (attached and detached)
+  NF_MON_AWAY,         // live bytes not mapped (disk and detached offloads): fragmentation leaves them out
   NF_MON_NFIELDS
 };
 typedef struct nf_mon_shm_s {

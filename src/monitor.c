@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,8 @@ void nf__mon_close(nf_pool_t *p) {
   munmap(m, sizeof *m);
 }
 
+_Static_assert(NF_MON_V1_FIELDS == NF_MON_OFFLOADED, "fields are only appended after the first layout");
+
 void nf__mon_full(nf_pool_t *p) {
   nf_mon_shm_t *m = p->mon;
   if (!m) return;
@@ -143,6 +146,8 @@ void nf__mon_full(nf_pool_t *p) {
     v[NF_MON_LARGEST_FREE] = atomic_load_explicit(&m->v[NF_MON_LARGEST_FREE], memory_order_relaxed);
   }
   v[NF_MON_SPILLED] = (p->host_mapped - p->offl_granules) << p->gshift;
+  v[NF_MON_OFFLOADED] = (p->offl_granules + p->detached_granules) << p->gshift;
+  v[NF_MON_AWAY] = p->away_granules << p->gshift;
   v[NF_MON_OOMS] = p->st.ooms;
   v[NF_MON_RECLAIMS] = p->st.reclaims;
   const nf_calls_t *c = &p->st.calls;
@@ -162,12 +167,12 @@ void nf__mon_full(nf_pool_t *p) {
 // Seqlock read: s0 (acquire) even, fields (acquire), s1 (relaxed) == s0. An
 // acquire load that sees a value of a write in progress synchronises with its
 // release store, which comes after the odd seq: s1 then differs from s0.
-static bool mon_snapshot(const nf_mon_shm_t *m, nf_mon_entry_t *e) {
+static bool mon_snapshot(const nf_mon_shm_t *m, int nfields, nf_mon_entry_t *e) {
   nf_mon_shm_t *w = (nf_mon_shm_t *)m; // atomics are read-only here; C11 loads take non-const
   for (unsigned tries = 0; tries < 200000; tries++) {
     uint64_t s0 = atomic_load_explicit(&w->seq, memory_order_acquire);
     if (!(s0 & 1)) {
-      for (int i = 0; i < NF_MON_NFIELDS; i++) e->v[i] = atomic_load_explicit(&w->v[i], memory_order_acquire);
+      for (int i = 0; i < nfields; i++) e->v[i] = atomic_load_explicit(&w->v[i], memory_order_acquire);
       if (atomic_load_explicit(&w->seq, memory_order_relaxed) == s0) return true;
     }
     if (tries > 64) sched_yield();
@@ -217,16 +222,23 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
   struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < (off_t)sizeof(nf_mon_shm_t)) {
+  // A file from an older writer may hold fewer fields (NF_MON_V1_FIELDS at
+  // least); one from a newer writer more (ignored).
+  const size_t v_at = offsetof(nf_mon_shm_t, v), min = v_at + NF_MON_V1_FIELDS * sizeof(uint64_t);
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < (off_t)min) {
     close(fd);
     return -1;
   }
-  void *addr = mmap(NULL, sizeof(nf_mon_shm_t), PROT_READ, MAP_SHARED, fd, 0);
+  size_t len = (size_t)sb.st_size < sizeof(nf_mon_shm_t) ? (size_t)sb.st_size : sizeof(nf_mon_shm_t);
+  void *addr = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
   close(fd);
   if (addr == MAP_FAILED) return -1;
   const nf_mon_shm_t *m = addr;
   int rc = -1;
-  if (__atomic_load_n(&m->magic, __ATOMIC_ACQUIRE) == NF_MON_MAGIC && m->version == NF_MON_VERSION) {
+  if (__atomic_load_n(&m->magic, __ATOMIC_ACQUIRE) == NF_MON_MAGIC && m->version == NF_MON_VERSION &&
+      m->size >= min) {
+    size_t have = (m->size < len ? m->size : len) - v_at;
+    int nfields = have / sizeof(uint64_t) < NF_MON_NFIELDS ? (int)(have / sizeof(uint64_t)) : NF_MON_NFIELDS;
     e->pid = m->pid;
     e->uid = m->uid;
     e->pool_id = m->pool_id;
@@ -234,13 +246,14 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e) {
     memcpy(e->device, m->device, sizeof e->device);
     e->device[sizeof e->device - 1] = 0;
     if (pid_dead(e->pid, e->start_ns)) rc = 1;
-    else if (mon_snapshot(m, e)) {
+    else if (mon_snapshot(m, nfields, e)) {
       uint64_t mp = e->v[NF_MON_MAPPED];
-      e->fragmentation = mp ? 1.0 - (double)e->v[NF_MON_LIVE] / (double)mp : 0.0;
+      uint64_t live = e->v[NF_MON_LIVE], away = e->v[NF_MON_AWAY], resident = live > away ? live - away : 0;
+      e->fragmentation = mp ? 1.0 - (double)resident / (double)mp : 0.0;
       rc = 0;
     }
   }
-  munmap(addr, sizeof(nf_mon_shm_t));
+  munmap(addr, len);
   return rc;
 }
 

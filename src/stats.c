@@ -57,7 +57,10 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   s.offloaded = (p->offl_granules + p->detached_granules) << p->gshift;
   s.offloaded_disk = p->disk_bytes;
   s.host_physical = p->host_created << p->gshift;
-  s.fragmentation = s.mapped ? 1.0 - (double)s.live / (double)s.mapped : 0.0;
+  // Live bytes whose granules are unmapped (disk / detached offloads) are not
+  // part of what is mapped: leave them out.
+  uint64_t away = p->away_granules << p->gshift, resident = s.live > away ? s.live - away : 0;
+  s.fragmentation = s.mapped ? 1.0 - (double)resident / (double)s.mapped : 0.0;
   nf__unlock(&p->lock);
   *out = s;
 }

@@ -6,6 +6,7 @@
 #include "internal.h"
 
 #include <dirent.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -118,6 +119,7 @@ static void check_match(nf_pool_t *p, bool all) {
   assert_int_equal(v[0].v[NF_MON_GRANULE], s.granule);
   assert_int_equal(v[0].v[NF_MON_OOMS], s.ooms);
   assert_int_equal(v[0].v[NF_MON_SPILLED], 0);
+  assert_int_equal(v[0].v[NF_MON_OFFLOADED], s.offloaded);
   assert_true(v[0].v[NF_MON_LARGEST_FREE] <= s.mapped);
   assert_true(v[0].fragmentation >= 0.0 && v[0].fragmentation <= 1.0);
   if (all) { // after a slow path (trim): the slow-path fields too
@@ -145,6 +147,54 @@ static void test_values_match_stats(void **state) {
   usleep(110000); // past the largest-free walk's rate limit
   assert_int_equal(nf_trim(p), NF_OK);
   check_match(p, true);
+  nf_pool_destroy(p);
+}
+
+// Offloaded bytes are published (both host tiers), and a file written with
+// the first layout (fewer fields) is still read, its later fields as 0.
+static void test_offloaded_and_old_layout(void **state) {
+  (void)state;
+  nf_pool_t *p = new_pool(32 * NF_MiB);
+  void *a = nf_alloc(p, 4 * NF_MiB, NULL), *b = nf_alloc(p, 4 * NF_MiB, NULL);
+  assert_true(a && b);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_offload(p, b, NULL, NF_TIER_HOST_DETACHED), NF_OK);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  nf_stats_t s;
+  nf_stats_get(p, &s);
+  assert_true(s.offloaded >= 6 * NF_MiB); // whole 64 KiB granules inside each block
+  check_match(p, false);
+  char names[8][256], path[512];
+  assert_int_equal(list_files(names), 1);
+  snprintf(path, sizeof path, "%s/%s", dir, names[0]);
+  nf_mon_entry_t e;
+  assert_int_equal(nf__mon_read(path, &e), 0);
+  assert_int_equal(e.v[NF_MON_OFFLOADED], s.offloaded);
+  // The same file cut to the first layout, as an older library wrote it.
+  size_t v1 = offsetof(nf_mon_shm_t, v) + NF_MON_V1_FIELDS * sizeof(uint64_t);
+  int fd = open(path, O_RDONLY);
+  assert_true(fd >= 0);
+  char buf[sizeof(nf_mon_shm_t)];
+  assert_int_equal(read(fd, buf, sizeof buf), (ssize_t)sizeof buf);
+  close(fd);
+  ((nf_mon_shm_t *)buf)->size = (uint32_t)v1;
+  char old[600];
+  snprintf(old, sizeof old, "%s/old-layout", dir);
+  fd = open(old, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, buf, v1), (ssize_t)v1);
+  close(fd);
+  assert_int_equal(nf__mon_read(old, &e), 0);
+  assert_int_equal(e.v[NF_MON_LIVE], s.live);
+  assert_int_equal(e.v[NF_MON_OFFLOADED], 0);
+  // Shorter than the first layout: refused.
+  assert_int_equal(truncate(old, (off_t)v1 - 8), 0);
+  assert_int_equal(nf__mon_read(old, &e), -1);
+  unlink(old);
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+  assert_int_equal(nf_prefetch(p, b, NULL), NF_OK);
+  nf_free(p, a);
+  nf_free(p, b);
   nf_pool_destroy(p);
 }
 
@@ -274,6 +324,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_file_lifecycle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_values_match_stats, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_offloaded_and_old_layout, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reader_races_writer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dead_process_ignored_and_cleaned, setup, teardown),
   };

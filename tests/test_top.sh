@@ -49,7 +49,7 @@ wait_for 'pane | grep -Eq "^$pid +0 +host +11\.77M "' 50 || fail "no row for pid
 pane | grep -q "ALLOC/S" || fail "no header"
 # Second frame on: the rate is allocs per second over the refresh (~1000/s; > 0).
 sleep 2.2
-rate=$(pane | awk -v p="$pid" '$1 == p { print $11 }')
+rate=$(pane | awk -v p="$pid" '$1 == p { print $12 }')
 [ -n "$rate" ] && [ "$rate" -gt 0 ] || fail "allocation rate '$rate'"
 tmux -L "$sock" send-keys -t top q
 wait_for 'pane | grep -q "TOP-EXITED rc=0"' 50 || fail "q did not quit top"

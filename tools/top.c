@@ -54,19 +54,20 @@ static double alloc_rate(const nf_mon_entry_t *e, const nf_mon_entry_t *prev, lo
 
 static void print_table(FILE *f, const nf_mon_entry_t *v, long n, const nf_mon_entry_t *prev, long nprev,
                         double dt) {
-  fprintf(f, "%-8s %-4s %-8s %10s %10s %10s %10s %6s %10s %9s %10s %6s\n", "PID", "POOL", "DEVICE", "LIVE",
-          "MAPPED", "PHYSICAL", "LIMIT", "FRAG%", "LARGEST", "SPILLED", "ALLOC/S", "OOMS");
+  fprintf(f, "%-8s %-4s %-8s %10s %10s %10s %10s %6s %10s %9s %9s %10s %6s\n", "PID", "POOL", "DEVICE", "LIVE",
+          "MAPPED", "PHYSICAL", "LIMIT", "FRAG%", "LARGEST", "SPILLED", "OFFLOADED", "ALLOC/S", "OOMS");
   for (long i = 0; i < n; i++) {
     const nf_mon_entry_t *e = &v[i];
-    char live[16], mapped[16], phys[16], lim[16], lf[16], sp[16];
+    char live[16], mapped[16], phys[16], lim[16], lf[16], sp[16], off[16];
     human(live, sizeof live, e->v[NF_MON_LIVE]);
     human(mapped, sizeof mapped, e->v[NF_MON_MAPPED]);
     human(phys, sizeof phys, e->v[NF_MON_PHYSICAL]);
     human(lim, sizeof lim, e->v[NF_MON_LIMIT]);
     human(lf, sizeof lf, e->v[NF_MON_LARGEST_FREE]);
     human(sp, sizeof sp, e->v[NF_MON_SPILLED]);
-    fprintf(f, "%-8d %-4u %-8s %10s %10s %10s %10s %6.1f %10s %9s %10.0f %6llu\n", e->pid, e->pool_id, e->device,
-            live, mapped, phys, lim, 100.0 * e->fragmentation, lf, sp, alloc_rate(e, prev, nprev, dt),
+    human(off, sizeof off, e->v[NF_MON_OFFLOADED]);
+    fprintf(f, "%-8d %-4u %-8s %10s %10s %10s %10s %6.1f %10s %9s %9s %10.0f %6llu\n", e->pid, e->pool_id, e->device,
+            live, mapped, phys, lim, 100.0 * e->fragmentation, lf, sp, off, alloc_rate(e, prev, nprev, dt),
             (unsigned long long)e->v[NF_MON_OOMS]);
   }
   if (!n) fprintf(f, "(no nofrag pools)\n");
@@ -78,7 +79,8 @@ static void print_json(FILE *f, const nf_mon_entry_t *v, long n) {
       [NF_MON_FREES] = "frees", [NF_MON_MAPPED] = "mapped", [NF_MON_PHYSICAL] = "physical",
       [NF_MON_LIMIT] = "limit", [NF_MON_GRANULE] = "granule",
       [NF_MON_LARGEST_FREE] = "largest_free", [NF_MON_SPILLED] = "spilled", [NF_MON_OOMS] = "ooms",
-      [NF_MON_RECLAIMS] = "reclaims", [NF_MON_BACKEND_CALLS] = "backend_calls"};
+      [NF_MON_RECLAIMS] = "reclaims", [NF_MON_BACKEND_CALLS] = "backend_calls", [NF_MON_OFFLOADED] = "offloaded",
+      [NF_MON_AWAY] = "away"};
   fputc('[', f);
   for (long i = 0; i < n; i++) {
     const nf_mon_entry_t *e = &v[i];

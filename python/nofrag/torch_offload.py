@@ -5,16 +5,8 @@ pluggable allocator a storage is one nofrag block, and
 ``t.untyped_storage().data_ptr()`` is the block's start. Offloading moves the
 block's whole granules to host (or disk) memory at the same virtual address,
 so the tensor object, its ``data_ptr()`` and every view of it stay valid; they
-just must not be touched until the block is prefetched. The rules and limits
-are in docs/offload.md:
-
-- between offload and prefetch nothing may read or write the storage (no
-  kernel, no copy, no print) -- views share the storage, so they are moved too;
-- only granules wholly inside the block move (the edge granules shared with
-  neighbouring blocks stay on the device; a block under one granule does not
-  move at all);
-- the disk tier is synchronous, and touching a disk-offloaded tensor is an
-  illegal-address fault.
+just must not be touched until the block is prefetched (views share the
+storage: they move too). The rules and limits are in docs/offload.md.
 
 ``offload(t)`` / ``prefetch(t)`` are the primitives. ``offload_optimizer(opt)``
 keeps optimizer state on the host between steps; ``offload_activations()`` is a
