@@ -281,6 +281,9 @@ bool nf__block_away(nf_pool_t *p, const nf_block_t *b);
 // once every host granule is released.
 nf_status_t nf__win_unmap(nf_pool_t *p, uint32_t i);
 void nf__win_destroy(nf_pool_t *p);
+// nf_pool_check: the host granules holding detached blocks are marked in
+// seen[] (index = granule), none twice, none free.
+nf_status_t nf__detached_check(nf_pool_t *p, uint8_t *seen);
 // Called by nf_free for a block with `where` set or an offload in flight:
 // settles the offload so that the block can be freed like any other (a copy
 // still in flight becomes a record_stream stream of the block).

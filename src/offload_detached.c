@@ -179,6 +179,18 @@ nf_status_t nf__prefetch_detached(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uin
   return NF_OK;
 }
 
+nf_status_t nf__detached_check(nf_pool_t *p, uint8_t *seen) {
+  for (nf_offl_t *o = p->offl; o; o = o->next)
+    for (uint64_t j = 0; j < o->n && o->hg; j++) {
+      uint32_t i = o->hg[j];
+      if (seen[i] || p->gran[i].tier != NF_TIER_HOST || p->gran[i].state != NF_GR_MAPPED)
+        return nf__error(NF_ERR_INVALID, "check: host granule %u of a detached block is also in use elsewhere or "
+                         "in a bad state", i);
+      seen[i] = 1;
+    }
+  return NF_OK;
+}
+
 // A detached block is freed: its host granules go back (the range stays
 // unmapped; free ranges may be).
 void nf__detached_forget(nf_pool_t *p, nf_offl_t *o) {

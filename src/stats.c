@@ -183,6 +183,7 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
     hfree++;
   }
   CHECK(nfree == p->gran_free_count && hfree == p->host_free_count, "check: free counts");
+  if ((st = nf__detached_check(p, seen)) != NF_OK) goto out;
   CHECK(nfree + hfree + mapped + nf__xfer_staged(p) + p->detached_granules == p->gran_created + p->host_created,
         "check: granules created %llu + %llu host != free %llu + %llu host + mapped %llu + in copies %llu + "
         "detached %llu", (unsigned long long)p->gran_created, (unsigned long long)p->host_created,
