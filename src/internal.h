@@ -290,7 +290,7 @@ nf_status_t nf__detached_check(nf_pool_t *p, uint8_t *seen);
 uint64_t nf__offload_busy(nf_pool_t *p, const nf_block_t *b); // stream mask of its copy in flight
 void nf__offload_forget(nf_pool_t *p, nf_block_t *b);
 void nf__offload_destroy(nf_pool_t *p);
-uint64_t nf__xfer_staged(const nf_pool_t *p); // host granules mapped at staging ranges
+uint64_t nf__xfer_staged(const nf_pool_t *p); // host granules held by copies in flight
 // Owned granules of a block: those wholly inside it, [*g0, *g1) of its chunk.
 static inline bool nf__owned(const nf_pool_t *p, const nf_block_t *b, uint64_t *g0, uint64_t *g1) {
   uint64_t a = b->addr - b->chunk->base;

@@ -214,6 +214,11 @@ nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
   return first;
 }
 
+void nf__xfer_drain(nf_pool_t *p, uint32_t s) {
+  nf_stream_rec_t *r = &p->streams[s];
+  if (nf__stream_record(p, s) == NF_OK || r->event) NF_BE(p, event_sync, event_sync, r->event);
+}
+
 void nf__xfer_push(nf_pool_t *p, nf_xfer_t *x) {
   x->next = p->xfers;
   p->xfers = x;
@@ -247,9 +252,7 @@ static nf_status_t offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_
   x->s = s;
   if (x->n && ((st = nf__order_block(p, b, s)) != NF_OK || (st = copy_runs(p, x, c, true)) != NF_OK ||
                (st = nf__stream_record(p, s)) != NF_OK)) {
-    // The copy may have been queued: wait for the stream before dropping.
-    nf_stream_rec_t *r = &p->streams[s];
-    if (r->event) NF_BE(p, event_sync, event_sync, r->event);
+    nf__xfer_drain(p, s); // the copy may have been queued
     unstage(p, x->stage, x->n * p->granule, x->n * p->granule);
     goto undo;
   }
@@ -341,8 +344,7 @@ static nf_status_t prefetch_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64
   if (st != NF_OK) {
     // Put the host granules back where they were swapped out; they kept the
     // data (mapped at the staging range too).
-    nf_stream_rec_t *r = &p->streams[s];
-    if (r->event) NF_BE(p, event_sync, event_sync, r->event);
+    nf__xfer_drain(p, s);
     uint64_t back = 0;
     char msg[512];
     snprintf(msg, sizeof msg, "%s", nf_last_error());

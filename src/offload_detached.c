@@ -24,6 +24,10 @@
 
 #define WIN_SHIFT 9 // granules per window range: 512 (1 GiB of 2 MiB granules)
 
+static uintptr_t win_addr(const nf_pool_t *p, uint32_t i) {
+  return p->win[i >> WIN_SHIFT] + ((uint64_t)(i & ((1u << WIN_SHIFT) - 1)) << p->gshift);
+}
+
 // Window address of host granule i, mapping it there first if needed.
 static nf_status_t win_map(nf_pool_t *p, uint32_t i, uintptr_t *va) {
   uint64_t k = i >> WIN_SHIFT;
@@ -38,7 +42,7 @@ static nf_status_t win_map(nf_pool_t *p, uint32_t i, uintptr_t *va) {
   nf_status_t st;
   if (!p->win[k] && (st = NF_BE(p, va_reserve, va_reserve, p->granule << WIN_SHIFT, p->granule, &p->win[k])) != NF_OK)
     return nf__error(st, "nofrag: offload: reserving the host window failed: %s", p->be->err);
-  *va = p->win[k] + ((uint64_t)(i & ((1u << WIN_SHIFT) - 1)) << p->gshift);
+  *va = win_addr(p, i);
   if (p->gran[i].win) return NF_OK;
   if ((st = NF_BE(p, map, map, *va, p->granule, p->gran[i].handle)) != NF_OK)
     return nf__error(st, "nofrag: offload: mapping a host granule at the window failed: %s", p->be->err);
@@ -55,8 +59,7 @@ static nf_status_t win_map(nf_pool_t *p, uint32_t i, uintptr_t *va) {
 
 nf_status_t nf__win_unmap(nf_pool_t *p, uint32_t i) {
   if (!p->gran[i].win) return NF_OK;
-  uintptr_t va = p->win[i >> WIN_SHIFT] + ((uint64_t)(i & ((1u << WIN_SHIFT) - 1)) << p->gshift);
-  nf_status_t st = NF_BE(p, unmap, unmap, va, p->granule);
+  nf_status_t st = NF_BE(p, unmap, unmap, win_addr(p, i), p->granule);
   if (st != NF_OK) return nf__error(st, "nofrag: unmapping a host granule from the window failed: %s", p->be->err);
   p->gran[i].win = 0;
   return NF_OK;
@@ -91,12 +94,6 @@ static nf_status_t copy_window(nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, c
   return NF_OK;
 }
 
-// After a failure once copies may have been queued on s: wait for them.
-static void drain(nf_pool_t *p, uint32_t s) {
-  nf_stream_rec_t *r = &p->streams[s];
-  if (nf__stream_record(p, s) == NF_OK || r->event) NF_BE(p, event_sync, event_sync, r->event);
-}
-
 nf_status_t nf__offload_detached(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1) {
   uint64_t n = g1 - g0;
   nf_xfer_t *x = calloc(1, sizeof *x);
@@ -111,7 +108,7 @@ nf_status_t nf__offload_detached(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64
   if (st != NF_OK) { nf__xfer_free(x); free(o); return st; }
   if ((st = nf__order_block(p, b, s)) != NF_OK || (st = copy_window(p, b->chunk, g0, x->hg, n, s, true)) != NF_OK ||
       (st = nf__stream_record(p, s)) != NF_OK) {
-    drain(p, s);
+    nf__xfer_drain(p, s);
     for (uint64_t j = 0; j < n; j++) nf__gran_push_free(p, x->hg[j]);
     nf__xfer_free(x);
     free(o);
@@ -162,7 +159,7 @@ nf_status_t nf__prefetch_detached(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uin
     // the data). A granule that cannot be unmapped makes nf_pool_check fail.
     char msg[512];
     snprintf(msg, sizeof msg, "%s", nf_last_error());
-    drain(p, s);
+    nf__xfer_drain(p, s);
     for (uint64_t g = g0; g < g1; g++)
       for (int t = 0; t < 3 && nf__bit(c->mapped, g); t++) nf__unmap_run(p, c, g, g + 1);
     p->away_granules += o->n;

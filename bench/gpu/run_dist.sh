@@ -65,7 +65,6 @@ LIB=build/libnofrag.so
 if [ -f "$LIB" ] && [ -z "$(find src include -newer "$LIB" -name '*.[ch]' 2>/dev/null | head -1)" ]; then
   echo "re-using $LIB (newer than src/ and include/)"
 else
-  . bench/gpu/build.sh
   nf_build_lib
 fi
 if [ ! -f "$LIB" ]; then

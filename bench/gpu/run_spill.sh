@@ -50,7 +50,6 @@ if [ "$DRY" = 1 ]; then
   export NOFRAG_LIB=${NOFRAG_LIB:-$ROOT/build/libnofrag.so}
 else
   say "build"
-  . bench/gpu/build.sh
   if ! nf_build_lib; then
     echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1
   fi
