@@ -3,7 +3,7 @@
 // so that CI's TSan stage runs it), and dead-process detection and cleaning.
 // Every test points NOFRAG_SHM_DIR at its own temporary directory.
 #include "nf_test.h"
-#include "internal.h"
+#include "observe/observe.h"
 
 #include <dirent.h>
 #include <stddef.h>
@@ -76,7 +76,7 @@ static void test_file_lifecycle(void **state) {
   assert_int_equal(nf__mon_read(path, &e), 0);
   assert_int_equal(e.pid, getpid());
   assert_string_equal(e.device, "host");
-  assert_int_equal(e.v[NF_MON_LIMIT], 64 * NF_MiB);
+  assert_int_equal(e.v[NF_PUB_LIMIT], 64 * NF_MiB);
   nf_pool_destroy(p);
   assert_int_equal(list_files(names), 0);
 
@@ -109,23 +109,23 @@ static void check_match(nf_pool_t *p, bool all) {
   assert_int_equal(dead, 0);
   nf_stats_t s;
   nf_stats_get(p, &s);
-  assert_int_equal(v[0].v[NF_MON_LIVE], s.live);
-  assert_int_equal(v[0].v[NF_MON_LIVE_PEAK], s.live_peak);
-  assert_int_equal(v[0].v[NF_MON_ALLOCS], s.allocs);
-  assert_int_equal(v[0].v[NF_MON_FREES], s.frees);
-  assert_int_equal(v[0].v[NF_MON_MAPPED], s.mapped);
-  assert_int_equal(v[0].v[NF_MON_PHYSICAL], s.physical);
-  assert_int_equal(v[0].v[NF_MON_LIMIT], s.limit);
-  assert_int_equal(v[0].v[NF_MON_GRANULE], s.granule);
-  assert_int_equal(v[0].v[NF_MON_OOMS], s.ooms);
-  assert_int_equal(v[0].v[NF_MON_SPILLED], 0);
-  assert_int_equal(v[0].v[NF_MON_OFFLOADED], s.offloaded);
-  assert_true(v[0].v[NF_MON_LARGEST_FREE] <= s.mapped);
+  assert_int_equal(v[0].v[NF_PUB_LIVE], s.live);
+  assert_int_equal(v[0].v[NF_PUB_LIVE_PEAK], s.live_peak);
+  assert_int_equal(v[0].v[NF_PUB_ALLOCS], s.allocs);
+  assert_int_equal(v[0].v[NF_PUB_FREES], s.frees);
+  assert_int_equal(v[0].v[NF_PUB_MAPPED], s.mapped);
+  assert_int_equal(v[0].v[NF_PUB_PHYSICAL], s.physical);
+  assert_int_equal(v[0].v[NF_PUB_LIMIT], s.limit);
+  assert_int_equal(v[0].v[NF_PUB_GRANULE], s.granule);
+  assert_int_equal(v[0].v[NF_PUB_OOMS], s.ooms);
+  assert_int_equal(v[0].v[NF_PUB_SPILLED], 0);
+  assert_int_equal(v[0].v[NF_PUB_OFFLOADED], s.offloaded);
+  assert_true(v[0].v[NF_PUB_LARGEST_FREE] <= s.mapped);
   assert_true(v[0].fragmentation >= 0.0 && v[0].fragmentation <= 1.0);
   if (all) { // after a slow path (trim): the slow-path fields too
-    assert_int_equal(v[0].v[NF_MON_RECLAIMS], s.reclaims);
-    assert_int_equal(v[0].v[NF_MON_BACKEND_CALLS], s.backend_calls);
-    assert_int_equal(v[0].v[NF_MON_LARGEST_FREE], s.largest_free_mapped);
+    assert_int_equal(v[0].v[NF_PUB_RECLAIMS], s.reclaims);
+    assert_int_equal(v[0].v[NF_PUB_BACKEND_CALLS], s.backend_calls);
+    assert_int_equal(v[0].v[NF_PUB_LARGEST_FREE], s.largest_free_mapped);
   }
   free(v);
 }
@@ -169,9 +169,9 @@ static void test_offloaded_and_old_layout(void **state) {
   snprintf(path, sizeof path, "%s/%s", dir, names[0]);
   nf_mon_entry_t e;
   assert_int_equal(nf__mon_read(path, &e), 0);
-  assert_int_equal(e.v[NF_MON_OFFLOADED], s.offloaded);
+  assert_int_equal(e.v[NF_PUB_OFFLOADED], s.offloaded);
   // The same file cut to the first layout, as an older library wrote it.
-  size_t v1 = offsetof(nf_mon_shm_t, v) + NF_MON_V1_FIELDS * sizeof(uint64_t);
+  size_t v1 = offsetof(nf_mon_shm_t, pub.v) + NF_PUB_V1_FIELDS * sizeof(uint64_t);
   int fd = open(path, O_RDONLY);
   assert_true(fd >= 0);
   char buf[sizeof(nf_mon_shm_t)];
@@ -185,8 +185,8 @@ static void test_offloaded_and_old_layout(void **state) {
   assert_int_equal(write(fd, buf, v1), (ssize_t)v1);
   close(fd);
   assert_int_equal(nf__mon_read(old, &e), 0);
-  assert_int_equal(e.v[NF_MON_LIVE], s.live);
-  assert_int_equal(e.v[NF_MON_OFFLOADED], 0);
+  assert_int_equal(e.v[NF_PUB_LIVE], s.live);
+  assert_int_equal(e.v[NF_PUB_OFFLOADED], 0);
   // Shorter than the first layout: refused.
   assert_int_equal(truncate(old, (off_t)v1 - 8), 0);
   assert_int_equal(nf__mon_read(old, &e), -1);
@@ -238,18 +238,18 @@ static void test_reader_races_writer(void **state) {
     nf_mon_entry_t e;
     assert_int_equal(nf__mon_read(r.path, &e), 0);
     const uint64_t *v = e.v;
-    bool ok = v[NF_MON_ALLOCS] >= v[NF_MON_FREES] && v[NF_MON_ALLOCS] - v[NF_MON_FREES] <= 4 &&
-              v[NF_MON_LIVE] == (v[NF_MON_ALLOCS] - v[NF_MON_FREES]) * RACE_SIZE &&
-              v[NF_MON_LIVE] <= v[NF_MON_LIVE_PEAK] && v[NF_MON_LIVE] <= v[NF_MON_MAPPED] &&
-              v[NF_MON_MAPPED] <= v[NF_MON_PHYSICAL] && v[NF_MON_ALLOCS] >= last_allocs;
+    bool ok = v[NF_PUB_ALLOCS] >= v[NF_PUB_FREES] && v[NF_PUB_ALLOCS] - v[NF_PUB_FREES] <= 4 &&
+              v[NF_PUB_LIVE] == (v[NF_PUB_ALLOCS] - v[NF_PUB_FREES]) * RACE_SIZE &&
+              v[NF_PUB_LIVE] <= v[NF_PUB_LIVE_PEAK] && v[NF_PUB_LIVE] <= v[NF_PUB_MAPPED] &&
+              v[NF_PUB_MAPPED] <= v[NF_PUB_PHYSICAL] && v[NF_PUB_ALLOCS] >= last_allocs;
     if (!ok) {
       print_error("torn: live %llu peak %llu allocs %llu frees %llu mapped %llu physical %llu\n",
-                  (unsigned long long)v[NF_MON_LIVE], (unsigned long long)v[NF_MON_LIVE_PEAK],
-                  (unsigned long long)v[NF_MON_ALLOCS], (unsigned long long)v[NF_MON_FREES],
-                  (unsigned long long)v[NF_MON_MAPPED], (unsigned long long)v[NF_MON_PHYSICAL]);
+                  (unsigned long long)v[NF_PUB_LIVE], (unsigned long long)v[NF_PUB_LIVE_PEAK],
+                  (unsigned long long)v[NF_PUB_ALLOCS], (unsigned long long)v[NF_PUB_FREES],
+                  (unsigned long long)v[NF_PUB_MAPPED], (unsigned long long)v[NF_PUB_PHYSICAL]);
       r.torn++;
     }
-    last_allocs = v[NF_MON_ALLOCS];
+    last_allocs = v[NF_PUB_ALLOCS];
     r.reads++;
   }
   atomic_store(&r.stop, 1);
@@ -257,7 +257,7 @@ static void test_reader_races_writer(void **state) {
   assert_int_equal(r.torn, 0);
   nf_mon_entry_t e;
   assert_int_equal(nf__mon_read(r.path, &e), 0);
-  assert_true(e.v[NF_MON_ALLOCS] > 100); // the writer did run concurrently
+  assert_true(e.v[NF_PUB_ALLOCS] > 100); // the writer did run concurrently
   nf_pool_destroy(r.p);
 }
 

@@ -8,7 +8,8 @@
 //   --selftest-hold SECONDS     (tests) hold a host pool with known live bytes
 //
 // Exit codes: 0 ok, 2 usage error or unreadable directory.
-#include "internal.h"
+#include "nofrag.h"
+#include "observe/monitor_shm.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -46,10 +47,10 @@ static void human(char *buf, size_t n, uint64_t b) {
 static double alloc_rate(const nf_mon_entry_t *e, const nf_mon_entry_t *prev, long nprev, double dt) {
   for (long i = 0; prev && i < nprev; i++)
     if (prev[i].pid == e->pid && prev[i].pool_id == e->pool_id && dt > 0 &&
-        e->v[NF_MON_ALLOCS] >= prev[i].v[NF_MON_ALLOCS])
-      return (double)(e->v[NF_MON_ALLOCS] - prev[i].v[NF_MON_ALLOCS]) / dt;
+        e->v[NF_PUB_ALLOCS] >= prev[i].v[NF_PUB_ALLOCS])
+      return (double)(e->v[NF_PUB_ALLOCS] - prev[i].v[NF_PUB_ALLOCS]) / dt;
   double up = now_s(CLOCK_REALTIME) - (double)e->start_ns * 1e-9;
-  return up > 0.001 ? (double)e->v[NF_MON_ALLOCS] / up : 0.0;
+  return up > 0.001 ? (double)e->v[NF_PUB_ALLOCS] / up : 0.0;
 }
 
 static void print_table(FILE *f, const nf_mon_entry_t *v, long n, const nf_mon_entry_t *prev, long nprev,
@@ -59,28 +60,28 @@ static void print_table(FILE *f, const nf_mon_entry_t *v, long n, const nf_mon_e
   for (long i = 0; i < n; i++) {
     const nf_mon_entry_t *e = &v[i];
     char live[16], mapped[16], phys[16], lim[16], lf[16], sp[16], off[16];
-    human(live, sizeof live, e->v[NF_MON_LIVE]);
-    human(mapped, sizeof mapped, e->v[NF_MON_MAPPED]);
-    human(phys, sizeof phys, e->v[NF_MON_PHYSICAL]);
-    human(lim, sizeof lim, e->v[NF_MON_LIMIT]);
-    human(lf, sizeof lf, e->v[NF_MON_LARGEST_FREE]);
-    human(sp, sizeof sp, e->v[NF_MON_SPILLED]);
-    human(off, sizeof off, e->v[NF_MON_OFFLOADED]);
+    human(live, sizeof live, e->v[NF_PUB_LIVE]);
+    human(mapped, sizeof mapped, e->v[NF_PUB_MAPPED]);
+    human(phys, sizeof phys, e->v[NF_PUB_PHYSICAL]);
+    human(lim, sizeof lim, e->v[NF_PUB_LIMIT]);
+    human(lf, sizeof lf, e->v[NF_PUB_LARGEST_FREE]);
+    human(sp, sizeof sp, e->v[NF_PUB_SPILLED]);
+    human(off, sizeof off, e->v[NF_PUB_OFFLOADED]);
     fprintf(f, "%-8d %-4u %-8s %10s %10s %10s %10s %6.1f %10s %9s %9s %10.0f %6llu\n", e->pid, e->pool_id, e->device,
             live, mapped, phys, lim, 100.0 * e->fragmentation, lf, sp, off, alloc_rate(e, prev, nprev, dt),
-            (unsigned long long)e->v[NF_MON_OOMS]);
+            (unsigned long long)e->v[NF_PUB_OOMS]);
   }
   if (!n) fprintf(f, "(no nofrag pools)\n");
 }
 
 static void print_json(FILE *f, const nf_mon_entry_t *v, long n) {
-  static const char *names[NF_MON_NFIELDS] = {
-      [NF_MON_LIVE] = "live", [NF_MON_LIVE_PEAK] = "live_peak", [NF_MON_ALLOCS] = "allocs",
-      [NF_MON_FREES] = "frees", [NF_MON_MAPPED] = "mapped", [NF_MON_PHYSICAL] = "physical",
-      [NF_MON_LIMIT] = "limit", [NF_MON_GRANULE] = "granule",
-      [NF_MON_LARGEST_FREE] = "largest_free", [NF_MON_SPILLED] = "spilled", [NF_MON_OOMS] = "ooms",
-      [NF_MON_RECLAIMS] = "reclaims", [NF_MON_BACKEND_CALLS] = "backend_calls", [NF_MON_OFFLOADED] = "offloaded",
-      [NF_MON_AWAY] = "away"};
+  static const char *names[NF_PUB_NFIELDS] = {
+      [NF_PUB_LIVE] = "live", [NF_PUB_LIVE_PEAK] = "live_peak", [NF_PUB_ALLOCS] = "allocs",
+      [NF_PUB_FREES] = "frees", [NF_PUB_MAPPED] = "mapped", [NF_PUB_PHYSICAL] = "physical",
+      [NF_PUB_LIMIT] = "limit", [NF_PUB_GRANULE] = "granule",
+      [NF_PUB_LARGEST_FREE] = "largest_free", [NF_PUB_SPILLED] = "spilled", [NF_PUB_OOMS] = "ooms",
+      [NF_PUB_RECLAIMS] = "reclaims", [NF_PUB_BACKEND_CALLS] = "backend_calls", [NF_PUB_OFFLOADED] = "offloaded",
+      [NF_PUB_AWAY] = "away"};
   fputc('[', f);
   for (long i = 0; i < n; i++) {
     const nf_mon_entry_t *e = &v[i];
@@ -91,7 +92,7 @@ static void print_json(FILE *f, const nf_mon_entry_t *v, long n) {
       if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
       else if ((unsigned char)*c >= 0x20) fputc(*c, f);
     fprintf(f, "\", \"start_ns\": %llu", (unsigned long long)e->start_ns);
-    for (int k = 0; k < NF_MON_NFIELDS; k++) fprintf(f, ", \"%s\": %llu", names[k], (unsigned long long)e->v[k]);
+    for (int k = 0; k < NF_PUB_NFIELDS; k++) fprintf(f, ", \"%s\": %llu", names[k], (unsigned long long)e->v[k]);
     fprintf(f, ", \"fragmentation\": %.6f, \"alloc_rate\": %.1f}", e->fragmentation, alloc_rate(e, NULL, 0, 0));
   }
   fputs(n ? "\n]\n" : "]\n", f);

@@ -6,7 +6,7 @@
 //   mem_create   cuMemCreate (with tier)  mem_release cuMemRelease
 //   map          cuMemMap (one handle)    unmap       cuMemUnmap (any mapped run)
 //   set_access   cuMemSetAccess (a run)   granularity cuMemGetAllocationGranularity
-//   capacity     cuMemGetInfo             copy        cuMemcpyAsync (offload, later)
+//   capacity     cuMemGetInfo             copy        cuMemcpyAsync (offload, spill)
 //   event_*      cuEventCreate/Record/Query/Synchronize/Destroy
 //   stream_wait  cuStreamWaitEvent
 //
@@ -15,6 +15,7 @@
 #ifndef NF_BACKEND_H
 #define NF_BACKEND_H
 
+#include "base/base.h"
 #include "nofrag.h"
 #include <stdbool.h>
 #include <stdio.h>
@@ -45,6 +46,7 @@ typedef struct nf_backend_ops_s {
 
 struct nf_backend_s {
   const nf_backend_ops_t *ops;
+  nf_backend_t *inner; // the backend a wrapper (fault injection) forwards to, else NULL
   char err[256]; // message of the last failed op
 };
 
@@ -54,5 +56,10 @@ nf_status_t nf__backend_fail(nf_backend_t *be, nf_status_t st, const char *fmt, 
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+
+// The backend a configuration names (backend:, device:, host_capacity:,
+// granule:), for nf_pool_create_from_string and the PyTorch plug-in. Errors
+// go to nf_last_error() (no backend object exists yet to carry them).
+nf_status_t nf__backend_from_config(nf_backend_t **out, const nf_config_t *cfg);
 
 #endif

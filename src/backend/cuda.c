@@ -16,7 +16,7 @@
 // Thread safety: the driver entry points are thread-safe; this file's only
 // shared state is the function table (filled once under pthread_once) and a
 // per-backend "handle type not supported" flag (atomic).
-#include "backend/backend.h"
+#include "backend.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -466,10 +466,6 @@ static const nf_backend_ops_t cuda_ops = {
     .destroy = op_destroy,
 };
 
-// Failures before a backend object exists (the caller gets *out == NULL, so
-// there is no be->err) go to the library's thread-local error, read with
-// nf_last_error(). nf__error lives in the core (internal.h).
-nf_status_t nf__error(nf_status_t st, const char *fmt, ...);
 
 static nf_status_t create_fail(nf_status_t st, CUresult r, const char *call) {
   if (r == CUDA_SUCCESS) return nf__error(st, "%s", call);

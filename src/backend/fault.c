@@ -27,15 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-nf_backend_t *nf__backend_fault_inner(nf_backend_t *be); // used by host.c's test hooks
-
-// Constructor errors (no backend yet to carry be->err) go to the library's
-// thread-local error, read with nf_last_error(). Lives in the core (internal.h).
-nf_status_t nf__error(nf_status_t st, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
 
 typedef struct {
   nf_backend_t base;
@@ -168,16 +159,13 @@ NF_API nf_status_t nf_backend_fault_create(nf_backend_t **out, nf_backend_t *inn
   }
   f->base.ops = &fault_ops;
   f->inner = inner;
+  f->base.inner = inner; // lets a backend find itself behind the wrapper (host test hooks)
   f->fail_at = fail_at;
   f->p = p;
   f->rng = seed ? seed : 0x9E3779B97F4A7C15ull; // xorshift must not start at 0
   f->oom_next = true;
   *out = &f->base;
   return NF_OK;
-}
-
-nf_backend_t *nf__backend_fault_inner(nf_backend_t *be) {
-  return be && be->ops == &fault_ops ? fb(be)->inner : NULL;
 }
 
 // Not a fault backend: nothing to change. p outside [0, 1] is clamped.

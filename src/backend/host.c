@@ -30,18 +30,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-// Failures before a backend object exists (the caller gets *out == NULL, so
-// there is no be->err) go to the library's thread-local error, read with
-// nf_last_error(). nf__error lives in the core (internal.h).
-nf_status_t nf__error(nf_status_t st, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-
-// Defined in fault.c: the wrapped backend of a fault backend, else NULL. Lets
-// the host test hooks work through a fault wrapper.
-nf_backend_t *nf__backend_fault_inner(nf_backend_t *be);
 
 static const nf_backend_ops_t host_ops;
 
@@ -526,7 +514,7 @@ NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity,
 
 // The host backend behind `be` (directly or through fault wrappers), or NULL.
 static host_backend *host_of(nf_backend_t *be) {
-  while (be && be->ops != &host_ops) be = nf__backend_fault_inner(be);
+  while (be && be->ops != &host_ops) be = be->inner; // through fault wrappers
   return be ? hb(be) : NULL;
 }
 

@@ -1,14 +1,21 @@
-// Internal types shared by the core's subsystems:
+// The core layer's private header: the pool, blocks, chunks, granules and
+// streams, and the functions the core's files share:
+//   pool.c       nf_alloc / nf_free / record_stream / trim / limits (the hot path)
 //   placement.c  TLSF index of free blocks and the placement policy
-//   vmm.c        granules, address-range chunks, mapping, stitching, release
+//   vmm.c        granules, address-range chunks, mapping, stitching, spill, release
 //   stream.c     stream table, lazy events, cross-stream ordering
 //   blockmap.c   pointer -> block hash and the block slab
-//   pool.c       public allocation API, errors
 //   stats.c      statistics and the invariant checker
-#ifndef NF_INTERNAL_H
-#define NF_INTERNAL_H
+//   publish.c    counters published to an observer's buffer (publish.h)
+//   config.c     config strings
+// Layers above (tier/, observe/) are told of events through the hooks in
+// nf_pool_t (nf_tier_hooks_t, nf_observe_hooks_t), never called by name.
+#ifndef NF_CORE_H
+#define NF_CORE_H
 
 #include "backend/backend.h"
+#include "base/base.h"
+#include "core/publish.h"
 #include "nofrag.h"
 
 #include <stdatomic.h>
@@ -21,24 +28,6 @@
 #define NF_RELEASE_AUTO (UINT64_MAX - 1)
 #define NF_RELEASE_NEVER UINT64_MAX
 
-#if defined(__GNUC__)
-#define NF_LIKELY(x) __builtin_expect(!!(x), 1)
-#define NF_UNLIKELY(x) __builtin_expect(!!(x), 0)
-#else
-#define NF_LIKELY(x) (x)
-#define NF_UNLIKELY(x) (x)
-#endif
-
-// ------------------------------------------------------------------ lock
-// Test-and-test-and-set spin lock with yield: the critical sections are tens
-// of nanoseconds, where a futex mutex would double the cost of a cached pair.
-typedef struct { atomic_int v; } nf_lock_t;
-void nf__lock_slow(nf_lock_t *l);
-static inline void nf__lock(nf_lock_t *l) {
-  if (NF_LIKELY(!atomic_exchange_explicit(&l->v, 1, memory_order_acquire))) return;
-  nf__lock_slow(l);
-}
-static inline void nf__unlock(nf_lock_t *l) { atomic_store_explicit(&l->v, 0, memory_order_release); }
 
 // ------------------------------------------------------------------ blocks
 enum { NF_BLK_FREE = 0, NF_BLK_LIVE = 1, NF_BLK_PENDING = 2 };
@@ -114,6 +103,31 @@ typedef struct nf_blockmap_s {
   uint64_t mask, count;
 } nf_blockmap_t;
 
+// ------------------------------------------------------------------ hooks
+// How the core tells the layers above it of events without calling them by
+// name (calls go down only). Filled by src/nofrag.c when a pool is assembled;
+// a NULL member means "nothing to do".
+typedef struct nf_tier_hooks_s {
+  nf_status_t (*poll)(nf_pool_t *p, bool blocking);    // finish completed copies (blocking: all)
+  nf_status_t (*reclaim)(nf_pool_t *p);                // at the device limit: wait for copies holding device granules
+  nf_status_t (*win_unmap)(nf_pool_t *p, uint32_t g);  // a host granule is about to be released
+  uint64_t (*busy)(nf_pool_t *p, const nf_block_t *b); // nf_free: streams of the block's copy in flight
+  void (*forget)(nf_pool_t *p, nf_block_t *b);         // nf_free: drop the block's tier state (cannot fail)
+  bool (*away)(nf_pool_t *p, const nf_block_t *b);     // owned range unmapped while the block is live
+  uint64_t (*staged)(const nf_pool_t *p);              // host granules held by copies in flight
+  nf_status_t (*check)(nf_pool_t *p, uint8_t *seen);   // nf_pool_check: mark granules held by the tier
+  void (*released)(nf_pool_t *p);                      // teardown: every granule was given back
+} nf_tier_hooks_t;
+
+typedef struct nf_observe_hooks_s {
+  // After every successful nf_alloc and every nf_free, under the lock (NULL: off).
+  void (*op)(nf_pool_t *p, bool alloc, uintptr_t ptr, uint64_t size, nf_stream_t s);
+  // An OOM, under the lock: build the report; true when it is to be printed
+  // by oom_print, called after unlocking (stderr may block).
+  bool (*oom)(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large);
+  void (*oom_print)(void);
+} nf_observe_hooks_t;
+
 // ------------------------------------------------------------------ pool
 struct nf_pool_s {
   nf_lock_t lock;
@@ -176,27 +190,28 @@ struct nf_pool_s {
   uint64_t oom_reclaims_mark;  // st.reclaims / st.reclaimed_granules at the previous OOM
   uint64_t oom_reclaimed_mark;
 
-  // Trace recording (record.c): NULL when cfg.trace is "" (the only cost
-  // when off: one predictable branch per alloc and free).
+  // Trace recording (observe/record.c): owned by the observe layer, NULL when
+  // cfg.trace is "". The core only hands it back through obs.op.
   struct nf_rec_s *rec;
 
-  // Live monitor (monitor.c): the mmap'd shared-memory file, NULL when off.
-  struct nf_mon_shm_s *mon;
-  uint64_t mon_mapped, mon_created; // gran_mapped / gran_created last published in full
-  uint64_t mon_lf_ns;               // monotonic time largest_free was last walked
+  // Published counters (publish.h): a buffer the observe layer hands in (the
+  // monitor's shared-memory file), NULL when off.
+  nf_pub_t *pub;
+  uint64_t pub_mapped, pub_created; // gran_mapped / gran_created last published in full
+  uint64_t pub_lf_ns;               // monotonic time largest_free was last walked
+
+  nf_tier_hooks_t tier;   // set by the assembler (src/nofrag.c); NULL members: no such tier
+  nf_observe_hooks_t obs; // likewise for observers
 };
 
 // Counting wrappers around backend ops: every call is counted in the stats.
 #define NF_BE(pool, op, counter, ...) \
   ((pool)->st.calls.counter++, (pool)->be->ops->op((pool)->be, __VA_ARGS__))
 
-// error.c / pool.c
-nf_status_t nf__error(nf_status_t st, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-void nf__fmt_bytes(char *buf, size_t n, uint64_t bytes);
+// pool.c: the core of a pool, without tiers or observers (src/nofrag.c
+// attaches those). Errors set nf_last_error(); *out is NULL on failure.
+nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t *cfg);
+void nf__core_destroy(nf_pool_t *p); // also destroys an owned backend
 
 // blockmap.c
 nf_block_t *nf__block_new(nf_pool_t *p);
@@ -227,7 +242,6 @@ void nf__host_granules_release(nf_pool_t *p, uint64_t keep);
 nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1);
 nf_status_t nf__set_ready(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1);
 void nf__host_sweep(nf_pool_t *p);
-static inline bool nf__bit(const uint64_t *bm, uint64_t i) { return bm[i >> 6] >> (i & 63) & 1; }
 #define NF_READY(c) ((c)->mapped + (((c)->ngran + 63) >> 6))
 bool nf__range_mapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
 uint64_t nf__range_unmapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
@@ -254,43 +268,6 @@ nf_status_t nf__pending_add(nf_pool_t *p, nf_block_t *b);
 nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking);
 void nf__streams_destroy(nf_pool_t *p);
 
-// stats.c
-static inline void nf__peak(uint64_t *peak, uint64_t v) { if (v > *peak) *peak = v; }
-uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules);
-
-// snapshot.c: build the multi-line OOM report into this thread's buffer
-// (nf_last_oom_report), under the pool lock. `too_large`: the request exceeds
-// the whole limit (nothing was tried). Returns true when the caller should
-// print it to stderr with nf__oom_print once the lock is released (first OOM
-// of a burst, NOFRAG_QUIET_OOM unset).
-bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large);
-void nf__oom_print(void);
-
-// ------------------------------------------------------------------ offload
-// offload.c: same-address moves of live blocks between tiers, and the copies
-// in flight. nf__xfer_poll finishes the copies that completed (blocking: all).
-nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking);
-// At the device limit: wait for the offload copies in flight that hold
-// device granules (none: no wait), so that those granules come back.
-nf_status_t nf__xfer_reclaim(nf_pool_t *p);
-// True when the block's owned range is unmapped while it is live (disk, or
-// a detached offload whose copy completed).
-bool nf__block_away(nf_pool_t *p, const nf_block_t *b);
-// offload_detached.c: the host window (host granules mapped once at a second
-// address). nf__win_unmap before releasing a host granule; nf__win_destroy
-// once every host granule is released.
-nf_status_t nf__win_unmap(nf_pool_t *p, uint32_t i);
-void nf__win_destroy(nf_pool_t *p);
-// nf_pool_check: the host granules holding detached blocks are marked in
-// seen[] (index = granule), none twice, none free.
-nf_status_t nf__detached_check(nf_pool_t *p, uint8_t *seen);
-// Called by nf_free for a block with `where` set or an offload in flight:
-// settles the offload so that the block can be freed like any other (a copy
-// still in flight becomes a record_stream stream of the block).
-uint64_t nf__offload_busy(nf_pool_t *p, const nf_block_t *b); // stream mask of its copy in flight
-void nf__offload_forget(nf_pool_t *p, nf_block_t *b);
-void nf__offload_destroy(nf_pool_t *p);
-uint64_t nf__xfer_staged(const nf_pool_t *p); // host granules held by copies in flight
 // Owned granules of a block: those wholly inside it, [*g0, *g1) of its chunk.
 static inline bool nf__owned(const nf_pool_t *p, const nf_block_t *b, uint64_t *g0, uint64_t *g1) {
   uint64_t a = b->addr - b->chunk->base;
@@ -299,98 +276,35 @@ static inline bool nf__owned(const nf_pool_t *p, const nf_block_t *b, uint64_t *
   return *g1 > *g0;
 }
 
-// ------------------------------------------------------------------ record
-// record.c: `trace:PATH` writes every successful nf_alloc and every nf_free to
-// PATH as an RMM logging_resource_adaptor CSV log, buffered (64 KiB) and
-// written with write(2) under the pool lock, at most cfg.trace_max bytes.
-nf_status_t nf__rec_open(nf_pool_t *p);  // at pool creation when cfg.trace[0]; error names the path
-void nf__rec_close(nf_pool_t *p);        // at destroy: flush, close, free
-void nf__rec_row(nf_pool_t *p, bool alloc, uintptr_t ptr, uint64_t size, nf_stream_t stream);
+// stats.c
+static inline void nf__peak(uint64_t *peak, uint64_t v) { if (v > *peak) *peak = v; }
+uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules);
 
-// ------------------------------------------------------------------ monitor
-// monitor.c: each pool publishes its counters to a shared-memory file
-// ($NOFRAG_SHM_DIR, else /dev/shm)/nofrag.<uid>.<pid>.<pool-id>, mode 0600,
-// that `nofrag top` reads from outside the process. Writers are serialised by
-// the pool lock; readers (other processes) by a seqlock: `seq` is odd while a
-// write is in progress. Fields are relaxed/release atomics so that the
-// protocol is data-race free in the C11 sense (and TSan-clean) without fences;
-// on x86 every one of these stores is a plain mov.
-#define NF_MON_MAGIC 0x314e4f4d4746524eull // "NRFGMON1" little-endian
-#define NF_MON_VERSION 1
-#define NF_MON_V1_FIELDS 13 // fields of the first layout: the smallest file a reader accepts
-enum {
-  NF_MON_LIVE, NF_MON_LIVE_PEAK, NF_MON_ALLOCS, NF_MON_FREES, // fast path: every alloc/free
-  NF_MON_MAPPED, NF_MON_PHYSICAL, NF_MON_LIMIT, NF_MON_GRANULE,
-  NF_MON_LARGEST_FREE, // may be stale: walked on slow paths at most every 100 ms
-  NF_MON_SPILLED,      // host granules mapped by spill x G
-  NF_MON_OOMS, NF_MON_RECLAIMS, NF_MON_BACKEND_CALLS,
-  // Appended later: a reader takes from a file the fields its `size` holds
-  // (an older writer's file reads 0 for these).
-  NF_MON_OFFLOADED,    // host granules holding nf_offload'ed blocks x G (attached and detached)
-  NF_MON_AWAY,         // live bytes not mapped (disk and detached offloads): fragmentation leaves them out
-  NF_MON_NFIELDS
-};
-typedef struct nf_mon_shm_s {
-  uint64_t magic;    // written last at creation (release): readers skip files without it
-  uint32_t version, size;
-  int32_t pid;
-  uint32_t uid, pool_id, reserved;
-  uint64_t start_ns; // CLOCK_REALTIME at pool creation
-  char device[32];   // "host", "cuda:0", ...
-  _Atomic uint64_t seq;
-  _Atomic uint64_t v[NF_MON_NFIELDS];
-} nf_mon_shm_t;
-
-void nf__mon_open(nf_pool_t *p);  // at pool creation; failures leave p->mon NULL
-void nf__mon_close(nf_pool_t *p); // at destroy: unmap and unlink
-void nf__mon_full(nf_pool_t *p);  // publish every field (slow paths), under the lock
-
-// Fast path, under the pool lock, after an alloc (`alloc` true) or a free:
-// the two or three counters that changed, or everything when the mapping
-// changed (the caller made backend calls anyway) and every 4096th operation
-// (backend calls of event polling, stale largest-free). Plain stores, no
-// read-modify-write: the pool lock orders writers.
-static inline void nf__mon_fast(nf_pool_t *p, bool alloc) {
-  nf_mon_shm_t *m = p->mon;
+// publish.c: counters for observers (publish.h). Fast path, under the pool
+// lock, after an alloc (`alloc` true) or a free: the two or three counters
+// that changed, or everything when the mapping changed (the caller made
+// backend calls anyway) and every 4096th operation (backend calls of event
+// polling, stale largest-free). Plain stores, no read-modify-write: the pool
+// lock orders writers.
+static inline void nf__pub_fast(nf_pool_t *p, bool alloc) {
+  nf_pub_t *m = p->pub;
   if (!m) return;
-  if (NF_UNLIKELY(p->gran_mapped != p->mon_mapped || p->gran_created != p->mon_created ||
+  if (NF_UNLIKELY(p->gran_mapped != p->pub_mapped || p->gran_created != p->pub_created ||
                   !((p->st.allocs + p->st.frees) & 4095))) {
-    nf__mon_full(p);
+    nf__pub_full(p);
     return;
   }
   uint64_t s = atomic_load_explicit(&m->seq, memory_order_relaxed);
   atomic_store_explicit(&m->seq, s + 1, memory_order_relaxed);
   // Release stores: a reader that sees any new value also sees seq odd.
-  atomic_store_explicit(&m->v[NF_MON_LIVE], p->st.live, memory_order_release);
+  atomic_store_explicit(&m->v[NF_PUB_LIVE], p->st.live, memory_order_release);
   if (alloc) {
-    atomic_store_explicit(&m->v[NF_MON_ALLOCS], p->st.allocs, memory_order_release);
-    atomic_store_explicit(&m->v[NF_MON_LIVE_PEAK], p->st.live_peak, memory_order_release);
+    atomic_store_explicit(&m->v[NF_PUB_ALLOCS], p->st.allocs, memory_order_release);
+    atomic_store_explicit(&m->v[NF_PUB_LIVE_PEAK], p->st.live_peak, memory_order_release);
   } else {
-    atomic_store_explicit(&m->v[NF_MON_FREES], p->st.frees, memory_order_release);
+    atomic_store_explicit(&m->v[NF_PUB_FREES], p->st.frees, memory_order_release);
   }
   atomic_store_explicit(&m->seq, s + 2, memory_order_release);
 }
-
-// Reader side (tools/top.c, tests). One pool's file, read consistently.
-typedef struct nf_mon_entry_s {
-  char path[512];
-  int pid;
-  uint32_t uid, pool_id;
-  uint64_t start_ns;
-  char device[32];
-  uint64_t v[NF_MON_NFIELDS];
-  double fragmentation; // 1 - live/mapped, from the same snapshot
-} nf_mon_entry_t;
-
-// The directory monitor files go to: $NOFRAG_SHM_DIR, else /dev/shm.
-const char *nf__mon_dir(void);
-// Read one file: 0 ok, 1 its process is dead, -1 not a monitor file, unreadable
-// or torn for too long (a writer killed mid-update).
-int nf__mon_read(const char *path, nf_mon_entry_t *e);
-// Every readable monitor file of live processes in `dir` (NULL: nf__mon_dir()),
-// sorted by pid then pool id, as a malloc'd array in *out (free() it). Files of
-// dead processes are skipped, and removed when `clean`; *dead (if non-NULL)
-// counts them. Returns the number of entries, or -1 if dir cannot be opened.
-long nf__mon_list(const char *dir, bool clean, nf_mon_entry_t **out, long *dead);
 
 #endif

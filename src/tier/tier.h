@@ -1,10 +1,41 @@
-// Private to the offload files (offload.c: host tier, copies in flight,
-// public API; offload_disk.c; offload_detached.c: host window and the
-// detached host tier).
-#ifndef NF_OFFLOAD_H
-#define NF_OFFLOAD_H
+// The tier layer's private header: same-address moves of live blocks between
+// the device and host memory or disk (offload.c: host tier, copies in flight,
+// the public nf_offload/nf_prefetch API and the hooks the core is handed;
+// offload_disk.c; offload_detached.c: host window and the detached host tier).
+// Spill (a request backed partly by host granules) is a placement decision
+// and lives in the core (core/vmm.c); this layer moves blocks already placed.
+#ifndef NF_TIER_H
+#define NF_TIER_H
 
-#include "internal.h"
+#include "core/core.h"
+
+// The hooks the core calls (nf_tier_hooks_t), filled in by the assembler.
+extern const nf_tier_hooks_t nf__tier_hooks;
+// Pool teardown, before the core's: waits for copies in flight, frees
+// offload records. nf__win_destroy once every host granule is released.
+void nf__offload_destroy(nf_pool_t *p);
+void nf__win_destroy(nf_pool_t *p);
+
+// offload.c: nf__xfer_poll finishes the copies that completed (blocking: all).
+nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking);
+// At the device limit: wait for the offload copies in flight that hold
+// device granules (none: no wait), so that those granules come back.
+nf_status_t nf__xfer_reclaim(nf_pool_t *p);
+// True when the block's owned range is unmapped while it is live (disk, or
+// a detached offload whose copy completed).
+bool nf__block_away(nf_pool_t *p, const nf_block_t *b);
+// Called by nf_free for a block with `where` set or an offload in flight:
+// settles the offload so that the block can be freed like any other (a copy
+// still in flight becomes a record_stream stream of the block).
+uint64_t nf__offload_busy(nf_pool_t *p, const nf_block_t *b); // stream mask of its copy in flight
+void nf__offload_forget(nf_pool_t *p, nf_block_t *b);
+uint64_t nf__xfer_staged(const nf_pool_t *p); // host granules held by copies in flight
+// offload_detached.c: the host window (host granules mapped once at a second
+// address). nf__win_unmap before releasing a host granule.
+nf_status_t nf__win_unmap(nf_pool_t *p, uint32_t i);
+// nf_pool_check: the host granules holding detached blocks are marked in
+// seen[] (index = granule), none twice, none free.
+nf_status_t nf__detached_check(nf_pool_t *p, uint8_t *seen);
 
 // A copy in flight. `b` set: an offload waiting to finish (attached: granules
 // gs[j] of b's chunk get hg[j]; detached: the owned range [g0, g0 + n) is

@@ -1,13 +1,14 @@
 // Live monitor: each pool publishes its counters to a small shared-memory
-// file that `nofrag top` (tools/top.c) reads from another process. Layout and
-// the writer's fast path are in internal.h (nf_mon_shm_t, nf__mon_fast); this
-// file creates and removes the files, publishes on slow paths, and reads them.
+// file that `nofrag top` (tools/top.c) reads from another process. The layout
+// is monitor_shm.h; the core writes the counters into it (core/publish.h)
+// once it is handed the buffer (p->pub). This file creates and removes the
+// files, and reads them.
 //
 // Lifetime: created at pool creation (unless NOFRAG_MONITOR=0), removed at
 // nf_pool_destroy and, for pools never destroyed, by an atexit handler. A
 // process that dies without exiting leaves its files behind: readers detect
 // the dead pid and skip them; `nofrag top --clean` removes them.
-#include "internal.h"
+#include "observe/observe.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -55,12 +56,6 @@ const char *nf__mon_dir(void) {
   return d && *d ? d : "/dev/shm";
 }
 
-static uint64_t mono_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
-  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 void nf__mon_open(nf_pool_t *p) {
   const char *env = getenv("NOFRAG_MONITOR");
   if (env && strcmp(env, "0") == 0) return;
@@ -93,8 +88,8 @@ void nf__mon_open(nf_pool_t *p) {
   const char *bn = p->be->ops->name ? p->be->ops->name : "?";
   if (strcmp(bn, "cuda") == 0) snprintf(m->device, sizeof m->device, "cuda:%d", p->cfg.device);
   else snprintf(m->device, sizeof m->device, "%s", bn);
-  p->mon = m;
-  nf__mon_full(p);
+  p->pub = &m->pub;
+  nf__pub_full(p);
   // The header is complete: publish the magic last (release) so that readers
   // never trust a half-written header.
   __atomic_store_n(&m->magic, NF_MON_MAGIC, __ATOMIC_RELEASE);
@@ -107,9 +102,9 @@ void nf__mon_open(nf_pool_t *p) {
 }
 
 void nf__mon_close(nf_pool_t *p) {
-  nf_mon_shm_t *m = p->mon;
-  if (!m) return;
-  p->mon = NULL;
+  if (!p->pub) return;
+  nf_mon_shm_t *m = (nf_mon_shm_t *)((char *)p->pub - offsetof(nf_mon_shm_t, pub));
+  p->pub = NULL;
   mon_reg_t *r = NULL;
   pthread_mutex_lock(&reg_mu);
   for (mon_reg_t **pp = &reg_head; *pp; pp = &(*pp)->next)
@@ -122,46 +117,6 @@ void nf__mon_close(nf_pool_t *p) {
   munmap(m, sizeof *m);
 }
 
-_Static_assert(NF_MON_V1_FIELDS == NF_MON_OFFLOADED, "fields are only appended after the first layout");
-
-void nf__mon_full(nf_pool_t *p) {
-  nf_mon_shm_t *m = p->mon;
-  if (!m) return;
-  uint64_t v[NF_MON_NFIELDS] = {0};
-  v[NF_MON_LIVE] = p->st.live;
-  v[NF_MON_LIVE_PEAK] = p->st.live_peak;
-  v[NF_MON_ALLOCS] = p->st.allocs;
-  v[NF_MON_FREES] = p->st.frees;
-  v[NF_MON_MAPPED] = p->gran_mapped << p->gshift;
-  v[NF_MON_PHYSICAL] = p->gran_created << p->gshift;
-  v[NF_MON_LIMIT] = p->cfg.limit;
-  v[NF_MON_GRANULE] = p->granule;
-  // The walk is O(blocks): at most every 100 ms, else the last value stands
-  // (a workload that maps often must not pay a walk per mapping change).
-  uint64_t now = mono_ns();
-  if (!p->mon_lf_ns || now - p->mon_lf_ns >= 100000000ull) {
-    v[NF_MON_LARGEST_FREE] = nf__largest_free_mapped(p, NULL);
-    p->mon_lf_ns = now;
-  } else {
-    v[NF_MON_LARGEST_FREE] = atomic_load_explicit(&m->v[NF_MON_LARGEST_FREE], memory_order_relaxed);
-  }
-  v[NF_MON_SPILLED] = (p->host_mapped - p->offl_granules) << p->gshift;
-  v[NF_MON_OFFLOADED] = (p->offl_granules + p->detached_granules) << p->gshift;
-  v[NF_MON_AWAY] = p->away_granules << p->gshift;
-  v[NF_MON_OOMS] = p->st.ooms;
-  v[NF_MON_RECLAIMS] = p->st.reclaims;
-  const nf_calls_t *c = &p->st.calls;
-  v[NF_MON_BACKEND_CALLS] = c->va_reserve + c->va_release + c->create + c->release + c->map + c->unmap +
-                            c->set_access + c->event_create + c->event_record + c->event_query +
-                            c->event_sync + c->stream_wait;
-  uint64_t s = atomic_load_explicit(&m->seq, memory_order_relaxed);
-  atomic_store_explicit(&m->seq, s + 1, memory_order_relaxed);
-  for (int i = 0; i < NF_MON_NFIELDS; i++) atomic_store_explicit(&m->v[i], v[i], memory_order_release);
-  atomic_store_explicit(&m->seq, s + 2, memory_order_release);
-  p->mon_mapped = p->gran_mapped;
-  p->mon_created = p->gran_created;
-}
-
 // ------------------------------------------------------------------ reader
 
 // Seqlock read: s0 (acquire) even, fields (acquire), s1 (relaxed) == s0. An
@@ -170,10 +125,10 @@ void nf__mon_full(nf_pool_t *p) {
 static bool mon_snapshot(const nf_mon_shm_t *m, int nfields, nf_mon_entry_t *e) {
   nf_mon_shm_t *w = (nf_mon_shm_t *)m; // atomics are read-only here; C11 loads take non-const
   for (unsigned tries = 0; tries < 200000; tries++) {
-    uint64_t s0 = atomic_load_explicit(&w->seq, memory_order_acquire);
+    uint64_t s0 = atomic_load_explicit(&w->pub.seq, memory_order_acquire);
     if (!(s0 & 1)) {
-      for (int i = 0; i < nfields; i++) e->v[i] = atomic_load_explicit(&w->v[i], memory_order_acquire);
-      if (atomic_load_explicit(&w->seq, memory_order_relaxed) == s0) return true;
+      for (int i = 0; i < nfields; i++) e->v[i] = atomic_load_explicit(&w->pub.v[i], memory_order_acquire);
+      if (atomic_load_explicit(&w->pub.seq, memory_order_relaxed) == s0) return true;
     }
     if (tries > 64) sched_yield();
   }
@@ -222,9 +177,9 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
   struct stat sb;
-  // A file from an older writer may hold fewer fields (NF_MON_V1_FIELDS at
+  // A file from an older writer may hold fewer fields (NF_PUB_V1_FIELDS at
   // least); one from a newer writer more (ignored).
-  const size_t v_at = offsetof(nf_mon_shm_t, v), min = v_at + NF_MON_V1_FIELDS * sizeof(uint64_t);
+  const size_t v_at = offsetof(nf_mon_shm_t, pub.v), min = v_at + NF_PUB_V1_FIELDS * sizeof(uint64_t);
   if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < (off_t)min) {
     close(fd);
     return -1;
@@ -238,7 +193,7 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e) {
   if (__atomic_load_n(&m->magic, __ATOMIC_ACQUIRE) == NF_MON_MAGIC && m->version == NF_MON_VERSION &&
       m->size >= min) {
     size_t have = (m->size < len ? m->size : len) - v_at;
-    int nfields = have / sizeof(uint64_t) < NF_MON_NFIELDS ? (int)(have / sizeof(uint64_t)) : NF_MON_NFIELDS;
+    int nfields = have / sizeof(uint64_t) < NF_PUB_NFIELDS ? (int)(have / sizeof(uint64_t)) : NF_PUB_NFIELDS;
     e->pid = m->pid;
     e->uid = m->uid;
     e->pool_id = m->pool_id;
@@ -247,8 +202,8 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e) {
     e->device[sizeof e->device - 1] = 0;
     if (pid_dead(e->pid, e->start_ns)) rc = 1;
     else if (mon_snapshot(m, nfields, e)) {
-      uint64_t mp = e->v[NF_MON_MAPPED];
-      uint64_t live = e->v[NF_MON_LIVE], away = e->v[NF_MON_AWAY], resident = live > away ? live - away : 0;
+      uint64_t mp = e->v[NF_PUB_MAPPED];
+      uint64_t live = e->v[NF_PUB_LIVE], away = e->v[NF_PUB_AWAY], resident = live > away ? live - away : 0;
       e->fragmentation = mp ? 1.0 - (double)resident / (double)mp : 0.0;
       rc = 0;
     }

@@ -26,8 +26,9 @@
 // One pool per device, created on first use with the configuration from
 // nf_torch_configure() or else the NOFRAG_CONF environment variable. Pools
 // live until nf_torch_shutdown() (tests) or process exit.
+#include "torch/torch.h"
+
 #include "backend/backend.h"
-#include "nofrag.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -97,12 +98,6 @@ static void nft_error(const char *fmt, ...) {
   if (g_verbose) fprintf(stderr, "nofrag: %s\n", buf);
 }
 
-static void fmt_bytes(char *b, size_t n, uint64_t x) {
-  if (x >= NF_GiB) snprintf(b, n, "%.2f GiB", (double)x / (double)NF_GiB);
-  else if (x >= NF_MiB) snprintf(b, n, "%.2f MiB", (double)x / (double)NF_MiB);
-  else snprintf(b, n, "%llu B", (unsigned long long)x);
-}
-
 // Create the pool for `device` (slow path, under g_mu). The backend is CUDA
 // unless the configuration says backend:host (used by the CPU tests).
 static nf_pool_t *nft_create_locked(int device) {
@@ -120,13 +115,7 @@ static nf_pool_t *nft_create_locked(int device) {
   }
   cfg.device = device;
   nf_backend_t *be = NULL;
-  nf_status_t st;
-  if (cfg.backend == NF_BACKEND_HOST) {
-    st = nf_backend_host_create(&be, cfg.host_capacity ? cfg.host_capacity : 141 * NF_GiB,
-                                cfg.granule ? cfg.granule : 2 * NF_MiB);
-  } else {
-    st = nf_backend_cuda_create(&be, device);
-  }
+  nf_status_t st = nf__backend_from_config(&be, &cfg);
   if (st != NF_OK) {
     snprintf(g_err, sizeof g_err, "device %d: cannot create the %s backend: %s: %s", device,
              cfg.backend == NF_BACKEND_HOST ? "host" : "CUDA", nf_status_str(st), nf_last_error());
@@ -145,7 +134,7 @@ static nf_pool_t *nft_create_locked(int device) {
   return pool;
 }
 
-static nf_pool_t *nft_pool(int device, int create) {
+static nf_pool_t *torch_pool_get(int device, int create) {
   if (device < 0 || device >= NFT_MAX_DEVICES) {
     nft_error("device %d out of range (0..%d)", device, NFT_MAX_DEVICES - 1);
     return NULL;
@@ -164,7 +153,7 @@ static nf_pool_t *nft_pool(int device, int create) {
 // lock held and nothing to clean up.
 static void *nft_fail_alloc(size_t size, int device, const char *why) {
   char msg[1200], b[32];
-  fmt_bytes(b, sizeof b, size);
+  nf__fmt_bytes(b, sizeof b, size);
   snprintf(msg, sizeof msg, "CUDA out of memory (nofrag). Tried to allocate %s on device %d: %s", b, device,
            why);
   nft_error("%s", msg);
@@ -175,7 +164,7 @@ static void *nft_fail_alloc(size_t size, int device, const char *why) {
 
 //! The plug-in's pool for `device`, or NULL if that device has not allocated
 //! through nofrag yet (for nofrag.snapshot() and stats of the torch pools).
-NF_API nf_pool_t *nf_torch_pool(int device) { return nft_pool(device, 0); }
+NF_API nf_pool_t *nf_torch_pool(int device) { return torch_pool_get(device, 0); }
 
 // Host placement for this thread (nf_torch_set_host_alloc): blocks of at
 // least this many bytes are moved to host memory as soon as they are made
@@ -193,7 +182,7 @@ NF_API size_t nf_torch_set_host_alloc(size_t min_bytes) {
 }
 
 NF_API void *nf_torch_alloc(size_t size, int device, void *stream) {
-  nf_pool_t *pool = nft_pool(device, 1);
+  nf_pool_t *pool = torch_pool_get(device, 1);
   if (!pool) {
     if (size == 0) return NULL;
     char why[512];
@@ -224,9 +213,9 @@ NF_API void *nf_torch_alloc(size_t size, int device, void *stream) {
   nf_stats_t st;
   nf_stats_get(pool, &st);
   char lv[32], lim[32], ph[32];
-  fmt_bytes(lv, sizeof lv, st.live);
-  fmt_bytes(lim, sizeof lim, st.limit);
-  fmt_bytes(ph, sizeof ph, st.physical);
+  nf__fmt_bytes(lv, sizeof lv, st.live);
+  nf__fmt_bytes(lim, sizeof lim, st.limit);
+  nf__fmt_bytes(ph, sizeof ph, st.physical);
   snprintf(why, sizeof why, "%s: %s (live %s, physical %s, limit %s)%s", nf_status_str(ls), cause, lv, ph,
            lim, hint);
   return nft_fail_alloc(size, device, why);
@@ -235,7 +224,7 @@ NF_API void *nf_torch_alloc(size_t size, int device, void *stream) {
 NF_API void nf_torch_free(void *ptr, size_t size, int device, void *stream) {
   (void)stream; // the pool knows the block's stream; cross-stream uses come via record_stream
   if (!ptr) return;
-  nf_pool_t *pool = nft_pool(device, 0);
+  nf_pool_t *pool = torch_pool_get(device, 0);
   if (!pool) {
     nft_error("free of %p on device %d, which has no nofrag pool", ptr, device);
     return;
@@ -264,7 +253,7 @@ NF_API int nf_torch_device_count(void) { return g_device_count; }
 // (PyTorch's reset hook carries no device).
 NF_API void nf_torch_reset(void) {
   for (int i = 0; i < NFT_MAX_DEVICES; i++) {
-    nf_pool_t *pool = nft_pool(i, 0);
+    nf_pool_t *pool = torch_pool_get(i, 0);
     if (!pool) continue;
     nf_status_t st = nf_trim(pool);
     if (st != NF_OK) nft_error("empty_cache on device %d: %s: %s", i, nf_status_str(st), nf_last_error());
@@ -278,7 +267,7 @@ NF_API void nf_torch_set_fraction(double fraction, int device) {
     nft_error("memory fraction %g out of range 0..1", fraction);
     return;
   }
-  nf_pool_t *pool = nft_pool(device, 1);
+  nf_pool_t *pool = torch_pool_get(device, 1);
   if (!pool) return;
   nf_backend_t *be = devs[device].be;
   uint64_t total = 0, avail = 0;
@@ -313,7 +302,7 @@ NF_API double nf_torch_get_fraction(int device) {
 NF_API void nf_torch_record_stream(void *ptr, void *stream) {
   if (!ptr) return;
   for (int i = 0; i < NFT_MAX_DEVICES; i++) {
-    nf_pool_t *pool = nft_pool(i, 0);
+    nf_pool_t *pool = torch_pool_get(i, 0);
     if (!pool || nf_block_size(pool, ptr) == 0) continue;
     nf_status_t st = nf_record_stream(pool, ptr, (nf_stream_t)stream);
     if (st != NF_OK) nft_error("record_stream(%p): %s: %s", ptr, nf_status_str(st), nf_last_error());
@@ -329,7 +318,7 @@ NF_API int nf_torch_stats(int device, nf_stats_t *out) {
   if (!out) return -1;
   memset(out, 0, sizeof *out);
   if (device < 0 || device >= NFT_MAX_DEVICES) return -1;
-  nf_pool_t *pool = nft_pool(device, 0);
+  nf_pool_t *pool = torch_pool_get(device, 0);
   if (!pool) return 1;
   nf_stats_get(pool, out);
   return 0;
@@ -359,7 +348,7 @@ NF_API void nf_torch_reset_counters(int device) {
 }
 
 NF_API void nf_torch_reset_peaks(int device) {
-  nf_pool_t *pool = nft_pool(device, 0);
+  nf_pool_t *pool = torch_pool_get(device, 0);
   if (pool) nf_stats_reset_peaks(pool);
 }
 
@@ -395,7 +384,7 @@ NF_API int nf_torch_configure(const char *conf) {
 // The pool's configuration string as in force (limit resolved) or "" when the
 // device has no pool. Written into buf; returns the length or -1.
 NF_API int nf_torch_config_string(int device, char *buf, size_t len) {
-  nf_pool_t *pool = nft_pool(device, 0);
+  nf_pool_t *pool = torch_pool_get(device, 0);
   if (!buf || len == 0) return -1;
   buf[0] = 0;
   if (!pool) return 0;

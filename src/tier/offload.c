@@ -20,7 +20,7 @@
 // disk              (offload_disk.c) synchronous: copy out through a bounce
 //                   buffer, write the file, unmap; prefetch maps device
 //                   granules and reads back.
-#include "offload.h"
+#include "tier/tier.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -403,7 +403,7 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
        : tier == NF_TIER_DISK ? nf__offload_disk(p, b, s, g0, g1)
                               : nf__offload_detached(p, b, s, g0, g1);
 out:
-  nf__mon_full(p);
+  nf__pub_full(p);
   nf__unlock(&p->lock);
   return st;
 }
@@ -437,7 +437,7 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
     b->where = 0;
   }
 out:
-  nf__mon_full(p);
+  nf__pub_full(p);
   nf__unlock(&p->lock);
   return st;
 }
@@ -446,7 +446,7 @@ nf_status_t nf_offload_wait(nf_pool_t *p) {
   if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_offload_wait: NULL pool");
   nf__lock(&p->lock);
   nf_status_t st = nf__xfer_poll(p, true);
-  nf__mon_full(p);
+  nf__pub_full(p);
   nf__unlock(&p->lock);
   return st;
 }
@@ -505,3 +505,38 @@ void nf__offload_destroy(nf_pool_t *p) {
   if (p->disk_fd >= 0) close(p->disk_fd);
   p->disk_fd = -1;
 }
+
+// Where a live block's bytes are, granule by granule (an unmapped granule of
+// a live block is on disk).
+nf_status_t nf_block_tiers(nf_pool_t *p, const void *ptr, uint64_t bytes[3]) {
+  if (!p || !bytes) return nf__error(NF_ERR_INVALID, "nofrag: nf_block_tiers: NULL argument");
+  nf__lock(&p->lock);
+  nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
+  nf_status_t st = b ? NF_OK : nf__error(NF_ERR_INVALID, "nofrag: nf_block_tiers of %p: not the start of a live block", ptr);
+  if (st == NF_OK) {
+    nf_chunk_t *c = b->chunk;
+    uint64_t a = b->addr - c->base, e = a + b->size, G = p->granule;
+    bytes[0] = bytes[1] = bytes[2] = 0;
+    for (uint64_t g = a >> p->gshift; g < (e + G - 1) >> p->gshift; g++) {
+      uint64_t lo = g * G > a ? g * G : a, hi = (g + 1) * G < e ? (g + 1) * G : e;
+      int t = nf__bit(c->mapped, g) ? p->gran[c->phys[g]].tier
+              : b->where == NF_TIER_HOST_DETACHED ? NF_TIER_HOST : NF_TIER_DISK;
+      bytes[t] += hi - lo;
+    }
+  }
+  nf__unlock(&p->lock);
+  return st;
+}
+
+// What the core calls when it must tell this layer of an event (core.h).
+const nf_tier_hooks_t nf__tier_hooks = {
+    .poll = nf__xfer_poll,
+    .reclaim = nf__xfer_reclaim,
+    .win_unmap = nf__win_unmap,
+    .busy = nf__offload_busy,
+    .forget = nf__offload_forget,
+    .away = nf__block_away,
+    .staged = nf__xfer_staged,
+    .check = nf__detached_check,
+    .released = nf__win_destroy,
+};

@@ -1,6 +1,6 @@
 // Statistics and the invariant checker (the checker is what the randomized
 // tests lean on: it re-derives every counter from the structures).
-#include "internal.h"
+#include "core/core.h"
 
 #include <stdlib.h>
 
@@ -65,28 +65,6 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   *out = s;
 }
 
-// Where a live block's bytes are, granule by granule (an unmapped granule of
-// a live block is on disk).
-nf_status_t nf_block_tiers(nf_pool_t *p, const void *ptr, uint64_t bytes[3]) {
-  if (!p || !bytes) return nf__error(NF_ERR_INVALID, "nofrag: nf_block_tiers: NULL argument");
-  nf__lock(&p->lock);
-  nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
-  nf_status_t st = b ? NF_OK : nf__error(NF_ERR_INVALID, "nofrag: nf_block_tiers of %p: not the start of a live block", ptr);
-  if (st == NF_OK) {
-    nf_chunk_t *c = b->chunk;
-    uint64_t a = b->addr - c->base, e = a + b->size, G = p->granule;
-    bytes[0] = bytes[1] = bytes[2] = 0;
-    for (uint64_t g = a >> p->gshift; g < (e + G - 1) >> p->gshift; g++) {
-      uint64_t lo = g * G > a ? g * G : a, hi = (g + 1) * G < e ? (g + 1) * G : e;
-      int t = nf__bit(c->mapped, g) ? p->gran[c->phys[g]].tier
-              : b->where == NF_TIER_HOST_DETACHED ? NF_TIER_HOST : NF_TIER_DISK;
-      bytes[t] += hi - lo;
-    }
-  }
-  nf__unlock(&p->lock);
-  return st;
-}
-
 void nf_stats_reset_peaks(nf_pool_t *p) {
   nf__lock(&p->lock);
   p->st.live_peak = p->st.live;
@@ -116,7 +94,7 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
       at += b->size;
       if (b->state == NF_BLK_FREE) { nfree_blocks++; continue; }
       uint64_t o0, o1;
-      if (b->state == NF_BLK_LIVE && nf__block_away(p, b) && nf__owned(p, b, &o0, &o1)) {
+      if (b->state == NF_BLK_LIVE && p->tier.away && p->tier.away(p, b) && nf__owned(p, b, &o0, &o1)) {
         // Disk- or detached-offloaded: the owned granules are unmapped, the edges ready.
         for (uint64_t g = o0; g < o1; g++)
           CHECK(!nf__bit(c->mapped, g), "check: offloaded (unmapped) block %p still mapped", (void *)b->addr);
@@ -183,12 +161,12 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
     hfree++;
   }
   CHECK(nfree == p->gran_free_count && hfree == p->host_free_count, "check: free counts");
-  if ((st = nf__detached_check(p, seen)) != NF_OK) goto out;
-  CHECK(nfree + hfree + mapped + nf__xfer_staged(p) + p->detached_granules == p->gran_created + p->host_created,
+  if (p->tier.check && (st = p->tier.check(p, seen)) != NF_OK) goto out;
+  CHECK(nfree + hfree + mapped + (p->tier.staged ? p->tier.staged(p) : 0) + p->detached_granules == p->gran_created + p->host_created,
         "check: granules created %llu + %llu host != free %llu + %llu host + mapped %llu + in copies %llu + "
         "detached %llu", (unsigned long long)p->gran_created, (unsigned long long)p->host_created,
         (unsigned long long)nfree, (unsigned long long)hfree, (unsigned long long)mapped,
-        (unsigned long long)nf__xfer_staged(p), (unsigned long long)p->detached_granules);
+        (unsigned long long)(p->tier.staged ? p->tier.staged(p) : 0), (unsigned long long)p->detached_granules);
   CHECK(live_r <= ((mapped + nd) << p->gshift), "check: live exceeds mapped (+ on disk)");
 out:
   free(seen);

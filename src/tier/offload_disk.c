@@ -1,7 +1,7 @@
 // Disk tier of nf_offload: synchronous. The owned range is copied out
 // through a bounce buffer into an unlinked file and unmapped; prefetch maps
 // device granules again and reads it back (see offload.c for the tiers).
-#include "offload.h"
+#include "tier/tier.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -18,7 +18,7 @@
 //      plentiful; the guarantee in nofrag.h relies on that).
 // Preferring mapped memory over a tighter fit is what keeps physical memory
 // close to live memory without backend calls in steady state.
-#include "internal.h"
+#include "core/core.h"
 
 #define NF_WALK 8  // blocks inspected in the exact class on the fast path
 #define NF_SCAN 48 // blocks inspected on the slow path

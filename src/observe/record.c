@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "observe/observe.h"
 
 #define NF_REC_BUF ((size_t)64 << 10)
 #define NF_REC_HEADER "Thread,Time,Action,Pointer,Size,Stream\n"

@@ -2,7 +2,7 @@
 // (nf_last_oom_report). Both only read the pool, under its lock; neither adds
 // anything to the allocation fast path (the report is built on the failure
 // path only, after the one-line nf_last_error message is set).
-#include "internal.h"
+#include "observe/observe.h"
 
 #include <stdarg.h>
 #include <stdio.h>

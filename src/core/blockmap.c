@@ -1,7 +1,7 @@
 // Block headers (a slab with a free list: no malloc per allocation) and the
 // pointer -> live block hash (open addressing, linear probing, backward-shift
 // deletion: O(1) expected, no tombstones to sweep).
-#include "internal.h"
+#include "core/core.h"
 
 #include <stdlib.h>
 #include <string.h>

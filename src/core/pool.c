@@ -1,71 +1,16 @@
-// Public allocation API: pool lifetime, alloc/free/record_stream, trim,
-// limits, and thread-local error reporting. Policy lives in placement.c,
+// The hot path and the pool's core lifetime: nf_alloc / nf_free /
+// record_stream / block_size, trim and limits; nf__core_create/destroy, which
+// src/nofrag.c wraps with the layers above. Policy lives in placement.c,
 // mapping in vmm.c, ordering in stream.c.
-#include "internal.h"
+#include "core/core.h"
 
-#include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-// ------------------------------------------------------------------ errors
-
-static _Thread_local nf_status_t tl_status;
-static _Thread_local char tl_msg[768];
-
-nf_status_t nf__error(nf_status_t st, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
-  va_end(ap);
-  tl_status = st;
-  return st;
-}
-
-static void ok(void) { tl_status = NF_OK; tl_msg[0] = 0; }
-
-nf_status_t nf_last_status(void) { return tl_status; }
-const char *nf_last_error(void) { return tl_msg; }
-
-const char *nf_status_str(nf_status_t st) {
-  switch (st) {
-  case NF_OK: return "NF_OK";
-  case NF_ERR_INVALID: return "NF_ERR_INVALID";
-  case NF_ERR_OOM: return "NF_ERR_OOM";
-  case NF_ERR_BACKEND: return "NF_ERR_BACKEND";
-  case NF_ERR_CONFIG: return "NF_ERR_CONFIG";
-  case NF_ERR_UNSUPPORTED: return "NF_ERR_UNSUPPORTED";
-  case NF_ERR_NOMEM: return "NF_ERR_NOMEM";
-  case NF_ERR_NOT_READY: return "NF_ERR_NOT_READY";
-  }
-  return "NF_ERR_UNKNOWN";
-}
-
-void nf__fmt_bytes(char *buf, size_t n, uint64_t v) {
-  if (v >= NF_GiB) snprintf(buf, n, "%.3f GiB", (double)v / (double)NF_GiB);
-  else if (v >= NF_MiB) snprintf(buf, n, "%.3f MiB", (double)v / (double)NF_MiB);
-  else snprintf(buf, n, "%llu B", (unsigned long long)v);
-}
-
-void nf__lock_slow(nf_lock_t *l) {
-  for (unsigned spins = 0;; spins++) {
-    if (!atomic_load_explicit(&l->v, memory_order_relaxed) &&
-        !atomic_exchange_explicit(&l->v, 1, memory_order_acquire))
-      return;
-    if (spins > 64) sched_yield();
-#if defined(__x86_64__) || defined(__i386__)
-    else __builtin_ia32_pause();
-#endif
-  }
-}
-
 // ------------------------------------------------------------------ lifetime
 
-static void pool_free(nf_pool_t *p) {
-  nf__rec_close(p);
-  nf__mon_close(p);
-  nf__offload_destroy(p); // waits for copies in flight
+void nf__core_destroy(nf_pool_t *p) {
   nf__streams_destroy(p);
   nf__chunks_destroy(p);
   nf__blocks_destroy(p);
@@ -86,8 +31,7 @@ static uint64_t resolve_threshold(uint64_t thr, uint64_t limit, bool explicit_li
   return explicit_limit ? NF_RELEASE_NEVER : limit / 4;
 }
 
-nf_status_t nf_pool_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t *cfg) {
-  if (!out || !be || !cfg) return nf__error(NF_ERR_INVALID, "nofrag: nf_pool_create: NULL argument");
+nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t *cfg) {
   *out = NULL;
   size_t bg = 0;
   nf_status_t st = be->ops->granularity(be, NF_TIER_DEVICE, &bg);
@@ -137,51 +81,18 @@ nf_status_t nf_pool_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t 
   if (cfg->reserve && (st = nf__granules_create(p, (cfg->reserve + g - 1) >> p->gshift)) != NF_OK) {
     if (st == NF_ERR_OOM) nf__error(st, "nofrag: reserve %llu B exceeds the limit %llu B",
                                     (unsigned long long)cfg->reserve, (unsigned long long)p->cfg.limit);
-    pool_free(p);
+    nf__core_destroy(p);
     return st;
   }
   if (cfg->spill_reserve && (st = nf__host_granules_create(p, (cfg->spill_reserve + g - 1) >> p->gshift)) != NF_OK) {
     if (st == NF_ERR_OOM) nf__error(st, "nofrag: spill_reserve %llu B exceeds the host tier's limit %llu B (spill_limit)",
                                     (unsigned long long)cfg->spill_reserve,
                                     (unsigned long long)(p->max_host_granules << p->gshift));
-    pool_free(p);
+    nf__core_destroy(p);
     return st;
   }
-  if (p->cfg.trace[0] && (st = nf__rec_open(p)) != NF_OK) { // names the path and errno's text
-    pool_free(p);
-    return st;
-  }
-  nf__mon_open(p); // best effort: no monitor file is not an error
   *out = p;
-  ok();
   return NF_OK;
-}
-
-nf_status_t nf_pool_create_from_string(nf_pool_t **out, const char *conf) {
-  if (!out) return nf__error(NF_ERR_INVALID, "nofrag: NULL argument");
-  *out = NULL;
-  if (!conf) conf = getenv("NOFRAG_CONF");
-  nf_config_t cfg;
-  nf_config_default(&cfg);
-  char err[256];
-  if (nf_config_parse(&cfg, conf, err, sizeof err) != NF_OK)
-    return nf__error(NF_ERR_CONFIG, "%s", err);
-  nf_backend_t *be = NULL;
-  nf_status_t st;
-  if (cfg.backend == NF_BACKEND_CUDA) st = nf_backend_cuda_create(&be, cfg.device);
-  else st = nf_backend_host_create(&be, cfg.host_capacity ? cfg.host_capacity : (uint64_t)141 * NF_GiB,
-                                   cfg.granule ? cfg.granule : 2 * NF_MiB);
-  if (st != NF_OK) return be ? st : nf__error(st, "nofrag: backend: %s", nf_last_error());
-  if ((st = nf_pool_create(out, be, &cfg)) != NF_OK) {
-    nf_backend_destroy(be);
-    return st;
-  }
-  (*out)->owned_be = be;
-  return NF_OK;
-}
-
-void nf_pool_destroy(nf_pool_t *p) {
-  if (p) pool_free(p);
 }
 
 // ------------------------------------------------------------------ alloc
@@ -206,7 +117,7 @@ static bool fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, n
             req, (unsigned long long)size, (unsigned long long)rsize, s, live,
             (unsigned long long)p->st.live_blocks, (unsigned long long)live_gr, mapped, phys, lim,
             (unsigned long long)p->granule, lf);
-  return nf__oom_report(p, size, s, false);
+  return p->obs.oom && p->obs.oom(p, size, s, false);
 }
 
 // Order, carve and map the detached free block *bp for a request. On error
@@ -234,7 +145,7 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
 
 void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   if (NF_UNLIKELY(!p)) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc: NULL pool"); return NULL; }
-  if (NF_UNLIKELY(!size)) { ok(); return NULL; }
+  if (NF_UNLIKELY(!size)) { nf__error_clear(); return NULL; }
   // Larger than the limit: only spill (up to spill_limit more) can serve it.
   if (NF_UNLIKELY((uint64_t)size > p->cfg.limit) &&
       (!p->cfg.spill || (uint64_t)size - p->cfg.limit > p->max_host_granules << p->gshift)) {
@@ -243,10 +154,10 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
     nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);
     nf__lock(&p->lock);
     p->st.ooms++;
-    bool print = nf__oom_report(p, size, stream, true);
-    nf__mon_full(p);
+    bool print = p->obs.oom && p->obs.oom(p, size, stream, true);
+    nf__pub_full(p);
     nf__unlock(&p->lock);
-    if (print) nf__oom_print();
+    if (print) p->obs.oom_print();
     nf__error(NF_ERR_OOM, "nofrag: out of memory: tried to allocate %s (%llu B), more than the whole limit %s%s",
               req, (unsigned long long)size, lim, p->cfg.spill ? " plus spill_limit" : "");
     return NULL;
@@ -291,15 +202,15 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   p->st.allocs++;
   nf__peak(&p->st.live_peak, p->st.live);
   nf__peak(&p->st.live_rounded_peak, p->st.live_rounded);
-  if (NF_UNLIKELY(p->rec)) nf__rec_row(p, true, b->addr, size, stream);
-  nf__mon_fast(p, true);
+  if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, true, b->addr, size, stream);
+  nf__pub_fast(p, true);
   nf__unlock(&p->lock);
   return (void *)b->addr;
 fail:;
   bool print = fail_oom(p, size, rsize, stream, st);
-  nf__mon_full(p);
+  nf__pub_full(p);
   nf__unlock(&p->lock);
-  if (print) nf__oom_print(); // outside the lock: stderr may block
+  if (print) p->obs.oom_print(); // outside the lock: stderr may block
   return NULL;
 }
 
@@ -330,7 +241,7 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
     nf__unlock(&p->lock);
     return st;
   }
-  if (NF_UNLIKELY(b->where)) b->extra |= nf__offload_busy(p, b);
+  if (NF_UNLIKELY(b->where)) b->extra |= p->tier.busy(p, b); // set only where a tier moved it
   // Spilled granules this free leaves in a free range are unmapped soon
   // (nf__host_sweep), so that the next blocks land on the device.
   if (NF_UNLIKELY(p->host_mapped > p->offl_granules) && !p->host_sweep) {
@@ -348,8 +259,8 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   } else {
     b->state = NF_BLK_FREE;
   }
-  if (NF_UNLIKELY(b->where)) nf__offload_forget(p, b); // cannot fail: after the last fallible step
-  if (NF_UNLIKELY(p->rec)) nf__rec_row(p, false, b->addr, b->req, p->streams[b->stream].handle);
+  if (NF_UNLIKELY(b->where)) p->tier.forget(p, b); // cannot fail: after the last fallible step
+  if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, false, b->addr, b->req, p->streams[b->stream].handle);
   nf__map_remove(p, b->addr);
   p->st.live -= b->req;
   p->st.live_rounded -= b->size;
@@ -369,8 +280,8 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
     p->above_since = 0;
   }
   if (NF_UNLIKELY(p->host_sweep) && p->tick - p->sweep_tick >= 16) nf__host_sweep(p);
-  if (NF_UNLIKELY(p->xfers) && !(p->tick & 15)) nf__xfer_poll(p, false);
-  nf__mon_fast(p, false);
+  if (NF_UNLIKELY(p->xfers) && !(p->tick & 15)) p->tier.poll(p, false); // xfers: only a tier queues copies
+  nf__pub_fast(p, false);
   nf__unlock(&p->lock);
   return NF_OK;
 }
@@ -401,13 +312,13 @@ size_t nf_block_size(nf_pool_t *p, const void *ptr) {
 nf_status_t nf_trim(nf_pool_t *p) {
   if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_trim: NULL pool");
   nf__lock(&p->lock);
-  nf_status_t st = nf__xfer_poll(p, true);
+  nf_status_t st = p->tier.poll ? p->tier.poll(p, true) : NF_OK;
   if (st == NF_OK) st = nf__pending_poll(p, true);
   if (st == NF_OK) nf__unmap_cached(p, UINT64_MAX, true, NULL, 0, 0, -1, &st);
   if (st == NF_OK) st = nf__granules_release(p, p->cfg.retain >> p->gshift);
   if (st == NF_OK) nf__host_granules_release(p, p->cfg.spill_reserve >> p->gshift);
   p->host_sweep = false;
-  nf__mon_full(p);
+  nf__pub_full(p);
   nf__unlock(&p->lock);
   return st;
 }
@@ -423,7 +334,7 @@ nf_status_t nf_reserve(nf_pool_t *p, uint64_t bytes) {
     uint64_t want = (bytes + p->granule - 1) >> p->gshift;
     if (want > p->gran_created) st = nf__granules_create(p, want - p->gran_created);
   }
-  nf__mon_full(p);
+  nf__pub_full(p);
   nf__unlock(&p->lock);
   return st;
 }
@@ -452,7 +363,7 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
       if (st == NF_OK) st = nf__granules_release(p, p->max_granules);
     }
   }
-  nf__mon_full(p);
+  nf__pub_full(p);
   nf__unlock(&p->lock);
   return st;
 }

@@ -10,7 +10,7 @@
 // block X freed before it: a steady state makes no event calls. Free blocks
 // of different streams merge (union of streams), so streams do not fragment
 // the address space.
-#include "internal.h"
+#include "core/core.h"
 
 #include <stdlib.h>
 

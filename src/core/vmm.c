@@ -10,7 +10,7 @@
 // Granules have a tier. Device granules are the pool; host granules (spill,
 // nf_offload) sit on their own free list and are used only by spill (after
 // device memory and non-blocking stitching are exhausted) and by offload.c.
-#include "internal.h"
+#include "core/core.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +20,8 @@
 #define NF_SLACK_SHIFT 6
 #define NF_SLACK_GRANULES 8
 
-#define READY(c) NF_READY(c)
 
-static inline bool bit_get(const uint64_t *bm, uint64_t i) { return bm[i >> 6] >> (i & 63) & 1; }
+#define bit_get nf__bit
 static inline void bit_set(uint64_t *bm, uint64_t i) { bm[i >> 6] |= 1ull << (i & 63); }
 static inline void bit_clr(uint64_t *bm, uint64_t i) { bm[i >> 6] &= ~(1ull << (i & 63)); }
 
@@ -59,14 +58,14 @@ static inline void gran_span(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t 
 bool nf__range_mapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n) {
   uint64_t g0, g1;
   gran_span(p, c, a, n, &g0, &g1);
-  return bits_all(READY(c), g0, g1);
+  return bits_all(NF_READY(c), g0, g1);
 }
 
 // Granules of [a, a+n) that are not ready (would need mapping).
 uint64_t nf__range_unmapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n) {
   uint64_t g0, g1, k = 0;
   gran_span(p, c, a, n, &g0, &g1);
-  const uint64_t *bm = READY(c);
+  const uint64_t *bm = NF_READY(c);
   while (g0 < g1) {
     uint64_t b = g0 & 63, m = 64 - b < g1 - g0 ? 64 - b : g1 - g0;
     uint64_t mask = (m == 64 ? ~0ull : (1ull << m) - 1) << b;
@@ -196,7 +195,7 @@ static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep)
   const int32_t *head = tier == NF_TIER_HOST ? &p->host_free : &p->gran_free;
   while (*created > keep && *head >= 0) {
     uint32_t i = (uint32_t)*head;
-    nf_status_t st = nf__win_unmap(p, i);
+    nf_status_t st = p->tier.win_unmap ? p->tier.win_unmap(p, i) : NF_OK;
     if (st != NF_OK) return st;
     st = NF_BE(p, mem_release, release, p->gran[i].handle);
     if (st != NF_OK) return nf__error(st, "nofrag: releasing a granule failed: %s", p->be->err);
@@ -223,7 +222,7 @@ nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
   if (st != NF_OK) return nf__error(st, "nofrag: unmap failed: %s", p->be->err);
   for (uint64_t g = g0; g < g1; g++) {
     bit_clr(c->mapped, g);
-    bit_clr(READY(c), g);
+    bit_clr(NF_READY(c), g);
     p->host_mapped -= p->gran[c->phys[g]].tier == NF_TIER_HOST;
     nf__gran_push_free(p, c->phys[g]);
   }
@@ -312,10 +311,10 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
   // anyway; a spilled block would stay there for its lifetime), then spill,
   // else wait for the streams, then also for blocks held back by
   // record_stream.
-  if (p->xfers && (st = nf__xfer_poll(p, false)) != NF_OK) return st;
+  if (p->xfers && (st = p->tier.poll(p, false)) != NF_OK) return st; // xfers: only a tier queues copies
   for (int round = 0; round < 3 && p->gran_free_count < k; round++) {
     if (round == 1 && p->xfers) {
-      if ((st = nf__xfer_reclaim(p)) != NF_OK) return st;
+      if ((st = p->tier.reclaim(p)) != NF_OK) return st;
       if (p->gran_free_count >= k) break;
     }
     if (round == 1 && spill) {
@@ -373,12 +372,12 @@ static void map_rollback(nf_pool_t *p, nf_chunk_t *c, const uint64_t *mine, uint
 // Set access on every not-ready granule of [g0, g1), once per run.
 nf_status_t nf__set_ready(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
   for (uint64_t g = g0; g < g1;) {
-    if (bit_get(READY(c), g) || !bit_get(c->mapped, g)) { g++; continue; }
+    if (bit_get(NF_READY(c), g) || !bit_get(c->mapped, g)) { g++; continue; }
     uint64_t e = g;
-    while (e < g1 && !bit_get(READY(c), e) && bit_get(c->mapped, e)) e++;
+    while (e < g1 && !bit_get(NF_READY(c), e) && bit_get(c->mapped, e)) e++;
     nf_status_t st = NF_BE(p, set_access, set_access, c->base + (g << p->gshift), (e - g) << p->gshift);
     if (st != NF_OK) return nf__error(st, "nofrag: set access failed: %s", p->be->err);
-    for (uint64_t x = g; x < e; x++) bit_set(READY(c), x);
+    for (uint64_t x = g; x < e; x++) bit_set(NF_READY(c), x);
     g = e;
   }
   return NF_OK;
@@ -495,7 +494,7 @@ void nf__chunks_destroy(nf_pool_t *p) {
   p->chunks = NULL;
   nf__granules_release(p, 0);
   nf__host_granules_release(p, 0);
-  nf__win_destroy(p);
+  if (p->tier.released) p->tier.released(p);
   free(p->gran);
   p->gran = NULL;
 }

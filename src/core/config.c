@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core/core.h"
 #include "nofrag.h"
 
 #define NF_CONFIG_MIN_GRANULE ((uint64_t)4096)

@@ -16,7 +16,7 @@
 //            the owned range (its granules return to the pool).
 // prefetch   map device granules at the owned range, copy H -> block on the
 //            stream; H return to the host free list once the copy completed.
-#include "offload.h"
+#include "tier/tier.h"
 
 #include <stdio.h>
 #include <stdlib.h>

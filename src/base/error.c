@@ -1,0 +1,57 @@
+// Thread-local error state, status names, the byte formatter and the lock's
+// slow path: the base every layer (backends included) reports through.
+#include "base.h"
+
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local nf_status_t tl_status;
+static _Thread_local char tl_msg[768];
+
+nf_status_t nf__error(nf_status_t st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
+  va_end(ap);
+  tl_status = st;
+  return st;
+}
+
+void nf__error_clear(void) { tl_status = NF_OK; tl_msg[0] = 0; }
+
+nf_status_t nf_last_status(void) { return tl_status; }
+const char *nf_last_error(void) { return tl_msg; }
+
+const char *nf_status_str(nf_status_t st) {
+  switch (st) {
+  case NF_OK: return "NF_OK";
+  case NF_ERR_INVALID: return "NF_ERR_INVALID";
+  case NF_ERR_OOM: return "NF_ERR_OOM";
+  case NF_ERR_BACKEND: return "NF_ERR_BACKEND";
+  case NF_ERR_CONFIG: return "NF_ERR_CONFIG";
+  case NF_ERR_UNSUPPORTED: return "NF_ERR_UNSUPPORTED";
+  case NF_ERR_NOMEM: return "NF_ERR_NOMEM";
+  case NF_ERR_NOT_READY: return "NF_ERR_NOT_READY";
+  }
+  return "NF_ERR_UNKNOWN";
+}
+
+void nf__fmt_bytes(char *buf, size_t n, uint64_t v) {
+  if (v >= NF_GiB) snprintf(buf, n, "%.3f GiB", (double)v / (double)NF_GiB);
+  else if (v >= NF_MiB) snprintf(buf, n, "%.3f MiB", (double)v / (double)NF_MiB);
+  else snprintf(buf, n, "%llu B", (unsigned long long)v);
+}
+
+void nf__lock_slow(nf_lock_t *l) {
+  for (unsigned spins = 0;; spins++) {
+    if (!atomic_load_explicit(&l->v, memory_order_relaxed) &&
+        !atomic_exchange_explicit(&l->v, 1, memory_order_acquire))
+      return;
+    if (spins > 64) sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+    else __builtin_ia32_pause();
+#endif
+  }
+}
+

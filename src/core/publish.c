@@ -1,0 +1,53 @@
+// Publishing the core's counters into an observer's buffer (publish.h): the
+// slow path that writes every field. The fast path (two or three counters
+// per alloc/free) is nf__pub_fast in core.h.
+#include "core/core.h"
+
+#include <time.h>
+
+_Static_assert(NF_PUB_V1_FIELDS == NF_PUB_OFFLOADED, "fields are only appended after the first layout");
+
+static uint64_t mono_ns(void) {
+  struct timespec ts; // coarse: a 100 ms rate limit needs no more
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void nf__pub_full(nf_pool_t *p) {
+  nf_pub_t *m = p->pub;
+  if (!m) return;
+  uint64_t v[NF_PUB_NFIELDS] = {0};
+  v[NF_PUB_LIVE] = p->st.live;
+  v[NF_PUB_LIVE_PEAK] = p->st.live_peak;
+  v[NF_PUB_ALLOCS] = p->st.allocs;
+  v[NF_PUB_FREES] = p->st.frees;
+  v[NF_PUB_MAPPED] = p->gran_mapped << p->gshift;
+  v[NF_PUB_PHYSICAL] = p->gran_created << p->gshift;
+  v[NF_PUB_LIMIT] = p->cfg.limit;
+  v[NF_PUB_GRANULE] = p->granule;
+  // The walk is O(blocks): at most every 100 ms, else the last value stands
+  // (a workload that maps often must not pay a walk per mapping change).
+  uint64_t now = mono_ns();
+  if (!p->pub_lf_ns || now - p->pub_lf_ns >= 100000000ull) {
+    v[NF_PUB_LARGEST_FREE] = nf__largest_free_mapped(p, NULL);
+    p->pub_lf_ns = now;
+  } else {
+    v[NF_PUB_LARGEST_FREE] = atomic_load_explicit(&m->v[NF_PUB_LARGEST_FREE], memory_order_relaxed);
+  }
+  v[NF_PUB_SPILLED] = (p->host_mapped - p->offl_granules) << p->gshift;
+  v[NF_PUB_OFFLOADED] = (p->offl_granules + p->detached_granules) << p->gshift;
+  v[NF_PUB_AWAY] = p->away_granules << p->gshift;
+  v[NF_PUB_OOMS] = p->st.ooms;
+  v[NF_PUB_RECLAIMS] = p->st.reclaims;
+  const nf_calls_t *c = &p->st.calls;
+  v[NF_PUB_BACKEND_CALLS] = c->va_reserve + c->va_release + c->create + c->release + c->map + c->unmap +
+                            c->set_access + c->event_create + c->event_record + c->event_query +
+                            c->event_sync + c->stream_wait;
+  uint64_t s = atomic_load_explicit(&m->seq, memory_order_relaxed);
+  atomic_store_explicit(&m->seq, s + 1, memory_order_relaxed);
+  for (int i = 0; i < NF_PUB_NFIELDS; i++) atomic_store_explicit(&m->v[i], v[i], memory_order_release);
+  atomic_store_explicit(&m->seq, s + 2, memory_order_release);
+  p->pub_mapped = p->gran_mapped;
+  p->pub_created = p->gran_created;
+}
+

@@ -1,0 +1,51 @@
+// The monitor's shared-memory file: its layout and the reader side. Each pool
+// publishes its counters (core/publish.h) into a file
+// ($NOFRAG_SHM_DIR, else /dev/shm)/nofrag.<uid>.<pid>.<pool-id>, mode 0600,
+// that `nofrag top` (tools/top.c) reads from outside the process. The layout
+// only grows at the end: readers accept files of the first layout (later
+// fields read 0).
+#ifndef NF_OBSERVE_MONITOR_SHM_H
+#define NF_OBSERVE_MONITOR_SHM_H
+
+#include "core/publish.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define NF_MON_MAGIC 0x314e4f4d4746524eull // "NRFGMON1" little-endian
+#define NF_MON_VERSION 1
+
+typedef struct nf_mon_shm_s {
+  uint64_t magic;    // written last at creation (release): readers skip files without it
+  uint32_t version, size;
+  int32_t pid;
+  uint32_t uid, pool_id, reserved;
+  uint64_t start_ns; // CLOCK_REALTIME at pool creation
+  char device[32];   // "host", "cuda:0", ...
+  nf_pub_t pub;      // the counters (core/publish.h): seq, then the fields
+} nf_mon_shm_t;
+
+// Reader side (tools/top.c, tests). One pool's file, read consistently.
+typedef struct nf_mon_entry_s {
+  char path[512];
+  int pid;
+  uint32_t uid, pool_id;
+  uint64_t start_ns;
+  char device[32];
+  uint64_t v[NF_PUB_NFIELDS];
+  double fragmentation; // 1 - live/mapped, from the same snapshot
+} nf_mon_entry_t;
+
+// The directory monitor files go to: $NOFRAG_SHM_DIR, else /dev/shm.
+const char *nf__mon_dir(void);
+// Read one file: 0 ok, 1 its process is dead, -1 not a monitor file, unreadable
+// or torn for too long (a writer killed mid-update).
+int nf__mon_read(const char *path, nf_mon_entry_t *e);
+// Every readable monitor file of live processes in `dir` (NULL: nf__mon_dir()),
+// sorted by pid then pool id, as a malloc'd array in *out (free() it). Files of
+// dead processes are skipped, and removed when `clean`; *dead (if non-NULL)
+// counts them. Returns the number of entries, or -1 if dir cannot be opened.
+long nf__mon_list(const char *dir, bool clean, nf_mon_entry_t **out, long *dead);
+
+
+#endif

@@ -1,0 +1,90 @@
+// The PyTorch plug-in's C entry points (src/torch/plugin.c), exported from
+// libnofrag for PyTorch's CUDAPluggableAllocator (nf_torch_alloc/free take
+// its signatures) and for the Python package (python/nofrag/_lib.py declares
+// their ctypes signatures from this header). One pool per device, created on
+// first use from NOFRAG_CONF or nf_torch_configure().
+#ifndef NF_TORCH_H
+#define NF_TORCH_H
+
+#include "nofrag.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+//! The plug-in's pool for `device`, or NULL if that device has not allocated
+//! through nofrag yet (for nofrag.snapshot() and stats of the torch pools).
+NF_API nf_pool_t *nf_torch_pool(int device);
+
+//! While `min_bytes` > 0, this thread's allocations of at least `min_bytes`
+//! are placed in host memory at once (allocated, offloaded, waited for): the
+//! device sees at most one such block at a time. The blocks are then used in
+//! place by the GPU (nf_offload's host tier). Returns the previous value.
+NF_API size_t nf_torch_set_host_alloc(size_t min_bytes);
+
+NF_API void *nf_torch_alloc(size_t size, int device, void *stream);
+
+NF_API void nf_torch_free(void *ptr, size_t size, int device, void *stream);
+
+NF_API void nf_torch_init(int device_count);
+
+NF_API int nf_torch_device_count(void);
+
+//! empty_cache: give every cached granule back to the driver, on every device
+//! (PyTorch's reset hook carries no device).
+NF_API void nf_torch_reset(void);
+
+//! set_per_process_memory_fraction: limit = fraction x the device's total
+//! memory, as PyTorch's allocator computes it (cudaMemGetInfo's total).
+NF_API void nf_torch_set_fraction(double fraction, int device);
+
+NF_API double nf_torch_get_fraction(int device);
+
+//! Tensor.record_stream: the block must not be reused before `stream`'s work
+//! queued up to its free completes. The hook carries no device: find the
+//! pool that owns the pointer.
+NF_API void nf_torch_record_stream(void *ptr, void *stream);
+
+//! Fill `out`; returns 0 (pool exists), 1 (no pool yet: zeros), -1 (bad device).
+NF_API int nf_torch_stats(int device, nf_stats_t *out);
+
+//! Counters the pool does not keep, for PyTorch's "allocated"/"freed" stats:
+//! out[0] bytes allocated, out[1] bytes freed (requested sizes, cumulative),
+//! out[2] allocations, out[3] frees, out[4] failed allocations.
+NF_API int nf_torch_counters(int device, uint64_t *out, int n);
+
+//! torch.cuda.reset_accumulated_memory_stats.
+NF_API void nf_torch_reset_counters(int device);
+
+NF_API void nf_torch_reset_peaks(int device);
+
+//! Set the configuration for pools created afterwards. Returns 0, or -1 when a
+//! pool already exists or the string does not parse (see nf_torch_last_error).
+NF_API int nf_torch_configure(const char *conf);
+
+//! The pool's configuration string as in force (limit resolved) or "" when the
+//! device has no pool. Written into buf; returns the length or -1.
+NF_API int nf_torch_config_string(int device, char *buf, size_t len);
+
+//! Tests only: destroy every pool (live blocks are dropped) so that another
+//! configuration can be tried. Not safe while tensors are alive.
+NF_API void nf_torch_shutdown(void);
+
+NF_API const char *nf_torch_last_error(void);
+
+//! Let Python hand over the thrower when the dlopen look-up did not find it
+//! (fn NULL: keep the current one). Returns 1 when a thrower is installed.
+NF_API int nf_torch_set_thrower(void *fn);
+
+//! Turn raising on allocation failure on (1) or off (0: return NULL); returns
+//! the previous setting. Callers through ctypes (tests) must turn it off: a
+//! C++ exception cannot cross into Python through ctypes (it aborts).
+NF_API int nf_torch_set_throw(int enabled);
+
+//! ---------------------------------------------------------------- layout
+//! The Python package mirrors nf_stats_t with ctypes; these let its tests
+//! prove the mirror matches this build field by field.
+NF_API size_t nf_stats_size(void);
+
+NF_API size_t nf_stats_offset(const char *field);
+
+#endif

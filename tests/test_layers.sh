@@ -1,0 +1,46 @@
+#!/bin/sh
+# No layer of libnofrag calls up: every symbol an object file of layer L uses
+# from another object file is defined in layer L or below. Layers, bottom up
+# (docs/design.md): base < backend < core < tier = observe < nofrag.c < torch
+# (the PyTorch plug-in is a client of the assembled library).
+# tier and observe are siblings: neither may call the other.
+# Usage: test_layers.sh OBJDIR OBJ... (the nofrag_obj object directory, .../src,
+# and the object files of the library, as CMake lists them: a build directory
+# may hold stale objects of files that were moved).
+set -eu
+dir=$1
+rank() {
+  case $1 in
+    base/*) echo 0 ;; backend/*) echo 1 ;; core/*) echo 2 ;;
+    tier/*) echo 3 ;; observe/*) echo 3 ;; nofrag.c.o) echo 4 ;; torch/*) echo 5 ;;
+    *) echo "unknown layer: $1" >&2; exit 2 ;;
+  esac
+}
+shift
+objs=$(for o in "$@"; do echo "${o#"$dir"/}"; done | sort)
+cd "$dir"
+[ -n "$objs" ] || { echo "no object files under $dir" >&2; exit 2; }
+defs=$(mktemp)
+trap 'rm -f "$defs"' EXIT
+for o in $objs; do
+  nm --defined-only -g "$o" | awk -v o="$o" 'NF==3 {print $3, o}'
+done | sort >"$defs"
+bad=0 edges=0
+for o in $objs; do
+  r=$(rank "$o")
+  for sym in $(nm -u "$o" | awk '{print $2}'); do
+    d=$(awk -v s="$sym" '$1==s {print $2; exit}' "$defs")
+    [ -n "$d" ] || continue # libc, libdl, pthreads
+    [ "$d" = "$o" ] && continue
+    edges=$((edges + 1))
+    rd=$(rank "$d")
+    dl=${d%%/*} ol=${o%%/*}
+    if [ "$rd" -gt "$r" ] || { [ "$rd" -eq "$r" ] && [ "$r" -eq 3 ] && [ "$dl" != "$ol" ]; }; then
+      echo "layer violation: $o calls $sym, defined in $d" >&2
+      bad=$((bad + 1))
+    fi
+  done
+done
+echo "layers: $edges cross-file calls checked, $bad calling up"
+[ "$edges" -gt 0 ] || { echo "no cross-file calls found: wrong object list?" >&2; exit 2; }
+[ "$bad" -eq 0 ]
