@@ -287,7 +287,7 @@ def offload_optimizer(opt, tier="host", min_bytes=2 << 20, prefetch_in_backward=
     nofrag.torch_resident). Only `min_bytes` applies then."""
     if mode == "resident":
         from .torch_resident import ResidentOptimizerState
-        return ResidentOptimizerState(opt, min_bytes=min_bytes)
+        return ResidentOptimizerState(opt, min_bytes=min_bytes, pool=pool, block_tiers=block_tiers)
     if mode != "swap":
         raise ValueError(f"nofrag.torch.offload_optimizer: mode must be 'swap' or 'resident', not {mode!r}")
     return OptimizerOffload(opt, tier=tier, min_bytes=min_bytes, prefetch_in_backward=prefetch_in_backward,

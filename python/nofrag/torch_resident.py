@@ -27,10 +27,11 @@ class ResidentOptimizerState:
     """What offload_optimizer(opt, mode="resident") returns: ``remove()``,
     ``stats`` (tensors and bytes placed on the host, steps seen)."""
 
-    def __init__(self, opt, min_bytes=2 << 20):
+    def __init__(self, opt, min_bytes=2 << 20, *, pool, block_tiers):
+        # pool(device) and block_tiers(tensor) come from nofrag.torch_offload,
+        # which creates this object: this module imports nothing of it.
         import torch
-        from .torch_offload import pool
-        self._torch, self._pool, self.opt = torch, pool, opt
+        self._torch, self._pool, self._block_tiers, self.opt = torch, pool, block_tiers, opt
         self.min_bytes = int(min_bytes)
         self.stats = {"host_tensors": 0, "host_bytes": 0, "steps": 0}
         self._lib = _lib.load()
@@ -67,8 +68,7 @@ class ResidentOptimizerState:
         self.stats["host_tensors"], self.stats["host_bytes"] = n, b
 
     def _tiers(self, t):
-        from .torch_offload import block_tiers
-        return block_tiers(t)
+        return self._block_tiers(t)
 
     def remove(self):
         """Unhook and bring every state tensor back to the device."""
