@@ -1,8 +1,8 @@
 # Sourced by bench/gpu/run.sh, run_dist.sh and run_spill.sh: build libnofrag
 # on the GPU machine (nf_build_lib), run the C GPU test (nf_test_cuda), and
-# pack $OUT at the end (nf_pack_out). CMake first (tests off: cmocka may be absent there). If CMake or
-# zlib is missing, compile the sources directly and leave out files that do not
-# compile (the trace reader needs zlib; the allocator and the plug-in do not).
+# pack $OUT at the end (nf_pack_out). CMake first (tests off: cmocka may be absent there). If CMake
+# fails, compile the library's layers directly (libnofrag needs no zlib; only
+# the replay library, not built by the fallback, does).
 # Sets LIBS (what a program linking build/libnofrag.a needs); logs to
 # $OUT/build.log; returns non-zero when no build/libnofrag.so came out.
 nf_build_lib() {
@@ -10,24 +10,20 @@ nf_build_lib() {
      cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DNF_TESTS=OFF >"$OUT/build.log" 2>&1 &&
      cmake --build build -j "$(nproc)" >>"$OUT/build.log" 2>&1 &&
      [ -f build/libnofrag.so ] && [ -f build/libnofrag.a ]; then
-    LIBS="-lpthread -lz -ldl -lm"
+    LIBS="-lpthread -ldl -lm"
     return 0
   fi
   echo "cmake build failed or unavailable (tail of build.log below); compiling directly"
   tail -20 "$OUT/build.log" 2>/dev/null
   mkdir -p build/direct && rm -f build/direct/*.o
   local f o
-  for f in src/*.c src/backend/*.c; do
+  for f in src/*.c src/base/*.c src/backend/*.c src/core/*.c src/tier/*.c src/observe/*.c src/torch/*.c; do
     o=build/direct/$(echo "$f" | tr / _).o
     gcc -std=c11 -O2 -g -D_GNU_SOURCE -fPIC -fvisibility=hidden -Iinclude -Isrc -c "$f" -o "$o" \
       >>"$OUT/build.log" 2>&1 || { echo "  skipped $f (does not compile here)"; rm -f "$o"; }
   done
   LIBS="-lpthread -ldl -lm"
-  if gcc -shared -o build/libnofrag.so build/direct/*.o $LIBS -lz >>"$OUT/build.log" 2>&1; then
-    LIBS="$LIBS -lz"
-  else
-    gcc -shared -o build/libnofrag.so build/direct/*.o $LIBS >>"$OUT/build.log" 2>&1
-  fi
+  gcc -shared -o build/libnofrag.so build/direct/*.o $LIBS >>"$OUT/build.log" 2>&1
   rm -f build/libnofrag.a && ar rcs build/libnofrag.a build/direct/*.o
   [ -f build/libnofrag.so ]
 }
