@@ -35,6 +35,8 @@ extern "C" {
 #define NF_API
 #endif
 
+//! The release version, and its only home: CMake (project VERSION, nofrag.pc,
+//! the CMake package), setup.py and nofrag.__version__ read it from this line.
 #define NF_VERSION "0.1.0"
 
 //! Status codes. 0 is success; every other value leaves the pool unchanged.

@@ -2,7 +2,7 @@
 # Install the build and test dependencies on Debian 12 (bookworm) / Ubuntu.
 # Idempotent: does nothing (not even `apt-get update`) when all are present.
 # Called by scripts/run.sh (--build: what the library and CLI need),
-# scripts/test.sh and .ci/run (everything).
+# scripts/test.sh, scripts/test-install.sh and .ci/run (everything).
 set -euo pipefail
 
 BUILD_PACKAGES=(build-essential cmake zlib1g-dev)
@@ -15,6 +15,11 @@ PACKAGES=(
   libclang-rt-dev # clang's sanitizer/libFuzzer runtimes (only "Recommended" by clang)
   valgrind
   python3
+  python3-venv        # scripts/test-install.sh: a fresh venv for `pip install .`
+  python3-setuptools  # pip install . offline (--no-build-isolation)
+  python3-wheel
+  python3-pip
+  pkg-config          # scripts/test-install.sh: the example built with pkg-config
   tmux            # drives `nofrag top` in tests/test_top.sh (send-keys / capture-pane)
   chromium        # renders the --html report in tests/test_report.c (headless, under 1 s)
 )

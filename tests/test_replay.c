@@ -143,6 +143,25 @@ static void test_min_capacity_synthetic(void **state) {
 }
 
 
+// `--help` after every subcommand: exit 0, that subcommand's usage on stdout.
+static void test_cli_subcommand_help(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  static const char *const cases[][2] = {
+      {"replay --help", "--min-capacity"}, {"convert --help", "usage: nofrag convert"},
+      {"top --help", "--dir DIR"},         {"version --help", "usage: nofrag version"},
+      {"top -h", "--dir DIR"},             {"convert -h", "OUT.csv"},
+  };
+  char out[1 << 14];
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "%s 2>/dev/null", cases[i][0]); // stdout only: help is not an error
+    int rc = nft_run_cli(cmd, out, sizeof out);
+    if (rc != 0 || !strstr(out, cases[i][1])) fail_msg("nofrag %s: exit %d, output:\n%s", cases[i][0], rc, out);
+  }
+}
+
 static void test_cli(void **state) {
   (void)state;
   const char *cli = getenv("NF_CLI"), *data = getenv("NF_DATA");
@@ -227,6 +246,7 @@ int main(void) {
       cmocka_unit_test(test_replay_vit),
       cmocka_unit_test(test_replay_llama),
       cmocka_unit_test(test_cli),
+      cmocka_unit_test(test_cli_subcommand_help),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

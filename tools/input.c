@@ -44,11 +44,16 @@ static const char *python_dir(char *buf, size_t n) {
   char *slash = strrchr(exe, '/');
   if (!slash) return NULL;
   *slash = 0;
-  // build/nofrag in the source tree, or an install's bin/ next to share/.
-  static const char *const rel[] = {"/../python", "/python", "/../share/nofrag/python"};
+  // build/nofrag in the source tree, an install's bin/ next to share/, or the
+  // pip package's nofrag/_bin/nofrag (site-packages/nofrag/...).
+  static const char *const rel[] = {"/../python", "/python", "/../share/nofrag/python", "/../.."};
   for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
     if (snprintf(buf, n, "%s%s", exe, rel[i]) < (int)n && has_package(buf)) return buf;
   }
+#ifdef NF_SOURCE_PYTHON_DIR
+  // A build directory outside the checkout: the checkout it was built from.
+  if (snprintf(buf, n, "%s", NF_SOURCE_PYTHON_DIR) < (int)n && has_package(buf)) return buf;
+#endif
   return NULL;
 }
 

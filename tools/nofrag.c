@@ -505,6 +505,16 @@ out:
 // nofrag convert TRACE OUT.csv: any input format to RMM's CSV log, so that
 // RMM's REPLAY_BENCHMARK (--log_file) can replay our traces.
 static int cmd_convert(int argc, char **argv) {
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      fputs("usage: nofrag convert TRACE OUT.csv\n"
+            "Write TRACE (any format nofrag replay reads: text trace, PyTorch snapshot pickle,\n"
+            "RMM CSV log) as an RMM logging_resource_adaptor CSV log, for RMM's REPLAY_BENCHMARK\n"
+            "(--log_file). The trace is checked first (alloc/free pairing); OUT must end in .csv.\n",
+            stdout);
+      return 0;
+    }
+  }
   if (argc != 2 || argv[0][0] == '-' || argv[1][0] == '-') {
     fprintf(stderr, "nofrag: usage: nofrag convert TRACE OUT.csv\n");
     return 2;
@@ -557,6 +567,10 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
+    if (argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)) {
+      fputs("usage: nofrag version\nPrint the version of nofrag (NF_VERSION of nofrag.h).\n", stdout);
+      return 0;
+    }
     printf("nofrag %s\n", NF_VERSION);
     return 0;
   }

@@ -192,10 +192,22 @@ static int selftest_hold(double seconds) {
   return 0;
 }
 
+static const char top_usage[] =
+    "usage: nofrag top [--once [--json]] [--clean] [--dir DIR]\n"
+    "Live memory of every nofrag pool on this machine, read from the files the pools\n"
+    "publish (NOFRAG_MONITOR=0 in a process turns its publishing off).\n"
+    "\n"
+    "  (no option)  refresh every second; q or Ctrl-C quits\n"
+    "  --once       print one table and exit\n"
+    "  --json       with --once: a JSON array instead of the table\n"
+    "  --clean      remove the files left by processes that have exited\n"
+    "  --dir DIR    read DIR instead of $NOFRAG_SHM_DIR, else /dev/shm\n";
+
 int nf_cli_top(int argc, char **argv) {
   int once = 0, json = 0, clean = 0;
   const char *dir = NULL;
   for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { fputs(top_usage, stdout); return 0; }
     if (strcmp(argv[i], "--once") == 0) once = 1;
     else if (strcmp(argv[i], "--json") == 0) json = 1;
     else if (strcmp(argv[i], "--clean") == 0) clean = 1;

@@ -1,5 +1,14 @@
 """nofrag: GPU memory that does not fragment.
 
+A pool of your own (any program; backend "host" needs no GPU):
+
+    with nofrag.Pool("backend:host,limit:256MiB") as pool:
+        p = pool.alloc(1 << 20)      # address (int)
+        pool.free(p)                 # a second free raises nofrag.NofragError
+        pool.stats()
+
+CuPy: ``nofrag.cupy.enable(limit="40GiB")``. PyTorch:
+
     import nofrag.torch
     nofrag.torch.enable(limit="40GiB")     # before CUDA is initialised
     ...
@@ -16,20 +25,43 @@ Same-address offload of one block (any pool; no torch needed; see docs/offload.m
 
 Failures raise nofrag.NofragError (status + the library's message).
 
-The package is pure Python over ctypes; it needs libnofrag.so (see
-nofrag._lib for where it is searched, or set NOFRAG_LIB).
+The package is pure Python over ctypes; it needs libnofrag.so: ``pip
+install`` ships it inside the package (see nofrag._lib for where else it is
+searched; NOFRAG_LIB=/path/to/libnofrag.so overrides).
 """
 
 import ctypes
 import json
+import os
+import re
 
 from . import _lib
-from ._lib import (NF_TIER_DEVICE, NF_TIER_DISK, NF_TIER_HOST, NF_TIER_HOST_DETACHED, NfCalls, NfStats, NofragError, conf_string,
-                   last_error, load)
+from ._lib import (NF_TIER_DEVICE, NF_TIER_DISK, NF_TIER_HOST, NF_TIER_HOST_DETACHED, LibraryError, NfCalls, NfStats,
+                   NofragError, conf_string, last_error, load)
+from .pool import Pool
 from .torch_trace import export_torch_snapshot, snapshot_to_torch
 
-__version__ = "0.1.0"
-__all__ = ["stats", "configure", "last_error", "conf_string", "load", "NfStats", "NfCalls", "counters", "snapshot",
+
+def _version():
+    """NF_VERSION of include/nofrag.h, the version's one home: written into
+    _version.py by setup.py / cmake --install, read from the header in a
+    source checkout."""
+    try:
+        from ._version import version
+        return version
+    except ImportError:
+        pass
+    header = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include", "nofrag.h")
+    try:
+        with open(header) as f:
+            m = re.search(r'^#define NF_VERSION "([^"]+)"', f.read(), re.M)
+        return m.group(1) if m else "unknown"
+    except OSError:
+        return "unknown"
+
+
+__version__ = _version()
+__all__ = ["Pool", "LibraryError", "stats", "configure", "last_error", "conf_string", "load", "NfStats", "NfCalls", "counters", "snapshot",
            "pool_snapshot", "snapshot_to_torch", "export_torch_snapshot", "NofragError", "offload", "prefetch",
            "offload_wait", "block_tiers", "pool_stats", "pool_config", "NF_TIER_DEVICE", "NF_TIER_HOST", "NF_TIER_HOST_DETACHED",
            "NF_TIER_DISK"]
@@ -85,17 +117,11 @@ def snapshot(pool=None, device=0):
     torch_trace.trace_from_rmm). (The PyTorch snapshot -> trace converter that
     was the submodule nofrag.snapshot is now nofrag.torch_trace.)"""
     lib = load()
-    # Declared here rather than in _lib._declare: c_void_p (not c_char_p) as
-    # the result type keeps the pointer so that the library can free it.
-    lib.nf_snapshot.restype = ctypes.c_void_p
-    lib.nf_snapshot.argtypes = [ctypes.c_void_p]
-    lib.nf_snapshot_free.restype = None
-    lib.nf_snapshot_free.argtypes = [ctypes.c_void_p]
     if isinstance(pool, ctypes.c_void_p):
         pool = pool.value
+    elif hasattr(pool, "handle"):  # a nofrag.Pool
+        pool = pool.handle
     if not pool:
-        lib.nf_torch_pool.restype = ctypes.c_void_p
-        lib.nf_torch_pool.argtypes = [ctypes.c_int]
         pool = lib.nf_torch_pool(device)
     if not pool:
         raise ValueError(f"nofrag.snapshot: no pool given and the PyTorch plug-in has no pool on device {device} "

@@ -1,12 +1,17 @@
-"""ctypes binding of libnofrag.so (no compile step).
+"""ctypes binding of libnofrag.so (no compile step), and the one place where
+the package declares the C functions' signatures (``_declare``).
 
 The library is searched, in order, at:
 
-1. ``$NOFRAG_LIB`` (a path to the .so),
-2. the package directory (``libnofrag.so`` installed next to this file),
+1. ``$NOFRAG_LIB`` (a path to the .so). When set it is the only candidate: a
+   path that is missing or does not load raises ``LibraryError`` naming it,
+2. the package directory (``libnofrag.so`` shipped inside the package by
+   ``pip install``),
 3. ``../../build/libnofrag.so`` relative to the package (a source checkout
    built with ``cmake -S . -B build && cmake --build build``),
-4. ``ctypes.util.find_library("nofrag")`` (system install).
+4. ``PREFIX/lib/libnofrag.so`` for the copy ``cmake --install`` puts under
+   ``PREFIX/share/nofrag/python``,
+5. ``ctypes.util.find_library("nofrag")`` (system install).
 
 ``NfStats`` mirrors ``nf_stats_t`` from include/nofrag.h field for field; the
 library exports ``nf_stats_size()`` and ``nf_stats_offset(name)`` so that the
@@ -44,6 +49,20 @@ class NofragError(RuntimeError):
     @property
     def is_oom(self):
         return self.status == NF_ERR_OOM
+
+
+class LibraryError(NofragError, OSError):
+    """libnofrag.so could not be loaded: ``path`` is the file (or, when nothing
+    was found, None), and the message says every place tried. An OSError too,
+    for callers that catch the loader's usual error."""
+
+    def __init__(self, message, path=None):
+        self.what, self.status, self.status_name, self.detail = "load libnofrag", NF_ERR_CONFIG, "NF_ERR_CONFIG", message
+        self.path = path
+        OSError.__init__(self, message)
+
+    def __str__(self):
+        return self.detail
 
 
 def _status_name(status):
@@ -86,9 +105,12 @@ def require(name):
 
 
 def handle(value, what="pool"):
-    """An address from a ctypes.c_void_p, an int, or None/0 (-> 0)."""
+    """An address from a ctypes.c_void_p, an int, a nofrag.Pool (its
+    ``handle``), or None/0 (-> 0)."""
     if value is None:
         return 0
+    if isinstance(getattr(value, "handle", None), int):
+        return value.handle
     if isinstance(value, ctypes.c_void_p):
         return value.value or 0
     if isinstance(value, int):
@@ -98,12 +120,14 @@ def handle(value, what="pool"):
 
 def stream_handle(stream):
     """nf_stream_t from None (default stream), an int, a ctypes.c_void_p, or
-    anything with a ``cuda_stream`` attribute (torch.cuda.Stream)."""
+    anything with a ``cuda_stream`` (torch.cuda.Stream) or ``ptr``
+    (cupy.cuda.Stream) attribute."""
     if stream is None:
         return None
-    cs = getattr(stream, "cuda_stream", None)
-    if cs is not None:
-        return int(cs) or None
+    for attr in ("cuda_stream", "ptr"):
+        cs = getattr(stream, attr, None)
+        if cs is not None:
+            return int(cs) or None
     return handle(stream, "stream") or None
 
 
@@ -158,12 +182,10 @@ _path = None
 
 
 def _candidates():
-    env = os.environ.get("NOFRAG_LIB")
-    if env:
-        yield env
     here = os.path.dirname(os.path.abspath(__file__))
     yield os.path.join(here, "libnofrag.so")
     yield os.path.normpath(os.path.join(here, "..", "..", "build", "libnofrag.so"))
+    yield os.path.normpath(os.path.join(here, "..", "..", "..", "..", "lib", "libnofrag.so"))
     found = ctypes.util.find_library("nofrag")
     if found:
         yield found
@@ -222,6 +244,10 @@ def _declare(lib):
         "nf_prefetch": (i, [vp, vp, vp]),
         "nf_offload_wait": (i, [vp]),
         "nf_block_tiers": (i, [vp, vp, ctypes.POINTER(_u64)]),
+        # c_void_p (not c_char_p) keeps the pointer so that the library can free it
+        "nf_snapshot": (vp, [vp]),
+        "nf_snapshot_free": (None, [vp]),
+        "nf_torch_set_host_alloc": (sz, [sz]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name, None)
@@ -231,11 +257,32 @@ def _declare(lib):
         fn.argtypes = args
 
 
+def _open(cand):
+    """ctypes.CDLL(cand) with its signatures declared; OSError if it fails."""
+    lib = ctypes.CDLL(cand)
+    _declare(lib)
+    return lib
+
+
 def load():
-    """Load libnofrag.so once; raise OSError naming every place tried."""
+    """Load libnofrag.so once (see the module docstring for where). Raises
+    LibraryError (a NofragError and an OSError) naming the path when
+    $NOFRAG_LIB is wrong, or every place tried when nothing loads."""
     global _lib, _path
     with _lock:
         if _lib is not None:
+            return _lib
+        env = os.environ.get("NOFRAG_LIB")
+        if env:
+            # An explicit choice is never silently replaced by another copy.
+            if not os.path.exists(env):
+                raise LibraryError(f"nofrag: NOFRAG_LIB={env}: no such file (unset NOFRAG_LIB to use the "
+                                   "library shipped with the package)", env)
+            try:
+                _lib = _open(env)
+            except OSError as e:
+                raise LibraryError(f"nofrag: NOFRAG_LIB={env}: cannot load it: {e}", env) from None
+            _path = os.path.realpath(env)
             return _lib
         tried = []
         for cand in _candidates():
@@ -243,19 +290,19 @@ def load():
                 tried.append(f"{cand} (missing)")
                 continue
             try:
-                lib = ctypes.CDLL(cand)
+                lib = _open(cand)
             except OSError as e:
                 tried.append(f"{cand} ({e})")
                 continue
-            _declare(lib)
             _lib = lib
             # The real file: CUDAPluggableAllocator dlopens it again by path and
             # must get this same instance (glibc matches it by inode).
             _path = os.path.realpath(cand) if os.path.exists(cand) else cand
             return lib
-        raise OSError(
-            "libnofrag.so not found. Build it (cmake -S . -B build && cmake --build build) and/or "
-            "set NOFRAG_LIB=/path/to/libnofrag.so. Tried: " + "; ".join(tried or ["nothing"]))
+        raise LibraryError(
+            "nofrag: libnofrag.so not found. Install the package (pip install --no-build-isolation --no-index .), "
+            "or build it (cmake -S . -B build && cmake --build build) and/or set NOFRAG_LIB=/path/to/libnofrag.so. "
+            "Tried: " + "; ".join(tried or ["nothing"]))
 
 
 def path():

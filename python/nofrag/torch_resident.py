@@ -38,8 +38,6 @@ class ResidentOptimizerState:
         if not hasattr(self._lib, "nf_torch_set_host_alloc"):
             raise _lib.NofragError("nf_torch_set_host_alloc", _lib.NF_ERR_INVALID,
                                    "this libnofrag.so has no nf_torch_set_host_alloc: rebuild it")
-        self._lib.nf_torch_set_host_alloc.restype = _lib.ctypes.c_size_t
-        self._lib.nf_torch_set_host_alloc.argtypes = [_lib.ctypes.c_size_t]
         self._prev = 0
         self._handles = [opt.register_step_pre_hook(self._pre), opt.register_step_post_hook(self._post)]
 

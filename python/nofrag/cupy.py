@@ -1,0 +1,116 @@
+"""CuPy on nofrag: route CuPy's device allocations to a nofrag pool.
+
+    import cupy, nofrag.cupy
+    nofrag.cupy.enable(limit="40GiB")     # before allocating; device = CuPy's current device
+    x = cupy.zeros(1 << 28)               # allocated by nofrag
+    nofrag.cupy.pool().stats()            # nofrag's statistics
+    nofrag.cupy.disable()                 # back to CuPy's own memory pool
+
+Each allocation becomes nf_alloc on CuPy's current stream, wrapped as a
+``cupy.cuda.MemoryPointer`` over ``cupy.cuda.UnownedMemory`` whose owner
+frees the block (nf_free) when CuPy drops its last reference. Use on other
+streams is not tracked: as with CuPy's own pool, a block freed while another
+stream still uses it must be ordered by the caller (or record it with
+``pool().record_stream(ptr, stream)``). A request that does not fit raises
+``cupy.cuda.memory.OutOfMemoryError`` (from the NofragError).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, Optional
+
+from ._lib import NofragError
+from .pool import Pool
+
+__all__ = ["enable", "disable", "pool", "enabled"]
+
+_lock = threading.Lock()
+_pool: Optional[Pool] = None
+
+
+class _Block:
+    """Owner of one allocation: frees it when CuPy's memory object dies. It
+    holds the pool, so a pool outlives its blocks even after disable()."""
+
+    __slots__ = ("pool", "ptr", "__weakref__")
+
+    def __init__(self, pool_: Pool, ptr: int) -> None:
+        self.pool, self.ptr = pool_, ptr
+
+    def __del__(self) -> None:
+        if self.ptr and not self.pool.closed:
+            try:
+                self.pool.free(self.ptr)
+            except Exception:  # a finalizer must not raise (interpreter shutdown)
+                pass
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as e:
+        raise ImportError("nofrag.cupy needs CuPy (pip install cupy-cuda12x)") from e
+    return cupy
+
+
+def enable(conf: Optional[str] = None, **config: Any) -> Pool:
+    """Create a nofrag pool on CuPy's current device and make it CuPy's
+    allocator (``cupy.cuda.set_allocator``). ``conf`` / ``config`` as for
+    nofrag.Pool (``limit="40GiB"``, ``granule``, ...); the backend is CUDA and
+    the device CuPy's current one unless they say otherwise. Returns the pool.
+    RuntimeError if already enabled (disable() first)."""
+    global _pool
+    cupy = _cupy()
+    with _lock:
+        if _pool is not None:
+            raise RuntimeError("nofrag.cupy.enable: already enabled (nofrag.cupy.disable() first)")
+        device = cupy.cuda.runtime.getDevice()
+        # Defaults first: later keys win in a nofrag config string.
+        base = f"backend:cuda,device:{device}"
+        p = Pool(",".join(s for s in (base, conf) if s), **config)
+        m = re.search(r"(?:^|,)device:(\d+)", p.config())  # the device the pool is on, config included
+        dev_id = int(m.group(1)) if m else device
+
+        def malloc(size: int):
+            if size == 0:
+                return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, dev_id), 0)
+            stream = cupy.cuda.get_current_stream()
+            try:
+                ptr = p.alloc(size, stream=stream)
+            except NofragError as e:
+                if not e.is_oom:
+                    raise
+                st = p.stats()
+                raise cupy.cuda.memory.OutOfMemoryError(size, st["physical"], st["limit"]) from e
+            mem = cupy.cuda.UnownedMemory(ptr, size, _Block(p, ptr), dev_id)
+            return cupy.cuda.MemoryPointer(mem, 0)
+
+        cupy.cuda.set_allocator(malloc)
+        _pool = p
+        return p
+
+
+def disable() -> None:
+    """Give CuPy back its default memory pool. Blocks nofrag allocated stay
+    valid until CuPy frees them; the pool goes away after the last one."""
+    global _pool
+    cupy = _cupy()
+    with _lock:
+        if _pool is None:
+            return
+        cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+        _pool = None
+
+
+def enabled() -> bool:
+    """Whether CuPy allocates through nofrag (enable() without disable())."""
+    return _pool is not None
+
+
+def pool() -> Pool:
+    """The pool enable() made (RuntimeError when not enabled)."""
+    if _pool is None:
+        raise RuntimeError("nofrag.cupy: not enabled (call nofrag.cupy.enable() first)")
+    return _pool

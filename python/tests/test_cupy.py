@@ -1,0 +1,150 @@
+"""nofrag.cupy without CuPy or a GPU: a fake ``cupy`` module (the few names
+nofrag.cupy uses, with CuPy's signatures) is put in sys.modules, and the pool
+is forced onto the host backend so that the addresses are real memory.
+
+    NOFRAG_LIB=build/libnofrag.so python3 -m unittest discover -s python/tests -v
+
+The real thing runs on the GPU machine: bench/gpu/cupy_frag.py.
+"""
+
+import ctypes
+import gc
+import os
+import sys
+import types
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
+
+import nofrag  # noqa: E402
+
+MiB = 1 << 20
+
+
+def fake_cupy():
+    cp = types.ModuleType("cupy")
+    cuda = types.ModuleType("cupy.cuda")
+    cp.cuda = cuda
+    state = {"allocator": None, "device": 0, "stream": types.SimpleNamespace(ptr=0)}
+
+    class UnownedMemory:
+        def __init__(self, ptr, size, owner, device_id=-1):
+            self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
+
+    class MemoryPointer:
+        def __init__(self, mem, offset):
+            self.mem, self.ptr = mem, mem.ptr + offset
+
+    class OutOfMemoryError(MemoryError):
+        def __init__(self, size, total, limit=0):
+            super().__init__(f"Out of memory allocating {size} bytes (allocated so far: {total} bytes, limit "
+                             f"set to: {limit} bytes).")
+
+    class DefaultPool:
+        def malloc(self, size):
+            return "cupy-default"
+
+    default_pool = DefaultPool()
+    cuda.UnownedMemory, cuda.MemoryPointer = UnownedMemory, MemoryPointer
+    cuda.memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError)
+    cuda.runtime = types.SimpleNamespace(getDevice=lambda: state["device"])
+    cuda.get_current_stream = lambda: state["stream"]
+    cuda.set_allocator = lambda fn: state.__setitem__("allocator", fn)
+    cp.get_default_memory_pool = lambda: default_pool
+    return cp, state
+
+
+class TestCupy(unittest.TestCase):
+    def setUp(self):
+        self.cp, self.state = fake_cupy()
+        self._saved = sys.modules.get("cupy")
+        sys.modules["cupy"] = self.cp
+        import nofrag.cupy
+        self.nfc = nofrag.cupy
+        self.addCleanup(self.restore)
+
+    def restore(self):
+        self.nfc.disable()
+        if self._saved is None:
+            sys.modules.pop("cupy", None)
+        else:
+            sys.modules["cupy"] = self._saved
+        gc.collect()
+
+    def test_enable_routes_allocations_and_frees_on_release(self):
+        pool = self.nfc.enable(backend="host", limit="64MiB")
+        self.assertTrue(self.nfc.enabled())
+        self.assertIs(self.nfc.pool(), pool)
+        self.assertIn("backend:host", pool.config())
+        malloc = self.state["allocator"]
+        mp = malloc(3 * MiB)
+        self.assertIsInstance(mp, self.cp.cuda.MemoryPointer)
+        self.assertEqual(mp.mem.size, 3 * MiB)
+        self.assertEqual(mp.mem.device_id, 0)
+        ctypes.memset(mp.ptr, 7, 3 * MiB)  # real (host-backend) memory
+        self.assertEqual(pool.stats()["live"], 3 * MiB)
+        self.assertEqual(pool.block_size(mp.ptr), 3 * MiB)
+        del mp  # CuPy drops its last reference: the owner frees the block
+        gc.collect()
+        st = pool.stats()
+        self.assertEqual((st["live"], st["frees"]), (0, 1))
+
+    def test_default_backend_is_cuda_on_current_device(self):
+        """Without a backend key the pool is CUDA on CuPy's current device:
+        here (no GPU) that fails in the CUDA backend, not in the config."""
+        self.state["device"] = 3
+        try:
+            pool = self.nfc.enable(limit="64MiB")
+        except nofrag.NofragError as e:
+            self.assertIn(e.status_name, ("NF_ERR_BACKEND", "NF_ERR_UNSUPPORTED"), str(e))
+            self.assertIn("device:3", str(e))
+            self.assertFalse(self.nfc.enabled())
+            self.assertIsNone(self.state["allocator"])
+            return
+        self.assertIn("backend:cuda", pool.config())  # a machine with a GPU 3
+        self.assertIn("device:3", pool.config())
+
+    def test_device_id_follows_config(self):
+        self.nfc.enable(backend="host", device=2, limit="64MiB")
+        mp = self.state["allocator"](MiB)
+        self.assertEqual(mp.mem.device_id, 2)
+
+    def test_oom_is_cupys_error(self):
+        os.environ.setdefault("NOFRAG_QUIET_OOM", "1")
+        self.nfc.enable(backend="host", limit="8MiB")
+        with self.assertRaises(self.cp.cuda.memory.OutOfMemoryError) as cm:
+            self.state["allocator"](64 * MiB)
+        self.assertIsInstance(cm.exception.__cause__, nofrag.NofragError)
+
+    def test_stream_is_cupys_current(self):
+        pool = self.nfc.enable(backend="host", limit="64MiB")
+        self.state["stream"] = types.SimpleNamespace(ptr=0x1234)  # host backend: streams are opaque tags
+        mp = self.state["allocator"](MiB)
+        snap = pool.snapshot()
+        streams = [b["stream"] for c in snap["chunks"] for b in c["blocks"] if b["state"] == "live"]
+        self.assertEqual(streams, ["0x1234"])
+        del mp
+
+    def test_enable_twice_and_disable(self):
+        self.nfc.enable(backend="host", limit="64MiB")
+        with self.assertRaises(RuntimeError):
+            self.nfc.enable(backend="host")
+        mp = self.state["allocator"](MiB)  # outlives disable()
+        pool = self.nfc.pool()
+        self.nfc.disable()
+        self.assertFalse(self.nfc.enabled())
+        self.assertEqual(self.state["allocator"](1), "cupy-default")
+        self.assertEqual(pool.stats()["live"], MiB)
+        ctypes.memset(mp.ptr, 1, MiB)  # still valid memory
+        with self.assertRaises(RuntimeError):
+            self.nfc.pool()
+
+    def test_zero_size(self):
+        self.nfc.enable(backend="host", limit="64MiB")
+        mp = self.state["allocator"](0)
+        self.assertEqual(mp.ptr, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Install checks (issue 14): nofrag used the way a new user would, from this
+# checkout, never from its build tree.
+#
+#   1. CMake: configure + build in a directory OUTSIDE the checkout (the CLI
+#      must still find its Python helper: test_formats reads a PyTorch pickle),
+#      `cmake --install --prefix P`, then that build directory is deleted;
+#   2. examples/host_pool.c built against P with pkg-config and with
+#      find_package(nofrag) (shared and static), and run. P/lib is not on the
+#      loader's path, so the pkg-config build runs with LD_LIBRARY_PATH=P/lib,
+#      as a user of a non-system prefix would (CMake's build has an RPATH);
+#   3. P/bin/nofrag version, and a PyTorch pickle read through P's share/;
+#   4. pip: `pip install --no-index --no-build-isolation CHECKOUT` into a fresh
+#      `python3 -m venv --system-site-packages` venv, then from another
+#      directory without PYTHONPATH / NOFRAG_LIB: nofrag.Pool allocates, frees,
+#      refuses a double free with NofragError; the venv's `nofrag version`;
+#      python/tests copied out of the checkout and run against the installed
+#      package; `pip wheel` gives a platform wheel that installs in a second venv.
+#
+# The venv is made from /usr/bin/python3 (Debian's, with python3-setuptools and
+# python3-wheel: scripts/setup-deps.sh installs them); NF_PYTHON overrides.
+# pyenv-style interpreters without the `wheel` package cannot build offline.
+# Prints one line per check and "install checks: N passed, M failed"; exits
+# non-zero if any failed. Scratch space: a mktemp directory, removed at exit
+# (NF_KEEP=1 keeps it).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 1
+
+bash scripts/setup-deps.sh || exit 1
+
+TMP=$(mktemp -d /tmp/nofrag-install.XXXXXX)
+if [ "${NF_KEEP:-0}" != 1 ]; then trap 'rm -rf "$TMP"' EXIT; else echo "scratch: $TMP"; fi
+PREFIX=$TMP/prefix
+BUILD=$TMP/build
+LOG=$TMP/log
+mkdir -p "$LOG" "$TMP/elsewhere"
+JOBS=$(nproc)
+PASS=0 FAIL=0
+PICKLE=$ROOT/../shared/traces/gpt2_small_snapshot.pickle.gz
+
+# check NAME CMD...: run CMD (output to $LOG/N.log, shown on failure).
+check() {
+  local name=$1 n=$((PASS + FAIL + 1))
+  shift
+  if "$@" >"$LOG/$n.log" 2>&1; then
+    PASS=$((PASS + 1))
+    printf 'ok    %s\n' "$name"
+  else
+    FAIL=$((FAIL + 1))
+    printf 'FAIL  %s\n' "$name"
+    sed 's/^/      | /' "$LOG/$n.log" | tail -40
+  fi
+}
+
+# ------------------------------------------------------------ CMake install
+cmake_build() {
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF_TESTS=ON &&
+    cmake --build "$BUILD" -j"$JOBS" --target nofrag nofrag_static nofrag_cli test_formats
+}
+check "cmake build outside the checkout ($BUILD)" cmake_build
+check "test_formats from the out-of-tree build (CLI reads PyTorch pickles)" \
+  ctest --test-dir "$BUILD" --output-on-failure -R '^test_formats$' --no-tests=error
+check "cmake --install --prefix $PREFIX" cmake --install "$BUILD" --prefix "$PREFIX"
+
+installed_files() {
+  local f
+  for f in include/nofrag.h lib/libnofrag.so lib/libnofrag.a bin/nofrag lib/pkgconfig/nofrag.pc \
+    lib/cmake/nofrag/nofragConfig.cmake lib/cmake/nofrag/nofragConfigVersion.cmake \
+    share/nofrag/python/nofrag/torch_trace.py share/nofrag/python/nofrag/_version.py; do
+    [ -e "$PREFIX/$f" ] || { echo "missing: $PREFIX/$f"; return 1; }
+  done
+  # The SONAME is versioned and the chain of links points at a real file.
+  objdump -p "$PREFIX/lib/libnofrag.so" | grep -E 'SONAME +libnofrag\.so\.[0-9]+$' &&
+    [ -f "$(readlink -f "$PREFIX/lib/libnofrag.so")" ]
+}
+check "installed files, SONAME" installed_files
+# From here on nothing may come from the build tree.
+rm -rf "$BUILD"
+
+# ------------------------------------------------------------ consumers
+export PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig
+pc_build() {
+  local flags
+  flags=$(pkg-config --cflags --libs nofrag) || return 1
+  echo "pkg-config: $flags"
+  # shellcheck disable=SC2086
+  cc -std=c11 -Wall -Werror "$ROOT/examples/host_pool.c" $flags -o "$TMP/host_pool_pc" &&
+    [ "$(pkg-config --modversion nofrag)" = "$(sed -n 's/^#define NF_VERSION "\(.*\)"/\1/p' "$ROOT/include/nofrag.h")" ]
+}
+check "examples/host_pool.c built with pkg-config" pc_build
+pc_run() {
+  # Not found without the prefix on the loader's path: proof it links P's copy.
+  if "$TMP/host_pool_pc" 2>/dev/null; then echo "ran without LD_LIBRARY_PATH: which libnofrag?"; return 1; fi
+  LD_LIBRARY_PATH=$PREFIX/lib "$TMP/host_pool_pc" &&
+    LD_LIBRARY_PATH=$PREFIX/lib ldd "$TMP/host_pool_pc" | grep -F "$PREFIX/lib/libnofrag.so.0"
+}
+check "pkg-config build runs (LD_LIBRARY_PATH=$PREFIX/lib)" pc_run
+unset PKG_CONFIG_PATH
+
+cm_build() {
+  cmake -S "$ROOT/examples" -B "$TMP/ex-cmake" -DCMAKE_PREFIX_PATH="$PREFIX" &&
+    cmake --build "$TMP/ex-cmake" -j"$JOBS" &&
+    grep -F "nofrag_DIR:PATH=$PREFIX/lib/cmake/nofrag" "$TMP/ex-cmake/CMakeCache.txt"
+}
+check "examples/ built with find_package(nofrag) (CMAKE_PREFIX_PATH)" cm_build
+check "find_package build runs: nofrag::nofrag (shared)" "$TMP/ex-cmake/host_pool"
+check "find_package build runs: nofrag::nofrag_static" "$TMP/ex-cmake/host_pool_static"
+
+cli_version() {
+  local v
+  v=$("$PREFIX/bin/nofrag" version) && echo "$v" && [ "$v" = "nofrag $(sed -n 's/^#define NF_VERSION "\(.*\)"/\1/p' "$ROOT/include/nofrag.h")" ]
+}
+check "$PREFIX/bin/nofrag version" cli_version
+cli_pickle() {
+  if [ ! -f "$PICKLE" ]; then echo "no $PICKLE: skipped"; return 0; fi
+  (cd "$TMP/elsewhere" && env -u PYTHONPATH -u NOFRAG_PYTHON_DIR "$PREFIX/bin/nofrag" replay "$PICKLE")
+}
+check "installed CLI reads a PyTorch pickle (share/nofrag/python)" cli_pickle
+
+# ------------------------------------------------------------ pip
+PY=${NF_PYTHON:-/usr/bin/python3}
+[ -x "$PY" ] || PY=python3
+VENV=$TMP/venv
+venv_make() {
+  "$PY" -c 'import setuptools, wheel' || { echo "$PY lacks setuptools/wheel (python3-setuptools python3-wheel)"; return 1; }
+  "$PY" -m venv --system-site-packages "$VENV"
+}
+check "python3 -m venv --system-site-packages ($PY)" venv_make
+check "pip install --no-index --no-build-isolation $ROOT" \
+  "$VENV/bin/pip" install --no-index --no-build-isolation "$ROOT"
+
+# Everything below runs from $TMP/elsewhere with PYTHONPATH/NOFRAG_LIB unset.
+in_venv() { (cd "$TMP/elsewhere" && env -u PYTHONPATH -u NOFRAG_LIB -u NOFRAG_PYTHON_DIR "$@"); }
+py_pool() {
+  in_venv "$VENV/bin/python" -c '
+import os, sys, nofrag
+venv = sys.argv[1]
+assert nofrag.__file__.startswith(venv + "/"), nofrag.__file__
+assert nofrag._lib.path().startswith(venv + "/"), nofrag._lib.path()
+pool = nofrag.Pool("backend:host,limit:256MiB")
+p = pool.alloc(1 << 20)
+pool.free(p)
+try:
+    pool.free(p)
+    sys.exit("double free accepted")
+except nofrag.NofragError as e:
+    print("double free refused:", e)
+    assert e.status_name == "NF_ERR_INVALID"
+pool.close()
+print("nofrag", nofrag.__version__, "from", nofrag.__file__, "library", nofrag._lib.path())
+' "$VENV"
+}
+check "installed package: Pool alloc/free/double free -> NofragError (no PYTHONPATH, NOFRAG_LIB)" py_pool
+check "venv's nofrag version" in_venv "$VENV/bin/nofrag" version
+venv_pickle() {
+  if [ ! -f "$PICKLE" ]; then echo "no $PICKLE: skipped"; return 0; fi
+  in_venv "$VENV/bin/nofrag" replay "$PICKLE"
+}
+check "venv's nofrag reads a PyTorch pickle" venv_pickle
+py_tests() {
+  cp -r "$ROOT/python/tests" "$TMP/elsewhere/tests" &&
+    # The tests put their parent directory first on sys.path: here it has no
+    # nofrag/, so they import the installed package; make sure of it.
+    in_venv "$VENV/bin/python" -c 'import sys; sys.path.insert(0, sys.argv[1]); import nofrag
+assert nofrag.__file__.startswith(sys.argv[2] + "/"), nofrag.__file__' "$TMP/elsewhere" "$VENV" &&
+    in_venv env NF_SHARED="$ROOT/../shared" "$VENV/bin/python" -m unittest discover -s tests -v
+}
+check "python/tests (copied out of the checkout) against the installed package" py_tests
+
+wheel_check() {
+  "$VENV/bin/pip" wheel --no-index --no-build-isolation --no-deps -w "$TMP/wheels" "$ROOT" || return 1
+  local whl
+  whl=$(ls "$TMP"/wheels/nofrag-*.whl) || return 1
+  echo "wheel: $whl"
+  case $whl in *-none-any.whl) echo "a pure wheel: it must be platform-tagged"; return 1 ;; esac
+  "$PY" -m venv --system-site-packages "$TMP/venv2" &&
+    "$TMP/venv2/bin/pip" install --no-index "$whl" &&
+    in_venv "$TMP/venv2/bin/python" -c 'import nofrag
+with nofrag.Pool("backend:host,limit:64MiB") as p: p.free(p.alloc(4096))
+print(nofrag._lib.path())' &&
+    in_venv "$TMP/venv2/bin/nofrag" version
+}
+check "pip wheel: platform wheel that installs in another venv" wheel_check
+
+echo "install checks: $PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]

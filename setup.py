@@ -1,0 +1,128 @@
+"""pip install for nofrag: the Python package with libnofrag.so and the
+`nofrag` command inside it.
+
+    pip install --no-build-isolation --no-index .      # offline, this checkout
+    pip wheel --no-build-isolation --no-index -w dist . # a wheel for machines with the same (or newer) glibc
+
+Needs setuptools and wheel (Debian: python3-setuptools python3-wheel; use
+/usr/bin/python3 or a venv made from it), cmake (>= 3.16) and a C compiler,
+zlib headers (Debian: cmake build-essential zlib1g-dev). The C parts are built
+by CMake (targets nofrag and nofrag_cli, tests off) in build-pip/cmake, then
+copied into the package: nofrag/libnofrag.so (found by nofrag._lib without
+NOFRAG_LIB) and nofrag/_bin/nofrag (run by the `nofrag` console script).
+Then the PyTorch adapter hook runs (nofrag/_build.py: build_torch_adapter).
+Environment: NOFRAG_CMAKE_ARGS adds arguments to the CMake configure step.
+"""
+
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+from setuptools import Distribution, setup
+from setuptools.command.build_py import build_py
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+os.makedirs(os.path.join(ROOT, "build-pip"), exist_ok=True)  # setup.cfg's egg_base must exist
+
+
+def version():
+    """NF_VERSION from include/nofrag.h: the version's one home."""
+    with open(os.path.join(ROOT, "include", "nofrag.h")) as f:
+        m = re.search(r'^#define NF_VERSION "([^"]+)"', f.read(), re.M)
+    if not m:
+        sys.exit("setup.py: no '#define NF_VERSION \"X.Y.Z\"' in include/nofrag.h")
+    return m.group(1)
+
+
+def cmake_build(build_dir):
+    """Configure and build libnofrag.so and the CLI; returns their paths."""
+    cmake = shutil.which("cmake")
+    if not cmake:
+        sys.exit("setup.py: cmake not found on PATH: nofrag's C library is built with CMake "
+                 "(Debian/Ubuntu: apt-get install cmake build-essential zlib1g-dev)")
+    args = [cmake, "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release", "-DNF_TESTS=OFF"]
+    args += shlex.split(os.environ.get("NOFRAG_CMAKE_ARGS", ""))
+    jobs = str(os.cpu_count() or 1)
+    for cmd in (args, [cmake, "--build", build_dir, "-j", jobs, "--target", "nofrag", "nofrag_cli"]):
+        print("setup.py:", " ".join(shlex.quote(a) for a in cmd), flush=True)
+        subprocess.run(cmd, check=True)
+    lib, cli = os.path.join(build_dir, "libnofrag.so"), os.path.join(build_dir, "nofrag")
+    for p in (lib, cli):
+        if not os.path.exists(p):
+            sys.exit(f"setup.py: the CMake build did not produce {p}")
+    return lib, cli
+
+
+class BuildWithLibrary(build_py):
+    """build_py, plus the C library and CLI copied into the package."""
+
+    def run(self):
+        super().run()
+        pkg = os.path.join(self.build_lib, "nofrag")
+        lib, cli = cmake_build(os.path.abspath(os.path.join(ROOT, "build-pip", "cmake")))
+        shutil.copyfile(lib, os.path.join(pkg, "libnofrag.so"))  # the file, not the symlink
+        os.makedirs(os.path.join(pkg, "_bin"), exist_ok=True)
+        shutil.copyfile(cli, os.path.join(pkg, "_bin", "nofrag"))
+        os.chmod(os.path.join(pkg, "_bin", "nofrag"), 0o755)
+        with open(os.path.join(pkg, "_version.py"), "w") as f:
+            f.write(f'# Written by setup.py from include/nofrag.h.\nversion = "{version()}"\n')
+        # The PyTorch adapter hook (python/nofrag/_build.py), loaded by path:
+        # importing the nofrag package here is not needed and could pick up
+        # another installed copy.
+        spec = importlib.util.spec_from_file_location("nofrag_build", os.path.join(ROOT, "python", "nofrag", "_build.py"))
+        hooks = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(hooks)
+        built, why = hooks.build_torch_adapter(ROOT, pkg, os.path.join(ROOT, "build-pip", "torch"), lib)
+        print(f"setup.py: PyTorch adapter: {built or 'skipped: ' + why}", flush=True)
+
+
+class BinaryDistribution(Distribution):
+    """The package carries a native library: platform wheel, platlib install."""
+
+    def has_ext_modules(self):
+        return True
+
+
+cmdclass = {"build_py": BuildWithLibrary}
+try:  # setuptools >= 70.1 has its own; older ones use the wheel package's
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:
+        bdist_wheel = None
+if bdist_wheel is not None:
+    class PlatformWheel(bdist_wheel):
+        """py3-none-<platform>: the .so is loaded with ctypes, so any Python 3
+        will do, but only on this platform (glibc of the build or newer)."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            self.root_is_pure = False
+
+        def get_tag(self):
+            return "py3", "none", super().get_tag()[2]
+
+    cmdclass["bdist_wheel"] = PlatformWheel
+
+setup(
+    name="nofrag",
+    version=version(),
+    description="GPU memory allocator that does not fragment (CUDA VMM; PyTorch and CuPy plug-ins)",
+    long_description=open(os.path.join(ROOT, "README.md")).read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.8",
+    package_dir={"": "python"},
+    packages=["nofrag"],
+    entry_points={"console_scripts": ["nofrag = nofrag._cli:main"]},
+    cmdclass=cmdclass,
+    distclass=BinaryDistribution,
+    zip_safe=False,
+    classifiers=["License :: OSI Approved :: MIT License", "Programming Language :: C",
+                 "Programming Language :: Python :: 3", "Operating System :: POSIX :: Linux"],
+)
