@@ -381,6 +381,10 @@ NF_API nf_status_t nf_private_begin_thread(nf_pool_t *pool, uint64_t id);
 NF_API nf_status_t nf_private_end(nf_pool_t *pool, uint64_t id);
 //! nf_alloc served from private pool `id` whatever the routes say.
 NF_API void *nf_alloc_private(nf_pool_t *pool, uint64_t id, size_t size, nf_stream_t stream);
+//! Allocate exactly at `addr` (a free range of private pool `id`, 0: the
+//! general pool): restoring a checkpointed pool state (PyTorch's CUDA-graph
+//! trees). NF_ERR_INVALID if the range is not free there.
+NF_API void *nf_alloc_at(nf_pool_t *pool, uint64_t id, void *addr, size_t size, nf_stream_t stream);
 //! Unmap the pool's free granules (waits for the streams) and release unused
 //! granules down to `retain`: emptying a MemPool's cache. Not during a capture.
 NF_API nf_status_t nf_private_trim(nf_pool_t *pool, uint64_t id);

@@ -356,6 +356,39 @@ static void test_capture_no_events(void **state) {
   nf_backend_destroy(&s->be);
 }
 
+// Checkpoint restore: a block re-created exactly where it was.
+static void test_alloc_at(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 256ull << 20, G, NULL);
+  assert_int_equal(nf_private_incref(p, 3), NF_OK);
+  void *a = nf_alloc_private(p, 3, 70000, S(0)), *b = nf_alloc_private(p, 3, 5000, S(0));
+  nft_fill(b, 5000, 1);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_null(nf_alloc_at(p, 3, b, 100, S(0))); // live there
+  assert_int_equal(nf_last_status(), NF_ERR_INVALID);
+  assert_null(nf_alloc_at(p, 0, a, 100, S(0))); // not the general pool's range
+  void *c = nf_alloc_at(p, 3, (char *)a + 4096, 1000, S(0)); // inside the freed block
+  assert_ptr_equal(c, (char *)a + 4096);
+  void *d = nf_alloc_at(p, 3, a, 4096, S(0));
+  assert_ptr_equal(d, a);
+  nft_fill(c, 1000, 2);
+  nft_fill(d, 4096, 3);
+  assert_true(nft_check(b, 5000, 1));
+  assert_int_equal(nf_private_of(p, c), 3);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, b); nf_free(p, c); nf_free(p, d);
+  void *g = nf_alloc(p, 100, S(0));
+  nf_free(p, g);
+  void *h = nf_alloc_at(p, 0, g, 100, S(0)); // general pool
+  assert_ptr_equal(g, h);
+  nf_free(p, h);
+  assert_int_equal(nf_private_release(p, 3), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 // ------------------------------------------------------------ randomized
 
 enum { NSLOT = 48, NPOOL = 3, NSTREAM = 3 };
@@ -491,6 +524,7 @@ int main(void) {
       cmocka_unit_test(test_thread_route),
       cmocka_unit_test(test_hand_back),
       cmocka_unit_test(test_capture_no_events),
+      cmocka_unit_test(test_alloc_at),
       cmocka_unit_test(test_randomized),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

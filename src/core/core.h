@@ -239,7 +239,7 @@ typedef struct nf_route_s {
 static inline nf_tlsf_t *nf__tlsf_of(nf_pool_t *p, const nf_block_t *b) {
   return NF_UNLIKELY(b->chunk->priv != NULL) ? &b->chunk->priv->tlsf[b->arena] : &p->tlsf[b->arena];
 }
-void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv, uint64_t pv_id); // pool.c
+void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv, uint64_t pv_id, uintptr_t at); // pool.c
 nf_priv_t *nf__priv_find(const nf_pool_t *p, uint64_t id);
 nf_priv_t *nf__priv_route(const nf_pool_t *p, uint32_t s); // route for an allocation on stream index s (NULL: general)
 nf_status_t nf__priv_chunk_new(nf_pool_t *p, nf_priv_t *pv, int arena, uint64_t min_size);

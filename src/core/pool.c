@@ -144,9 +144,24 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   return NF_OK;
 }
 
+// Under the lock: the free block of pool pv (NULL: general) holding
+// [at, at + n), taken out of its free index, or NULL.
+static nf_block_t *free_block_at(nf_pool_t *p, const nf_priv_t *pv, uintptr_t at, uint64_t n) {
+  for (nf_chunk_t *c = p->chunks; c; c = c->next) {
+    if (c->priv != pv || at < c->base || at >= c->base + c->size) continue;
+    for (nf_block_t *b = c->first; b; b = b->next)
+      if (b->state == NF_BLK_FREE && b->addr <= at && at + n <= b->addr + b->size) {
+        nf__tlsf_remove(nf__tlsf_of(p, b), b);
+        return b;
+      }
+  }
+  return NULL;
+}
+
 // nf_alloc, or with `explicit_pv` nf_alloc_private: the allocation goes to
-// private pool `pv_id` (else to the one a route names, else the general pool).
-void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv, uint64_t pv_id) {
+// private pool `pv_id` (else to the one a route names, else the general
+// pool); `at` nonzero: exactly there (nf_alloc_at).
+void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv, uint64_t pv_id, uintptr_t at) {
   if (NF_UNLIKELY(!p)) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc: NULL pool"); return NULL; }
   if (NF_UNLIKELY(!size)) { nf__error_clear(); return NULL; }
   // Larger than the limit: only spill (up to spill_limit more) can serve it.
@@ -173,7 +188,7 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
   if (NF_UNLIKELY(st != NF_OK)) goto fail;
   nf_tlsf_t *tl = p->tlsf;
   nf_priv_t *pv = NULL;
-  if (NF_UNLIKELY(explicit_pv | (p->nroutes != 0))) {
+  if (NF_UNLIKELY(explicit_pv | (p->nroutes != 0 && !at))) {
     pv = explicit_pv ? nf__priv_find(p, pv_id) : nf__priv_route(p, s);
     if (explicit_pv && !pv) {
       st = nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_private: no private pool %llu", (unsigned long long)pv_id);
@@ -186,7 +201,18 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
   if (NF_UNLIKELY(p->host_sweep) && p->tick != p->sweep_tick) nf__host_sweep(p);
   uint64_t off;
   bool mapped;
-  nf_block_t *b = nf__place(p, tl, arena, rsize, s, &off, &mapped);
+  nf_block_t *b;
+  if (NF_UNLIKELY(at != 0)) { // restoring a checkpoint (PyTorch's CUDA-graph trees)
+    if (!(b = free_block_at(p, pv, at, rsize))) {
+      st = nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_at: [%p, +%llu B) is not free in pool %llu", (void *)at,
+                     (unsigned long long)rsize, (unsigned long long)(pv ? pv->id : 0));
+      goto fail;
+    }
+    off = at - b->addr;
+    if ((st = place_block(p, &b, off, rsize, s, false)) != NF_OK) goto fail;
+    goto placed;
+  }
+  b = nf__place(p, tl, arena, rsize, s, &off, &mapped);
   if (NF_UNLIKELY(!b)) {
     if ((st = pv ? nf__priv_chunk_new(p, pv, arena, rsize) : nf__chunk_new(p, arena, rsize)) != NF_OK) goto fail;
     if (!(b = nf__place(p, tl, arena, rsize, s, &off, &mapped))) {
@@ -200,6 +226,7 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
     // placement needing the fewest new ones may still fit.
     if (st != NF_ERR_OOM || attempt || !(b = nf__place_min(p, tl, rsize, s, &off, &mapped))) goto fail;
   }
+placed:
   if (NF_UNLIKELY(nf__map_insert(p, b) != NF_OK)) {
     b->state = NF_BLK_FREE;
     nf__release_block(p, b);
@@ -245,7 +272,7 @@ static nf_status_t bad_free(nf_pool_t *p, const void *ptr) {
   return nf__error(NF_ERR_INVALID, "nofrag: free of %p: pointer not allocated by this pool", ptr);
 }
 
-void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) { return nf__alloc(p, size, stream, false, 0); }
+void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) { return nf__alloc(p, size, stream, false, 0, 0); }
 
 nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   if (NF_UNLIKELY(!p)) return nf__error(NF_ERR_INVALID, "nofrag: nf_free: NULL pool");
