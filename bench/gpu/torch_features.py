@@ -168,8 +168,10 @@ def case_cudnn(torch, alloc):
 
 def case_history(torch, alloc, out_dir):
     from torch.cuda import _memory_viz
-    base = torch.cuda.memory_allocated()
+    # The run's live peak in the trace's units: PyTorch records block sizes
+    # (512 B rounded: allocated_bytes), nofrag requested sizes (its live).
     torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if alloc == "native" else _nofrag_stats()["live"]
     torch.cuda.memory._record_memory_history(max_entries=200000)
     m = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(6)]).cuda()
     opt = torch.optim.AdamW(m.parameters())
@@ -183,8 +185,7 @@ def case_history(torch, alloc, out_dir):
     path = os.path.join(out_dir, f"snapshot-{alloc}.pickle")
     torch.cuda.memory._dump_snapshot(path)
     torch.cuda.memory._record_memory_history(enabled=None)
-    ms = torch.cuda.memory_stats()
-    peak = ms.get("requested_bytes.all.peak", 0) if alloc == "native" else _nofrag_stats()["live_peak"]
+    peak = torch.cuda.max_memory_allocated() if alloc == "native" else _nofrag_stats()["live_peak"]
     res = {"segments": len(snap.get("segments", [])), "trace_entries": sum(len(t) for t in snap["device_traces"]),
            "run_live_peak_net": int(peak - base), "dump_bytes": os.path.getsize(path)}
     res["trace_plot_bytes"] = len(_memory_viz.trace_plot(snap))

@@ -712,10 +712,13 @@ class NofragAllocator final : public Pluggable {
   c10::ApproximateClockToUnixTimeConverter clock_;
 };
 
-std::shared_ptr<NofragAllocator> g_alloc;
+// Never destroyed: tensors may die during static destruction at exit.
+std::shared_ptr<NofragAllocator>* g_hold = nullptr;
+std::atomic<NofragAllocator*> g_alloc{nullptr};
 
 void delete_fn(void* ptr) {
-  if (g_alloc) g_alloc->free_ptr(ptr);
+  NofragAllocator* a = g_alloc.load(std::memory_order_acquire);
+  if (a) a->free_ptr(ptr);
 }
 
 } // namespace nfa
@@ -725,8 +728,11 @@ void delete_fn(void* ptr) {
 // with the reason in `err`.
 extern "C" __attribute__((visibility("default"))) int nf_adapter_install(char* err, size_t n) {
   try {
-    if (!nfa::g_alloc) nfa::g_alloc = std::make_shared<nfa::NofragAllocator>();
-    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(nfa::g_alloc);
+    if (!nfa::g_hold) {
+      nfa::g_hold = new std::shared_ptr<nfa::NofragAllocator>(std::make_shared<nfa::NofragAllocator>());
+      nfa::g_alloc.store(nfa::g_hold->get(), std::memory_order_release);
+    }
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(*nfa::g_hold);
     return 0;
   } catch (const std::exception& e) {
     if (err && n) snprintf(err, n, "%s", e.what());
@@ -736,5 +742,6 @@ extern "C" __attribute__((visibility("default"))) int nf_adapter_install(char* e
 
 //! 1 when the adapter is PyTorch's current allocator.
 extern "C" __attribute__((visibility("default"))) int nf_adapter_active(void) {
-  return nfa::g_alloc && c10::cuda::CUDACachingAllocator::get() == nfa::g_alloc.get();
+  nfa::NofragAllocator* a = nfa::g_alloc.load();
+  return a && c10::cuda::CUDACachingAllocator::get() == a;
 }
