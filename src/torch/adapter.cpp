@@ -265,13 +265,14 @@ class NofragAllocator final : public Pluggable {
       nf_torch_reset();
       return;
     }
+    // A released pool was trimmed and handed back already (release_now).
     std::lock_guard<std::mutex> g(routes_mu_);
     auto it = keys_.find(mempool_id);
     if (it == keys_.end()) return;
     for (int d = 0; d < kMaxDev; d++) {
       nf_pool_t* p = nf_torch_pool_get(d, 0);
-      if (!p) continue;
-      nf_status_t st = nf_private_use_count(p, it->second) ? nf_private_trim(p, it->second) : nf_trim(p);
+      if (!p || !nf_private_use_count(p, it->second)) continue;
+      nf_status_t st = nf_private_trim(p, it->second);
       TORCH_CHECK(st == NF_OK, "nofrag: emptyCache of pool (", mempool_id.first, ", ", mempool_id.second, "): ",
                   nf_last_error());
     }
@@ -368,16 +369,19 @@ class NofragAllocator final : public Pluggable {
     st->id = id;
     st->device = device;
     nf_pool_t* p = nf_torch_pool_get(device, 0);
+    cudaStream_t cur = c10::cuda::getCurrentCUDAStream(device).stream();
     for (void* q : live_of(device, id)) {
       st->live.emplace_back(q, p ? nf_block_size(p, q) : 0);
-      st->streams.push_back(c10::cuda::getCurrentCUDAStream(device).stream());
+      st->streams.push_back(cur);
     }
     return st;
   }
 
-  // Restore a pool to a checkpoint: blocks live now but not in it are freed
-  // (ptrs_freed), blocks in it but not live are re-created at their address
-  // (dataptrs_allocd), as PyTorch's allocator does for graph trees.
+  // Restore a pool to a checkpoint, as PyTorch's allocator does for graph
+  // trees: every block live in the pool now is freed (ptrs_freed: PyTorch
+  // turns the deleters of stale storages among them into no-ops), then every
+  // block of the checkpoint is re-created at its address (dataptrs_allocd:
+  // PyTorch hands them to the storages that live on). A pointer may be in both.
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                               std::shared_ptr<cca::AllocatorState> pps) override {
     auto* st = dynamic_cast<PoolState*>(pps.get());
@@ -389,19 +393,14 @@ class NofragAllocator final : public Pluggable {
       key = key_of(st->id);
     }
     cca::CheckpointDelta delta;
-    std::vector<void*> now = live_of(device, st->id);
-    std::unordered_set<void*> want;
-    for (auto& b : st->live) want.insert(b.first);
-    std::unordered_set<void*> have(now.begin(), now.end());
-    for (void* q : now)
-      if (!want.count(q)) {
-        if (tracing_.load()) trace_free(q);
-        nf_torch_free_any(q);
-        delta.ptrs_freed.push_back(q);
-      }
+    for (void* q : live_of(device, st->id)) {
+      if (tracing_.load()) trace_free(q);
+      nf_torch_free_any(q);
+      delta.ptrs_freed.push_back(q);
+    }
+    RelaxedCapture g(captures_.load() != 0);
     for (size_t i = 0; i < st->live.size(); i++) {
       void* q = st->live[i].first;
-      if (have.count(q)) continue;
       void* r = nf_alloc_at(p, key, q, st->live[i].second, (nf_stream_t)st->streams[i]);
       TORCH_CHECK(r == q, "nofrag: setCheckpointPoolState: cannot re-create the block at ", q, ": ", nf_last_error());
       delta.dataptrs_allocd.emplace_back(r, r, &delete_fn, c10::Device(c10::DeviceType::CUDA, device));
@@ -587,11 +586,17 @@ class NofragAllocator final : public Pluggable {
   }
 
   // The last user is gone: graph replays may still run on streams the pool
-  // never saw, so wait for the device before its memory joins the general pool.
+  // never saw, so wait for the device; then give the pool's cached memory
+  // back (PyTorch's allocator frees a released pool's blocks at
+  // emptyCache(pool), which MemPool's destructor calls right after) and hand
+  // the rest (live blocks) to the general pool.
   void release_now(c10::DeviceIndex device, uint64_t key) {
     nf_pool_t* p = nf_torch_pool_get(device, 0);
     if (!p) return;
-    if (nf_private_use_count(p, key) == 1 && cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    if (nf_private_use_count(p, key) == 1) {
+      if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+      if (nf_private_trim(p, key) != NF_OK) fprintf(stderr, "nofrag: releasePool: %s\n", nf_last_error());
+    }
     if (nf_private_release(p, key) != NF_OK) fprintf(stderr, "nofrag: releasePool: %s\n", nf_last_error());
   }
 
