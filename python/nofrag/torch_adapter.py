@@ -29,6 +29,7 @@ FALLBACK_MISSING = (
     "outside the graph)", "torch.compile(mode='reduce-overhead') (checkPoolLiveAllocations)",
     "cudnn.benchmark (cacheInfo)", "_record_memory_history / _snapshot / _dump_snapshot",
     "torch.OutOfMemoryError (a RuntimeError is raised instead)", "MemPool / use_mem_pool",
+    "CUDA IPC (torch.multiprocessing sharing of CUDA tensors)",
     "native memory_stats (patched in Python instead)")
 
 _SOURCES = ("adapter.cpp", "torch.h")

@@ -20,7 +20,9 @@
 // - recordHistory / snapshot: segments and blocks in PyTorch's format from
 //   the pool's layout (nf_torch_walk), device traces with the frames
 //   PyTorch's context recorder gives.
-// Not done: CUDA IPC (shareIpcHandle / getIpcDevPtr raise a clear error).
+// - CUDA IPC (torch.multiprocessing): shareIpcHandle / getIpcDevPtr export
+//   the block's granules as POSIX fds that the receiver (also under nofrag)
+//   fetches with pidfd_getfd (src/torch/ipc.c).
 //
 // Captures: PyTorch calls beginAllocateToPool before cudaStreamBeginCapture
 // on the current stream, with a filter that is true for streams in that
@@ -39,10 +41,12 @@
 #include <torch/version.h>
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -151,6 +155,7 @@ class NofragAllocator final : public Pluggable {
   void free_ptr(void* ptr) {
     if (!ptr) return;
     if (tracing_.load(std::memory_order_acquire)) trace_free(ptr);
+    if (nexported_.load(std::memory_order_acquire) != 0) ipc_forget(ptr);
     RelaxedCapture g(captures_.load(std::memory_order_acquire) != 0);
     nf_torch_free_any(ptr);
   }
@@ -681,22 +686,75 @@ class NofragAllocator final : public Pluggable {
   }
 
  public:
-  // ------------------------------------------------------------ IPC (not done)
-  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
-    (void)handle;
-    TORCH_CHECK(false,
-                "nofrag: sharing CUDA tensors between processes (getIpcDevPtr) is not supported by nofrag yet; "
-                "copy the tensor to the CPU (or use a file) to pass it, or run the consumer without nofrag");
+  // ------------------------------------------------------------ IPC
+  // The block's granules are exported as POSIX fds, which the receiving
+  // process (also under nofrag) fetches with pidfd_getfd (src/torch/ipc.c
+  // says what permission that needs). The fds stay open until the block is
+  // freed.
+  void* getBaseAllocation(void* ptr, size_t* size) override {
+    int dev = device_of(ptr, size);
+    if (dev < 0 && size) *size = 0;
+    return ptr;
   }
+
   cca::ShareableHandle shareIpcHandle(void* ptr) override {
-    (void)ptr;
-    TORCH_CHECK(false,
-                "nofrag: sharing CUDA tensors between processes (shareIpcHandle) is not supported by nofrag yet; "
-                "copy the tensor to the CPU (or use a file) to pass it, or run this process without nofrag");
+    size_t n = 0;
+    int dev = device_of(ptr, &n);
+    TORCH_CHECK(dev >= 0, "nofrag: shareIpcHandle: ", ptr, " is not a live nofrag block");
+    nf_pool_t* p = nf_torch_pool_get(dev, 0);
+    std::vector<int> fds(n / 4096 + 4); // granules are >= 4 KiB
+    std::string buf(64 + fds.size() * 32, '\0');
+    size_t nfds = 0;
+    uint64_t off = 0;
+    nf_status_t st = nf_ipc_export(p, ptr, &buf[0], buf.size(), fds.data(), fds.size(), &nfds, &off);
+    TORCH_CHECK(st == NF_OK, "nofrag: shareIpcHandle: ", nf_last_error());
+    fds.resize(nfds);
+    {
+      std::lock_guard<std::mutex> g(ipc_mu_);
+      auto& v = exported_[ptr];
+      v.insert(v.end(), fds.begin(), fds.end());
+      nexported_.store((int)exported_.size());
+    }
+    buf.resize(strlen(buf.c_str()));
+    return cca::ShareableHandle{(ptrdiff_t)off, buf};
+  }
+
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    c10::DeviceIndex dev = c10::cuda::current_device();
+    void* base = nullptr;
+    nf_ipc_map_t* m = nullptr;
+    nf_status_t st = nf_ipc_import(nf_pool_backend(pool(dev)), handle.c_str(), &base, &m);
+    TORCH_CHECK(st == NF_OK, "nofrag: getIpcDevPtr: ", nf_last_error());
+    return std::shared_ptr<void>(base, [m](void*) { nf_ipc_close(m); });
+  }
+
+  // Close the fds exported for a block being freed.
+  void ipc_forget(void* ptr) {
+    std::lock_guard<std::mutex> g(ipc_mu_);
+    auto it = exported_.find(ptr);
+    if (it == exported_.end()) return;
+    for (int fd : it->second) close(fd);
+    exported_.erase(it);
+    nexported_.store((int)exported_.size());
+  }
+
+  // The device whose pool holds live block ptr (its size in *n), or -1.
+  static int device_of(void* ptr, size_t* n) {
+    for (int d = 0; d < kMaxDev; d++) {
+      nf_pool_t* p = nf_torch_pool_get(d, 0);
+      size_t k = p ? nf_block_size(p, ptr) : 0;
+      if (k) {
+        if (n) *n = k;
+        return d;
+      }
+    }
+    return -1;
   }
 
  private:
-  std::mutex routes_mu_, stats_mu_, obs_mu_, hist_mu_;
+  std::mutex routes_mu_, stats_mu_, obs_mu_, hist_mu_, ipc_mu_;
+  std::unordered_map<void*, std::vector<int>> exported_; // ipc_mu_
+  std::atomic<int> nexported_{0};
   std::vector<Route> routes_;
   std::map<MempoolId_t, uint64_t> keys_;
   uint64_t next_key_ = 1;
