@@ -70,6 +70,25 @@ def _tag(torch, src, inc):
     return f"torch{torch.__version__}-cuda{cuda}-{h.hexdigest()[:12]}".replace("+", "_")
 
 
+def _pip_cuda_runtime():
+    """(include dir, lib dir, soversion) of the nvidia-cuda-runtime wheel torch
+    depends on, or None."""
+    try:
+        import nvidia.cuda_runtime as rt  # noqa: F401 - the wheel torch's CUDA builds pull in
+    except Exception:  # noqa: BLE001
+        return None
+    base = list(getattr(rt, "__path__", []))[:1]
+    if not base:
+        return None
+    inc, lib = os.path.join(base[0], "include"), os.path.join(base[0], "lib")
+    if not os.path.exists(os.path.join(inc, "cuda_runtime_api.h")) or not os.path.isdir(lib):
+        return None
+    for n in sorted(os.listdir(lib)):
+        if n.startswith("libcudart.so."):
+            return inc, lib, n[len("libcudart.so."):]
+    return None
+
+
 def build_adapter(out_dir=None, verbose=False):
     """Compile the adapter against the importable torch. Returns (path, "")
     or (None, reason). Offline: no download, only the local compiler."""
@@ -96,6 +115,16 @@ def build_adapter(out_dir=None, verbose=False):
         return so, ""
     libdir = os.path.dirname(libpath)
     log = os.path.join(out, "build.log")
+    common = dict(name="nofrag_adapter", sources=[os.path.join(src, "adapter.cpp")],
+                  extra_cflags=["-O2"], is_python_module=False, build_directory=out, verbose=True)
+    ld = [f"-L{libdir}", f"-l:{os.path.basename(libpath)}", f"-Wl,-rpath,{libdir}"]
+    attempts = [dict(extra_include_paths=[inc, src], extra_ldflags=ld, with_cuda=True)]
+    rt = _pip_cuda_runtime()
+    if rt:  # no CUDA toolkit (CUDA_HOME): the CUDA runtime headers of the nvidia pip wheel
+        attempts.append(dict(extra_include_paths=[inc, src, rt[0]],
+                             extra_ldflags=ld + [f"-L{rt[1]}", "-l:libcudart.so.%s" % rt[2], f"-Wl,-rpath,{rt[1]}"],
+                             with_cuda=False))
+    built, errors = None, []
     # cpp_extension prints the compiler's output; keep it in build.log.
     old_out, old_err = os.dup(1), os.dup(2)
     try:
@@ -105,21 +134,23 @@ def build_adapter(out_dir=None, verbose=False):
             os.dup2(f.fileno(), 1)
             os.dup2(f.fileno(), 2)
             try:
-                built = cpp.load(
-                    name="nofrag_adapter", sources=[os.path.join(src, "adapter.cpp")],
-                    extra_include_paths=[inc, src], extra_cflags=["-O2", "-std=c++17"],
-                    extra_ldflags=[f"-L{libdir}", f"-l:{os.path.basename(libpath)}", f"-Wl,-rpath,{libdir}"],
-                    with_cuda=True, is_python_module=False, build_directory=out, verbose=True)
+                for extra in attempts:
+                    try:
+                        built = cpp.load(**common, **extra)
+                        break
+                    except Exception as e:  # noqa: BLE001 - compile errors: RuntimeError; no CUDA_HOME: OSError
+                        errors.append(f"{e.__class__.__name__}: {str(e)[:300]}")
+                        print(f"nofrag: adapter build attempt failed: {errors[-1]}", flush=True)
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os.dup2(old_out, 1)
                 os.dup2(old_err, 2)
-    except Exception as e:  # noqa: BLE001 - compile errors come as RuntimeError, missing CUDA as OSError...
-        return None, f"compiling the adapter failed ({e.__class__.__name__}: {str(e)[:300]}); log: {log}"
     finally:
         os.close(old_out)
         os.close(old_err)
+    if built is None:
+        return None, f"compiling the adapter failed ({'; '.join(errors)}); log: {log}"
     path = built if isinstance(built, str) and os.path.exists(built) else os.path.join(out, "nofrag_adapter.so")
     if not os.path.exists(path):
         return None, f"the adapter was built but {path} is missing; log: {log}"
