@@ -371,8 +371,8 @@ PLAN = [("graph", ("native", "nofrag", "nofrag-ctypes"), 90),
         ("history", ("native", "nofrag"), 120),
         ("graphed", ("native", "nofrag"), 90),
         ("train", ("native", "nofrag", "nofrag-ctypes"), 150),
+        ("cudnn", ("native", "nofrag"), 120),
         ("compile", ("native", "nofrag"), 200),
-        ("cudnn", ("native", "nofrag"), 150),
         ("llama", ("native",), 150),
         ("ipc", ("native", "nofrag"), 90)]
 
