@@ -240,6 +240,13 @@ def enable(conf=None, **config):
     for disk offload); without either, ``$NOFRAG_CONF`` applies. Must run before
     CUDA is initialised (before the first CUDA tensor, or anything calling
     torch.cuda's lazy init). Calling it again once enabled does nothing.
+
+    The C++ adapter (nofrag.torch_adapter: CUDA graphs, torch.compile's
+    graph trees, MemPool, cudnn.benchmark, torch.OutOfMemoryError, memory
+    snapshots, CUDA IPC, native memory_stats) is built against this torch on
+    first use and installed; where it cannot be, a RuntimeWarning says why and
+    what is missing, and the ctypes path is used. ``adapter=False`` (or
+    NOFRAG_ADAPTER=0) forces the ctypes path.
     """
     import torch
 
