@@ -253,7 +253,6 @@ def case_ipc(torch, alloc):
     ctx = mp.get_context("spawn")
     q_in, q_out = ctx.Queue(), ctx.Queue()
     t = torch.zeros(1 << 20, device="cuda")
-    t.untyped_storage()._share_cuda_()  # fails here, at once, where sharing is not supported
     p = ctx.Process(target=_ipc_child, args=(q_in, q_out, alloc))
     p.start()
     q_in.put(t)
