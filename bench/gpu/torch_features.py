@@ -9,7 +9,7 @@ Orchestrator (bench/gpu/run_torch.sh runs it after building libnofrag):
 Every (case, allocator) runs in its own subprocess with a timeout (a crash or
 a hang loses only that cell); results.json / results.md are rewritten after
 each. Allocators: native (PyTorch's), nofrag (the C++ adapter,
-src/torch/adapter.cpp, built first: its compile log is printed on failure),
+src/torch/adapter*.{h,cpp}, built first: its compile log is printed on failure),
 nofrag-ctypes (today's CUDAPluggableAllocator path, NOFRAG_ADAPTER=0) where the
 case is meant to show what the adapter fixes.
 

@@ -1,4 +1,4 @@
-"""The C++ adapter (src/torch/adapter.cpp): nofrag as a first-class PyTorch
+"""The C++ adapter (src/torch/adapter.h, adapter.cpp, adapter_trace.cpp): nofrag as a first-class PyTorch
 allocator, compiled against the importable torch, offline, with the machine's
 compiler (torch.utils.cpp_extension: g++, ninja, the CUDA headers of
 CUDA_HOME).
@@ -32,11 +32,12 @@ FALLBACK_MISSING = (
     "CUDA IPC (torch.multiprocessing sharing of CUDA tensors)",
     "native memory_stats (patched in Python instead)")
 
-_SOURCES = ("adapter.cpp", "torch.h")
+_SOURCES = ("adapter.h", "adapter.cpp", "adapter_trace.cpp", "torch.h")
+_COMPILED = ("adapter.cpp", "adapter_trace.cpp")
 
 
 def _source_dir():
-    """Directory holding adapter.cpp and torch.h (src/torch in a checkout,
+    """Directory holding the adapter's sources and torch.h (src/torch in a checkout,
     nofrag/csrc in an installed package, or $NOFRAG_SRC)."""
     here = os.path.dirname(os.path.abspath(__file__))
     cands = [os.environ.get("NOFRAG_SRC", ""), os.path.join(here, "csrc"),
@@ -99,7 +100,7 @@ def build_adapter(out_dir=None, verbose=False):
         return None, f"torch is not importable ({e.__class__.__name__}: {e})"
     src = _source_dir()
     if not src:
-        return None, "the adapter's sources (adapter.cpp, torch.h) were not found; set NOFRAG_SRC"
+        return None, "the adapter's sources (%s) were not found; set NOFRAG_SRC" % ", ".join(_SOURCES)
     inc = _include_dir(src)
     if not inc:
         return None, f"nofrag.h not found near {src}"
@@ -115,7 +116,7 @@ def build_adapter(out_dir=None, verbose=False):
         return so, ""
     libdir = os.path.dirname(libpath)
     log = os.path.join(out, "build.log")
-    common = dict(name="nofrag_adapter", sources=[os.path.join(src, "adapter.cpp")],
+    common = dict(name="nofrag_adapter", sources=[os.path.join(src, f) for f in _COMPILED],
                   extra_cflags=["-O2"], is_python_module=False, build_directory=out, verbose=True)
     ld = [f"-L{libdir}", f"-l:{os.path.basename(libpath)}", f"-Wl,-rpath,{libdir}"]
     attempts = [dict(extra_include_paths=[inc, src], extra_ldflags=ld, with_cuda=True)]

@@ -87,7 +87,7 @@ NF_API size_t nf_stats_size(void);
 
 NF_API size_t nf_stats_offset(const char *field);
 
-// ---- C++ adapter support (src/torch/adapter.cpp, walk.c)
+// ---- C++ adapter support (src/torch/adapter*.{h,cpp}, walk.c, ipc.c)
 //! The plug-in's pool for `device`, created on first use when `create`
 //! (NULL: bad device or the pool cannot be made; nf_torch_last_error says why).
 NF_API nf_pool_t *nf_torch_pool_get(int device, int create);

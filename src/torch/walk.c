@@ -1,5 +1,5 @@
 // The pool's layout for PyTorch's memory snapshot (torch.cuda.memory._snapshot),
-// built by the C++ adapter (src/torch/adapter.cpp): PyTorch describes memory
+// built by the C++ adapter (src/torch/adapter_trace.cpp): PyTorch describes memory
 // as segments tiled by blocks. nofrag's segments are the maximal runs of mapped
 // (ready) granules of an address range; its blocks, clipped to a run, tile it
 // (live blocks are always wholly mapped; free ones may be clipped).
