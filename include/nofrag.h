@@ -345,6 +345,59 @@ NF_API void nf_snapshot_free(char *snapshot);
 //! next OOM.
 NF_API const char *nf_last_oom_report(void);
 
+// ---- private pools (private_pool.c)
+//! Private pools: memory owned by a CUDA graph or a PyTorch MemPool. Each has
+//! a caller-chosen id (nonzero; 0 is the general pool) and a use count.
+//! Guarantees, while its use count is above zero:
+//! - an allocation routed to it (nf_alloc_private, or a route below) is
+//!   served from its own address ranges, and its freed blocks are reused only
+//!   by allocations routed to it (a graph's freed temporaries are never handed
+//!   to tensors outside the graph that replays into them);
+//! - its granules are never unmapped, stitched away or released (nf_trim,
+//!   the release policy and stitching skip it); only nf_private_trim does.
+//! When the last user releases it, its free memory joins the general pool
+//! (ordered after the work of every stream the pool has seen: work that may
+//! still target it on other streams, e.g. a graph replay, must be finished
+//! first) and its live blocks stay valid, freed later as usual.
+//! Routes: nf_private_begin routes allocations on `stream` (which the caller
+//! is about to capture) and nf_private_begin_thread those of the calling
+//! thread, until nf_private_end(id). Routes nest: the newest matching one
+//! wins (innermost capture first); several captures may be under way at once.
+//! While a stream route exists the pool makes no event call (record, query,
+//! synchronize, wait) and never waits on the host: blocks freed on another
+//! stream are reused only when already known safe, record_stream records are
+//! deferred, and nf_trim / nf_private_trim fail with NF_ERR_INVALID.
+//!
+//! Create (use count 1) or add a user.
+NF_API nf_status_t nf_private_incref(nf_pool_t *pool, uint64_t id);
+//! Drop a user; at zero the pool is handed back (above) and its routes end.
+NF_API nf_status_t nf_private_release(nf_pool_t *pool, uint64_t id);
+//! Use count (0: no such pool).
+NF_API uint64_t nf_private_use_count(nf_pool_t *pool, uint64_t id);
+//! Route allocations on `stream` to private pool `id` and treat the stream
+//! as being captured (no event calls on it, see above).
+NF_API nf_status_t nf_private_begin(nf_pool_t *pool, uint64_t id, nf_stream_t stream);
+//! Route allocations made by the calling thread to private pool `id`.
+NF_API nf_status_t nf_private_begin_thread(nf_pool_t *pool, uint64_t id);
+//! End every route to private pool `id` (NF_ERR_INVALID if there was none).
+NF_API nf_status_t nf_private_end(nf_pool_t *pool, uint64_t id);
+//! nf_alloc served from private pool `id` whatever the routes say.
+NF_API void *nf_alloc_private(nf_pool_t *pool, uint64_t id, size_t size, nf_stream_t stream);
+//! Allocate exactly at `addr` (a free range of private pool `id`, 0: the
+//! general pool): restoring a checkpointed pool state (PyTorch's CUDA-graph
+//! trees). NF_ERR_INVALID if the range is not free there.
+NF_API void *nf_alloc_at(nf_pool_t *pool, uint64_t id, void *addr, size_t size, nf_stream_t stream);
+//! Unmap the pool's free granules (waits for the streams) and release unused
+//! granules down to `retain`: emptying a MemPool's cache. Not during a capture.
+NF_API nf_status_t nf_private_trim(nf_pool_t *pool, uint64_t id);
+//! Live blocks of private pool `id`: up to n addresses in out; returns how many there are.
+NF_API size_t nf_private_live(nf_pool_t *pool, uint64_t id, void **out, size_t n);
+//! Private pool holding live block `ptr` (0: general pool, or not a live block).
+NF_API uint64_t nf_private_of(nf_pool_t *pool, const void *ptr);
+//! 1 while some stream route (capture) exists.
+NF_API int nf_capturing(nf_pool_t *pool);
+// ---- end private pools
+
 #ifdef __cplusplus
 }
 #endif

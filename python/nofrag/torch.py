@@ -77,7 +77,7 @@ from .torch_offload import (OptimizerOffload, block_tiers, offload, offload_acti
                             offload_optimizer, pool, prefetch)
 
 _state = {"enabled": False, "allocator": None, "hooks": {}, "patched": [], "oom_raises": False,
-          "baseline": {}}
+          "baseline": {}, "adapter": None, "adapter_error": ""}
 
 _TORCH_CHECK_FAIL = "_ZN3c106detail14torchCheckFailEPKcS2_jS2_"
 
@@ -88,7 +88,7 @@ def is_enabled():
 
 def install_info():
     """What enable() did: hooks set, functions patched, whether OOM raises."""
-    return {k: _state[k] for k in ("enabled", "hooks", "patched", "oom_raises")}
+    return {k: _state[k] for k in ("enabled", "hooks", "patched", "oom_raises", "adapter", "adapter_error")}
 
 
 # ------------------------------------------------------------------ stats
@@ -240,9 +240,17 @@ def enable(conf=None, **config):
     for disk offload); without either, ``$NOFRAG_CONF`` applies. Must run before
     CUDA is initialised (before the first CUDA tensor, or anything calling
     torch.cuda's lazy init). Calling it again once enabled does nothing.
+
+    The C++ adapter (nofrag.torch_adapter: CUDA graphs, torch.compile's
+    graph trees, MemPool, cudnn.benchmark, torch.OutOfMemoryError, memory
+    snapshots, CUDA IPC, native memory_stats) is built against this torch on
+    first use and installed; where it cannot be, a RuntimeWarning says why and
+    what is missing, and the ctypes path is used. ``adapter=False`` (or
+    NOFRAG_ADAPTER=0) forces the ctypes path.
     """
     import torch
 
+    use_adapter = config.pop("adapter", None)
     if _state["enabled"]:
         return install_info()
     if not torch.cuda.is_available():
@@ -257,6 +265,19 @@ def enable(conf=None, **config):
     s = ",".join(p for p in (conf, _lib.conf_string(**config)) if p)
     if lib.nf_torch_configure(s.encode() if s else None) != 0:
         raise ValueError(f"nofrag.torch.enable: {_lib.last_error()}")
+
+    # The C++ adapter (nofrag/torch_adapter.py): a full PyTorch allocator.
+    # adapter=False or NOFRAG_ADAPTER=0 keeps the ctypes path.
+    if use_adapter is not False and os.environ.get("NOFRAG_ADAPTER", "1") != "0":
+        from . import torch_adapter
+        ok, info = torch_adapter.install()
+        if ok:
+            _state.update(enabled=True, adapter=info, hooks={}, patched=[], oom_raises=True)
+            return install_info()
+        _state["adapter_error"] = info
+        import warnings
+        warnings.warn("nofrag: the C++ adapter is not available (" + info + "); using the ctypes path, "
+                      "which lacks: " + "; ".join(torch_adapter.FALLBACK_MISSING), RuntimeWarning, stacklevel=2)
 
     alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib.path(), "nf_torch_alloc", "nf_torch_free")
     raw = alloc.allocator()

@@ -42,6 +42,13 @@ typedef struct nf_backend_ops_s {
   nf_status_t (*event_sync)(nf_backend_t *be, nf_event_t ev);
   nf_status_t (*stream_wait)(nf_backend_t *be, nf_stream_t s, nf_event_t ev);
   void (*destroy)(nf_backend_t *be);
+  // Optional (NULL: not supported), for sharing memory with another process
+  // (src/torch/ipc.c): a POSIX fd (and an offset in it) for a physical
+  // allocation (cuMemExportToShareableHandle; the caller closes it), and an
+  // allocation made from such an fd received from another process
+  // (cuMemImportFromShareableHandle; released with mem_release).
+  nf_status_t (*mem_export)(nf_backend_t *be, nf_handle_t h, int *fd, uint64_t *off);
+  nf_status_t (*mem_import)(nf_backend_t *be, int fd, uint64_t off, size_t size, nf_handle_t *out);
 } nf_backend_ops_t;
 
 struct nf_backend_s {

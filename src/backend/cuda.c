@@ -111,6 +111,8 @@ typedef struct {
   CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
   CUresult (*GetErrorName)(CUresult, const char **);
   CUresult (*GetErrorString)(CUresult, const char **);
+  CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+  CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
 } cu_fns_t;
 
 // Each entry: the name cuGetProcAddress takes (base name) and the exported
@@ -144,6 +146,8 @@ static const struct {
     S(StreamWaitEvent, "cuStreamWaitEvent"),
     S(GetErrorName, "cuGetErrorName"),
     S(GetErrorString, "cuGetErrorString"),
+    S(MemExportToShareableHandle, "cuMemExportToShareableHandle"),
+    S(MemImportFromShareableHandle, "cuMemImportFromShareableHandle"),
 #undef S
 };
 
@@ -445,6 +449,27 @@ static void op_destroy(nf_backend_t *be) {
   free(c);
 }
 
+// Sharing with another process (src/torch/ipc.c): granules are created with
+// POSIX-fd handles where the driver allows (op_mem_create), so they export as
+// an fd; without that the driver refuses and the message says so.
+static nf_status_t op_mem_export(nf_backend_t *be, nf_handle_t h, int *fd, uint64_t *off) {
+  *off = 0;
+  CU_CALL(be, "cuMemExportToShareableHandle(POSIX fd)",
+          cu.MemExportToShareableHandle(fd, (CUmemGenericAllocationHandle)h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  return NF_OK;
+}
+
+static nf_status_t op_mem_import(nf_backend_t *be, int fd, uint64_t off, size_t size, nf_handle_t *out) {
+  (void)size;
+  if (off) return nf__backend_fail(be, NF_ERR_INVALID, "cuda backend: mem_import: offset %llu (a CUDA fd is one allocation)",
+                                   (unsigned long long)off);
+  CUmemGenericAllocationHandle h = 0;
+  CU_CALL(be, "cuMemImportFromShareableHandle(POSIX fd)",
+          cu.MemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  *out = (nf_handle_t)h;
+  return NF_OK;
+}
+
 static const nf_backend_ops_t cuda_ops = {
     .name = "cuda",
     .granularity = op_granularity,
@@ -464,6 +489,8 @@ static const nf_backend_ops_t cuda_ops = {
     .event_sync = op_event_sync,
     .stream_wait = op_stream_wait,
     .destroy = op_destroy,
+    .mem_export = op_mem_export,
+    .mem_import = op_mem_import,
 };
 
 

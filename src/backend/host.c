@@ -124,6 +124,7 @@ static bool ext_reserve(host_backend *h, size_t more) {
 }
 
 static bool punch(host_backend *h, const mem_rec *r) {
+  if (r->ext_fd >= 0) return true; // imported: the exporting process owns the memory
   return fallocate(h->tiers[r->tier].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)r->off, (off_t)r->size) == 0;
 }
 
@@ -131,6 +132,11 @@ static bool punch(host_backend *h, const mem_rec *r) {
 static void rec_free(host_backend *h, uint32_t idx, bool leak) {
   mem_rec *r = &h->recs[idx];
   tier_state *t = &h->tiers[r->tier];
+  if (r->ext_fd >= 0) { // imported: no extent of ours
+    close(r->ext_fd);
+    r->ext_fd = -1;
+    leak = true;
+  }
   // If the punch failed the extent would not read as zero: never reuse it
   // (and keep counting it as created, so capacity shows the loss).
   if (!leak) {
@@ -266,6 +272,7 @@ static nf_status_t mem_create_locked(host_backend *h, nf_tier_t tier, size_t siz
   r->size = size;
   r->maps = 0;
   r->next_free = 0;
+  r->ext_fd = -1;
   r->tier = (uint8_t)tier;
   r->state = REC_LIVE;
   t->created += size;
@@ -279,7 +286,9 @@ static nf_status_t mem_release_locked(host_backend *h, nf_handle_t hd) {
   mem_rec *r = rec_of(h, hd, &idx);
   if (!r) return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: mem_release(%#llx): unknown or released handle",
                                   (unsigned long long)hd);
-  if (r->maps == 0) {
+  if (r->maps == 0 && r->ext_fd >= 0) {
+    rec_free(h, idx, true);
+  } else if (r->maps == 0) {
     if (!ext_reserve(h, 1)) return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
     if (!punch(h, r))
       return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: mem_release: fallocate: %s", strerror(errno));
@@ -288,7 +297,7 @@ static nf_status_t mem_release_locked(host_backend *h, nf_handle_t hd) {
   } else {
     // CUDA defers the release of a mapped handle until its last unmap.
     r->state = REC_RELEASED;
-    h->live_granules -= r->size / h->granule;
+    if (r->ext_fd < 0) h->live_granules -= r->size / h->granule;
   }
   return NF_OK;
 }
@@ -311,7 +320,8 @@ static nf_status_t map_locked(host_backend *h, uintptr_t va, size_t size, nf_han
     if (r->slot[i])
       return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: map(%#lx, %zu): granule %#lx already mapped",
                               (unsigned long)va, size, (unsigned long)(r->base + i * h->granule));
-  void *p = mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->tiers[rec->tier].fd, (off_t)rec->off);
+  int fd = rec->ext_fd >= 0 ? rec->ext_fd : h->tiers[rec->tier].fd;
+  void *p = mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, (off_t)rec->off);
   if (p == MAP_FAILED) {
     int e = errno;
     // A failed MAP_FIXED may have dropped the reservation: put it back.
@@ -459,6 +469,55 @@ static nf_status_t h_copy(nf_backend_t *be, uintptr_t dst, uintptr_t src, size_t
   return st;
 }
 
+// ---------------------------------------------------------------- sharing
+// Export: a duplicate of the tier's memfd and the extent's offset. Import: a
+// record over the received fd (not counted against this backend's capacity).
+
+static nf_status_t h_mem_export(nf_backend_t *be, nf_handle_t hd, int *fd, uint64_t *off) {
+  host_backend *h = hb(be);
+  pthread_mutex_lock(&h->mu);
+  uint32_t idx;
+  mem_rec *r = rec_of(h, hd, &idx);
+  nf_status_t st = NF_OK;
+  int src = r ? (r->ext_fd >= 0 ? r->ext_fd : h->tiers[r->tier].fd) : -1;
+  if (!r) st = nf__backend_fail(be, NF_ERR_INVALID, "host backend: mem_export(%#llx): unknown or released handle",
+                                (unsigned long long)hd);
+  else if ((*fd = fcntl(src, F_DUPFD_CLOEXEC, 0)) < 0)
+    st = nf__backend_fail(be, NF_ERR_BACKEND, "host backend: mem_export: dup: %s", strerror(errno));
+  else *off = r->off;
+  pthread_mutex_unlock(&h->mu);
+  return st;
+}
+
+static nf_status_t h_mem_import(nf_backend_t *be, int fd, uint64_t off, size_t size, nf_handle_t *out) {
+  host_backend *h = hb(be);
+  if (size == 0 || size % h->granule)
+    return nf__backend_fail(be, NF_ERR_INVALID, "host backend: mem_import(%zu): size not a multiple of granule %llu", size,
+                            (unsigned long long)h->granule);
+  int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (mine < 0) return nf__backend_fail(be, NF_ERR_BACKEND, "host backend: mem_import: dup: %s", strerror(errno));
+  pthread_mutex_lock(&h->mu);
+  nf_status_t st = NF_OK;
+  if (!h->free_rec && (h->nrecs >= MAX_RECS || !grow((void **)&h->recs, &h->caprecs, h->nrecs + 1, sizeof(mem_rec)))) {
+    st = nf__backend_fail(be, NF_ERR_NOMEM, "host backend: out of host memory");
+  } else {
+    uint32_t idx;
+    if (h->free_rec) {
+      idx = h->free_rec - 1;
+      h->free_rec = h->recs[idx].next_free;
+    } else {
+      idx = (uint32_t)h->nrecs++;
+      h->recs[idx].gen = 1;
+    }
+    mem_rec *r = &h->recs[idx];
+    *r = (mem_rec){.off = off, .size = size, .gen = r->gen, .ext_fd = mine, .tier = NF_TIER_DEVICE, .state = REC_LIVE};
+    *out = (uint64_t)r->gen << 32 | (idx + 1);
+  }
+  pthread_mutex_unlock(&h->mu);
+  if (st != NF_OK) close(mine);
+  return st;
+}
+
 // ---------------------------------------------------------------- lifetime
 
 // Frees everything, including what the user leaked: mappings, ranges, memfds, events.
@@ -473,6 +532,8 @@ static void h_destroy(nf_backend_t *be) {
     free(h->tiers[t].free);
   }
   while (h->events) nf__host_event_free(h, h->events);
+  for (size_t i = 0; i < h->nrecs; i++)
+    if (h->recs[i].state != REC_FREE && h->recs[i].ext_fd >= 0) close(h->recs[i].ext_fd);
   free(h->ranges);
   free(h->recs);
   pthread_mutex_destroy(&h->mu);
@@ -486,6 +547,7 @@ static const nf_backend_ops_t host_ops = {
     .set_access = h_set_access, .copy = h_copy,               .event_create = nf__host_event_create,
     .event_destroy = nf__host_event_destroy, .event_record = nf__host_event_record, .event_query = nf__host_event_query,
     .event_sync = nf__host_event_sync, .stream_wait = nf__host_stream_wait, .destroy = h_destroy,
+    .mem_export = h_mem_export, .mem_import = h_mem_import,
 };
 
 NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity, uint64_t granule) {

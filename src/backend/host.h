@@ -26,6 +26,7 @@ typedef struct {
   uint32_t gen;       // bumped whenever the record is freed
   uint32_t maps;      // live mappings of this handle
   uint32_t next_free; // free-list link (index + 1, 0 = end)
+  int ext_fd;         // imported from another process (mem_import): its fd, else -1
   uint8_t tier, state;
 } mem_rec;
 

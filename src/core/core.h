@@ -61,6 +61,7 @@ struct nf_chunk_s {
   uint32_t *phys;    // physical granule index mapped at granule i
   nf_block_t *first; // lowest-addressed block
   nf_chunk_t *next;
+  struct nf_priv_s *priv; // private pool owning the range (private_pool.c), NULL: the general pool
   uint8_t arena;
 };
 
@@ -202,7 +203,55 @@ struct nf_pool_s {
 
   nf_tier_hooks_t tier;   // set by the assembler (src/nofrag.c); NULL members: no such tier
   nf_observe_hooks_t obs; // likewise for observers
+
+  // ---- private pools (private_pool.c): fields
+  struct nf_priv_s *privs;       // private pools, newest first
+  struct nf_route_s *routes;     // allocation routes, innermost (newest) last
+  uint32_t nroutes, routes_cap;
+  uint64_t capture_mask;         // stream indexes being captured: no event calls, no host waits
+  // ---- end private pools: fields
 };
+
+// ---- private pools (private_pool.c)
+// A private pool owns whole address-range chunks (chunk->priv) and their own
+// free index, so its freed blocks are reused only by allocations routed to
+// it, and nothing unmaps its granules while it exists (nf__unmap_cached skips
+// its chunks). When its last user releases it, its chunks join the general
+// pool: free blocks become general free blocks, live ones stay where they are.
+typedef struct nf_priv_s {
+  uint64_t id;
+  uint64_t uses;                  // use count; 0: handed back (the struct is gone)
+  uint64_t live_blocks, live;     // live blocks in its chunks, requested bytes
+  nf_tlsf_t tlsf[NF_ARENA_COUNT]; // its free blocks
+  struct nf_priv_s *next;
+} nf_priv_t;
+
+// A route: allocations on stream index `s` (capture: the stream is being
+// captured) or from thread `thread` (by_thread) go to `pv`.
+typedef struct nf_route_s {
+  nf_priv_t *pv;
+  uint64_t thread;
+  uint32_t s;
+  bool by_thread;
+} nf_route_t;
+
+// The free index a block belongs to: its chunk owner's.
+static inline nf_tlsf_t *nf__tlsf_of(nf_pool_t *p, const nf_block_t *b) {
+  return NF_UNLIKELY(b->chunk->priv != NULL) ? &b->chunk->priv->tlsf[b->arena] : &p->tlsf[b->arena];
+}
+void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv, uint64_t pv_id, uintptr_t at); // pool.c
+nf_priv_t *nf__priv_find(const nf_pool_t *p, uint64_t id);
+nf_priv_t *nf__priv_route(const nf_pool_t *p, uint32_t s); // route for an allocation on stream index s (NULL: general)
+nf_status_t nf__priv_chunk_new(nf_pool_t *p, nf_priv_t *pv, int arena, uint64_t min_size);
+uint64_t nf__priv_check(nf_pool_t *p, nf_status_t *st); // nf_pool_check: free blocks indexed in private pools
+void nf__privs_destroy(nf_pool_t *p);
+bool nf__block_usable(const nf_pool_t *p, const nf_block_t *b, uint32_t s); // stream.c
+// Whether a free block may be used on stream s with no event call (always
+// true outside captures; during one, placement takes only such blocks).
+static inline bool nf__capture_ok(const nf_pool_t *p, const nf_block_t *b, uint32_t s) {
+  return NF_LIKELY(!p->capture_mask) || nf__block_usable(p, b, s);
+}
+// ---- end private pools
 
 // Counting wrappers around backend ops: every call is counted in the stats.
 #define NF_BE(pool, op, counter, ...) \
@@ -224,8 +273,9 @@ void nf__blocks_destroy(nf_pool_t *p);
 // placement.c
 void nf__tlsf_insert(nf_tlsf_t *t, nf_block_t *b);
 void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b);
-nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64_t *off, bool *mapped);
-nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint64_t *off, bool *mapped);
+// tl: the free index to place in (the general pool's p->tlsf or a private pool's), one per arena.
+nf_block_t *nf__place(nf_pool_t *p, nf_tlsf_t *tl, int arena, uint64_t size, uint32_t s, uint64_t *off, bool *mapped);
+nf_block_t *nf__place_min(nf_pool_t *p, nf_tlsf_t *tl, uint64_t size, uint32_t s, uint64_t *off, bool *mapped);
 nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
 void nf__release_block(nf_pool_t *p, nf_block_t *b);
 
@@ -247,6 +297,8 @@ bool nf__range_mapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint
 uint64_t nf__range_unmapped(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
 uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *keep_c,
                           uint64_t keep_g0, uint64_t keep_g1, int tier, nf_status_t *st);
+// The same over the chunks of private pool pv only (nf_private_trim).
+uint64_t nf__unmap_cached_in(nf_pool_t *p, const nf_priv_t *pv, uint64_t want, bool blocking, nf_status_t *st);
 nf_status_t nf__granules_create(nf_pool_t *p, uint64_t n);
 nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep);
 void nf__maybe_release(nf_pool_t *p);

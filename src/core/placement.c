@@ -77,8 +77,9 @@ static uint64_t place_cost(const nf_pool_t *p, const nf_block_t *b, uint64_t siz
   return hi < lo ? hi : lo;
 }
 
-nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64_t *off, bool *mapped) {
-  nf_tlsf_t *t = &p->tlsf[arena];
+nf_block_t *nf__place(nf_pool_t *p, nf_tlsf_t *tl, int arena, uint64_t size, uint32_t s, uint64_t *off,
+                      bool *mapped) {
+  nf_tlsf_t *t = &tl[arena];
   uint64_t units = size >> NF_ALIGN_SHIFT;
   int fl, sl;
   mapping(units, &fl, &sl);
@@ -88,7 +89,7 @@ nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64
   //    a mapped one there is the fast path.
   int n = 0;
   for (nf_block_t *b = t->heads[fl][sl]; b && n < NF_WALK; b = b->fnext, n++) {
-    if (b->size >= size && nf__range_mapped(p, b->chunk, b->addr, size)) {
+    if (b->size >= size && nf__range_mapped(p, b->chunk, b->addr, size) && nf__capture_ok(p, b, s)) {
       nf__tlsf_remove(t, b);
       return b;
     }
@@ -104,7 +105,7 @@ nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64
   int budget = tight ? NF_WALK : NF_SCAN;
   n = 0;
   for (nf_block_t *b = t->heads[fl][sl]; b && budget > 0 && n < NF_SCAN; b = b->fnext, n++) {
-    if (b->size < size) continue;
+    if (b->size < size || !nf__capture_ok(p, b, s)) continue;
     budget--;
     uint64_t c = tight ? !nf__block_usable(p, b, s) : place_cost(p, b, size, &o);
     if (c < best_cost) { best = b; best_cost = c; best_off = tight ? 0 : o; }
@@ -123,7 +124,9 @@ nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64
       slm = t->sl_bitmap[fl];
     }
     for (; slm && budget > 0; slm &= slm - 1) {
-      for (nf_block_t *b = t->heads[fl][__builtin_ctz(slm)]; b && budget > 0; b = b->fnext, budget--) {
+      for (nf_block_t *b = t->heads[fl][__builtin_ctz(slm)]; b && budget > 0; b = b->fnext) {
+        if (!nf__capture_ok(p, b, s)) continue; // during a capture only: not counted
+        budget--;
         uint64_t c = tight ? !nf__block_usable(p, b, s) : place_cost(p, b, size, &o);
         if (c < best_cost) { best = b; best_cost = c; best_off = tight ? 0 : o; }
         if (!c) goto done;
@@ -161,15 +164,15 @@ static nf_block_t *split_front(nf_pool_t *p, nf_block_t *b, uint64_t size) {
 // smaller block). After stitching has unmapped all cached granules, this
 // finds the holes whose partial granules, shared with live neighbours, are
 // still mapped. O(free blocks); only on the way to an OOM.
-nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint64_t *off, bool *mapped) {
+nf_block_t *nf__place_min(nf_pool_t *p, nf_tlsf_t *tl, uint64_t size, uint32_t s, uint64_t *off, bool *mapped) {
   nf_block_t *best = NULL;
   uint64_t best_cost = UINT64_MAX, o;
   for (int a = 0; a < NF_ARENA_COUNT; a++)
     for (int f = 0; f < NF_FL_COUNT; f++) {
-      if (!(p->tlsf[a].fl_bitmap >> f & 1)) continue;
+      if (!(tl[a].fl_bitmap >> f & 1)) continue;
       for (int l = 0; l < NF_SL_COUNT; l++)
-        for (nf_block_t *b = p->tlsf[a].heads[f][l]; b; b = b->fnext) {
-          if (b->size < size) continue;
+        for (nf_block_t *b = tl[a].heads[f][l]; b; b = b->fnext) {
+          if (b->size < size || !nf__capture_ok(p, b, s)) continue;
           uint64_t c = place_cost(p, b, size, &o);
           if (c < best_cost || (c == best_cost && b->size < best->size)) {
             best = b;
@@ -178,7 +181,7 @@ nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint64_t *off, bool *mapp
           }
         }
     }
-  if (best) nf__tlsf_remove(&p->tlsf[best->arena], best);
+  if (best) nf__tlsf_remove(&tl[best->arena], best);
   *mapped = best && !best_cost;
   return best;
 }
@@ -189,14 +192,14 @@ nf_block_t *nf__place_min(nf_pool_t *p, uint64_t size, uint64_t *off, bool *mapp
 nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size) {
   if (off) {
     nf_block_t *r = split_front(p, b, off);
-    if (!r) { nf__tlsf_insert(&p->tlsf[b->arena], b); return NULL; }
-    nf__tlsf_insert(&p->tlsf[b->arena], b);
+    if (!r) { nf__tlsf_insert(nf__tlsf_of(p, b), b); return NULL; }
+    nf__tlsf_insert(nf__tlsf_of(p, b), b);
     b = r;
   }
   if (b->size > size) {
     nf_block_t *r = split_front(p, b, size);
     if (!r) { nf__release_block(p, b); return NULL; }
-    nf__tlsf_insert(&p->tlsf[b->arena], r);
+    nf__tlsf_insert(nf__tlsf_of(p, r), r);
   }
   return b;
 }
@@ -214,7 +217,7 @@ static void merge_order(const nf_pool_t *p, nf_block_t *keep, const nf_block_t *
 // Insert a freed block into its arena's index, coalescing with free
 // neighbours. `b` must be detached (state FREE, smask/tick set).
 void nf__release_block(nf_pool_t *p, nf_block_t *b) {
-  nf_tlsf_t *t = &p->tlsf[b->arena];
+  nf_tlsf_t *t = nf__tlsf_of(p, b);
   nf_block_t *n = b->next;
   if (n && n->state == NF_BLK_FREE) {
     merge_order(p, b, n);

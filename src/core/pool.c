@@ -11,6 +11,7 @@
 // ------------------------------------------------------------------ lifetime
 
 void nf__core_destroy(nf_pool_t *p) {
+  nf__privs_destroy(p);
   nf__streams_destroy(p);
   nf__chunks_destroy(p);
   nf__blocks_destroy(p);
@@ -127,7 +128,7 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   nf_block_t *b = *bp;
   nf_status_t st;
   if (NF_UNLIKELY(!nf__block_usable(p, b, s)) && (st = nf__order_after(p, b, s)) != NF_OK) {
-    nf__tlsf_insert(&p->tlsf[b->arena], b);
+    nf__tlsf_insert(nf__tlsf_of(p, b), b);
     return st;
   }
   if (NF_UNLIKELY(!(b = nf__split(p, b, off, rsize)))) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
@@ -143,7 +144,24 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   return NF_OK;
 }
 
-void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
+// Under the lock: the free block of pool pv (NULL: general) holding
+// [at, at + n), taken out of its free index, or NULL.
+static nf_block_t *free_block_at(nf_pool_t *p, const nf_priv_t *pv, uintptr_t at, uint64_t n) {
+  for (nf_chunk_t *c = p->chunks; c; c = c->next) {
+    if (c->priv != pv || at < c->base || at >= c->base + c->size) continue;
+    for (nf_block_t *b = c->first; b; b = b->next)
+      if (b->state == NF_BLK_FREE && b->addr <= at && at + n <= b->addr + b->size) {
+        nf__tlsf_remove(nf__tlsf_of(p, b), b);
+        return b;
+      }
+  }
+  return NULL;
+}
+
+// nf_alloc, or with `explicit_pv` nf_alloc_private: the allocation goes to
+// private pool `pv_id` (else to the one a route names, else the general
+// pool); `at` nonzero: exactly there (nf_alloc_at).
+void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv, uint64_t pv_id, uintptr_t at) {
   if (NF_UNLIKELY(!p)) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc: NULL pool"); return NULL; }
   if (NF_UNLIKELY(!size)) { nf__error_clear(); return NULL; }
   // Larger than the limit: only spill (up to spill_limit more) can serve it.
@@ -168,15 +186,36 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   uint32_t s;
   nf_status_t st = nf__stream_index(p, stream, &s);
   if (NF_UNLIKELY(st != NF_OK)) goto fail;
+  nf_tlsf_t *tl = p->tlsf;
+  nf_priv_t *pv = NULL;
+  if (NF_UNLIKELY(explicit_pv | (p->nroutes != 0 && !at))) {
+    pv = explicit_pv ? nf__priv_find(p, pv_id) : nf__priv_route(p, s);
+    if (explicit_pv && !pv) {
+      st = nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_private: no private pool %llu", (unsigned long long)pv_id);
+      goto fail;
+    }
+    if (pv) tl = pv->tlsf;
+  }
   // Spilled granules left in free ranges go before placement looks: new
   // blocks belong on the device.
   if (NF_UNLIKELY(p->host_sweep) && p->tick != p->sweep_tick) nf__host_sweep(p);
   uint64_t off;
   bool mapped;
-  nf_block_t *b = nf__place(p, arena, rsize, s, &off, &mapped);
+  nf_block_t *b;
+  if (NF_UNLIKELY(at != 0)) { // restoring a checkpoint (PyTorch's CUDA-graph trees)
+    if (!(b = free_block_at(p, pv, at, rsize))) {
+      st = nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_at: [%p, +%llu B) is not free in pool %llu", (void *)at,
+                     (unsigned long long)rsize, (unsigned long long)(pv ? pv->id : 0));
+      goto fail;
+    }
+    off = at - b->addr;
+    if ((st = place_block(p, &b, off, rsize, s, false)) != NF_OK) goto fail;
+    goto placed;
+  }
+  b = nf__place(p, tl, arena, rsize, s, &off, &mapped);
   if (NF_UNLIKELY(!b)) {
-    if ((st = nf__chunk_new(p, arena, rsize)) != NF_OK) goto fail;
-    if (!(b = nf__place(p, arena, rsize, s, &off, &mapped))) {
+    if ((st = pv ? nf__priv_chunk_new(p, pv, arena, rsize) : nf__chunk_new(p, arena, rsize)) != NF_OK) goto fail;
+    if (!(b = nf__place(p, tl, arena, rsize, s, &off, &mapped))) {
       st = nf__error(NF_ERR_INVALID, "nofrag: internal error: fresh range not found");
       goto fail;
     }
@@ -185,8 +224,9 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
     if ((st = place_block(p, &b, off, rsize, s, mapped)) == NF_OK) break;
     // Out of granules: once stitching has unmapped every cached granule, the
     // placement needing the fewest new ones may still fit.
-    if (st != NF_ERR_OOM || attempt || !(b = nf__place_min(p, rsize, &off, &mapped))) goto fail;
+    if (st != NF_ERR_OOM || attempt || !(b = nf__place_min(p, tl, rsize, s, &off, &mapped))) goto fail;
   }
+placed:
   if (NF_UNLIKELY(nf__map_insert(p, b) != NF_OK)) {
     b->state = NF_BLK_FREE;
     nf__release_block(p, b);
@@ -200,6 +240,7 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   p->st.live_rounded += rsize;
   p->st.live_blocks++;
   p->st.allocs++;
+  if (NF_UNLIKELY(pv != NULL)) { pv->live += size; pv->live_blocks++; }
   nf__peak(&p->st.live_peak, p->st.live);
   nf__peak(&p->st.live_rounded_peak, p->st.live_rounded);
   if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, true, b->addr, size, stream);
@@ -230,6 +271,8 @@ static nf_status_t bad_free(nf_pool_t *p, const void *ptr) {
   }
   return nf__error(NF_ERR_INVALID, "nofrag: free of %p: pointer not allocated by this pool", ptr);
 }
+
+void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) { return nf__alloc(p, size, stream, false, 0, 0); }
 
 nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   if (NF_UNLIKELY(!p)) return nf__error(NF_ERR_INVALID, "nofrag: nf_free: NULL pool");
@@ -266,11 +309,13 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   p->st.live_rounded -= b->size;
   p->st.live_blocks--;
   p->st.frees++;
+  if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live -= b->req; b->chunk->priv->live_blocks--; }
   if (b->state == NF_BLK_FREE) nf__release_block(p, b);
   // Release policy with decay: only cached memory that stays above the
   // threshold for release_after frees in a row goes back (a training step's
   // swing drops below it every step and stays cached).
-  if (NF_UNLIKELY(nf__cached(p) > p->cfg.release_threshold)) {
+  // Not during a capture: unmapping is a driver call the capture may forbid.
+  if (NF_UNLIKELY(nf__cached(p) > p->cfg.release_threshold) && !p->capture_mask) {
     if (!p->above_since) p->above_since = p->tick;
     if (p->tick - p->above_since >= p->cfg.release_after) {
       nf__maybe_release(p);
@@ -280,7 +325,7 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
     p->above_since = 0;
   }
   if (NF_UNLIKELY(p->host_sweep) && p->tick - p->sweep_tick >= 16) nf__host_sweep(p);
-  if (NF_UNLIKELY(p->xfers) && !(p->tick & 15)) p->tier.poll(p, false); // xfers: only a tier queues copies
+  if (NF_UNLIKELY(p->xfers) && !(p->tick & 15) && !p->capture_mask) p->tier.poll(p, false); // xfers: only a tier queues copies
   nf__pub_fast(p, false);
   nf__unlock(&p->lock);
   return NF_OK;
@@ -312,6 +357,10 @@ size_t nf_block_size(nf_pool_t *p, const void *ptr) {
 nf_status_t nf_trim(nf_pool_t *p) {
   if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_trim: NULL pool");
   nf__lock(&p->lock);
+  if (p->capture_mask) { // trim waits for the streams: not while one is captured
+    nf__unlock(&p->lock);
+    return nf__error(NF_ERR_INVALID, "nofrag: nf_trim: a stream is being captured (nf_private_begin); trim after nf_private_end");
+  }
   nf_status_t st = p->tier.poll ? p->tier.poll(p, true) : NF_OK;
   if (st == NF_OK) st = nf__pending_poll(p, true);
   if (st == NF_OK) nf__unmap_cached(p, UINT64_MAX, true, NULL, 0, 0, -1, &st);

@@ -133,6 +133,13 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
           CHECK(b->state == NF_BLK_FREE && b->arena == a, "check: non-free block in the free index");
           tlsf_blocks++;
         }
+  for (int a = 0; a < NF_ARENA_COUNT; a++) // the general index holds no private block
+    for (int f = 0; f < NF_FL_COUNT; f++)
+      for (int s = 0; s < NF_SL_COUNT; s++)
+        for (const nf_block_t *b = p->tlsf[a].heads[f][s]; b; b = b->fnext)
+          CHECK(!b->chunk->priv, "check: private block %p in the general free index", (void *)b->addr);
+  tlsf_blocks += nf__priv_check(p, &st);
+  if (st != NF_OK) goto out;
   CHECK(tlsf_blocks == nfree_blocks, "check: %llu free blocks, %llu indexed",
         (unsigned long long)nfree_blocks, (unsigned long long)tlsf_blocks);
   CHECK(live == p->st.live && live_r == p->st.live_rounded && nlive == p->st.live_blocks,

@@ -110,6 +110,7 @@ nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s) {
 // stitching and trim) or not (event query, for the release policy). Streams
 // with frees no record covers get one first.
 static nf_status_t streams_settle(nf_pool_t *p, bool blocking) {
+  if (p->capture_mask) return NF_OK; // during a capture: what is known already, no event calls
   for (uint32_t x = 0; x < p->nstreams; x++) {
     nf_stream_rec_t *r = &p->streams[x];
     if (r->done_tick >= r->last_free) continue;
@@ -130,7 +131,8 @@ nf_status_t nf__streams_poll(nf_pool_t *p) { return streams_settle(p, false); }
 // work queued on each of them up to now has completed: record now, poll later.
 nf_status_t nf__pending_add(nf_pool_t *p, nf_block_t *b) {
   uint64_t t = b->tick;
-  for (uint64_t m = b->extra; m; m &= m - 1) {
+  // During a capture the records are left to nf__pending_poll (after it).
+  for (uint64_t m = p->capture_mask ? 0 : b->extra; m; m &= m - 1) {
     nf_status_t st = nf__stream_record(p, (uint32_t)__builtin_ctzll(m));
     if (st != NF_OK) return st;
   }
@@ -145,15 +147,17 @@ nf_status_t nf__pending_add(nf_pool_t *p, nf_block_t *b) {
 
 // Move pending blocks whose extra streams are done to the free index.
 nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
-  if (!p->pending) return NF_OK;
+  if (!p->pending || p->capture_mask) return NF_OK; // no event calls during a capture
   for (nf_block_t *b = p->pending, *nx; b; b = nx) {
     nx = b->fnext;
     bool done = true;
     for (uint64_t m = b->extra; m && done; m &= m - 1) {
       nf_stream_rec_t *r = &p->streams[__builtin_ctzll(m)];
       if (r->done_tick > b->tick) continue;
-      nf_status_t st = blocking ? NF_BE(p, event_sync, event_sync, r->event)
-                                : NF_BE(p, event_query, event_query, r->event);
+      nf_status_t st;
+      // Freed during a capture: no record covers the free yet.
+      if (r->rec_tick <= b->tick && (st = nf__stream_record(p, (uint32_t)__builtin_ctzll(m))) != NF_OK) return st;
+      st = blocking ? NF_BE(p, event_sync, event_sync, r->event) : NF_BE(p, event_query, event_query, r->event);
       if (st == NF_OK) r->done_tick = r->rec_tick;
       else if (blocking || st != NF_ERR_NOT_READY)
         return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", p->be->err);

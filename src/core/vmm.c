@@ -234,12 +234,16 @@ nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
 // (never inside [keep_g0, keep_g1) of keep_c). Blocking: waits for all stream
 // work first; otherwise only runs whose work is known complete qualify.
 // `tier` >= 0: only granules of that tier.
-uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *keep_c,
-                          uint64_t keep_g0, uint64_t keep_g1, int tier, nf_status_t *stp) {
-  *stp = blocking ? nf__streams_sync(p) : nf__streams_poll(p);
+// Only chunks owned by `owner` (NULL: the general pool): a private pool's
+// granules stay mapped while it exists.
+static uint64_t unmap_cached(nf_pool_t *p, const nf_priv_t *owner, uint64_t want, bool blocking,
+                             const nf_chunk_t *keep_c, uint64_t keep_g0, uint64_t keep_g1, int tier,
+                             nf_status_t *stp) {
+  *stp = blocking ? nf__streams_sync(p) : nf__streams_poll(p); // no event calls during a capture
   if (*stp != NF_OK) return 0;
   uint64_t got = 0;
   for (nf_chunk_t *c = p->chunks; c && got < want; c = c->next) {
+    if (c->priv != owner) continue;
     nf_block_t *b = c->first;
     while (b && got < want) {
       if (b->state != NF_BLK_FREE || !nf__block_retired(p, b)) { b = b->next; continue; }
@@ -260,6 +264,15 @@ uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_c
     }
   }
   return got;
+}
+
+uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *keep_c,
+                          uint64_t keep_g0, uint64_t keep_g1, int tier, nf_status_t *st) {
+  return unmap_cached(p, NULL, want, blocking, keep_c, keep_g0, keep_g1, tier, st);
+}
+
+uint64_t nf__unmap_cached_in(nf_pool_t *p, const nf_priv_t *pv, uint64_t want, bool blocking, nf_status_t *st) {
+  return unmap_cached(p, pv, want, blocking, NULL, 0, 0, -1, st);
 }
 
 // ------------------------------------------------------------ mapping
@@ -311,9 +324,11 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
   // anyway; a spilled block would stay there for its lifetime), then spill,
   // else wait for the streams, then also for blocks held back by
   // record_stream.
-  if (p->xfers && (st = p->tier.poll(p, false)) != NF_OK) return st; // xfers: only a tier queues copies
+  // During a capture: no host waits (tier copies, streams), no event calls.
+  bool cap = p->capture_mask != 0;
+  if (p->xfers && !cap && (st = p->tier.poll(p, false)) != NF_OK) return st; // xfers: only a tier queues copies
   for (int round = 0; round < 3 && p->gran_free_count < k; round++) {
-    if (round == 1 && p->xfers) {
+    if (round == 1 && p->xfers && !cap) {
       if ((st = p->tier.reclaim(p)) != NF_OK) return st;
       if (p->gran_free_count >= k) break;
     }
@@ -445,7 +460,7 @@ void nf__host_sweep(nf_pool_t *p) {
   if (st != NF_OK) return;
   bool left = false;
   for (nf_chunk_t *c = p->chunks; c && !left; c = c->next)
-    for (nf_block_t *b = c->first; b && !left;) {
+    for (nf_block_t *b = c->priv ? NULL : c->first; b && !left;) {
       if (b->state != NF_BLK_FREE) { b = b->next; continue; }
       uintptr_t ra = b->addr, rb = ra;
       for (; b && b->state == NF_BLK_FREE; b = b->next) rb = b->addr + b->size;

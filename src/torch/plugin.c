@@ -166,6 +166,8 @@ static void *nft_fail_alloc(size_t size, int device, const char *why) {
 //! through nofrag yet (for nofrag.snapshot() and stats of the torch pools).
 NF_API nf_pool_t *nf_torch_pool(int device) { return torch_pool_get(device, 0); }
 
+NF_API nf_pool_t *nf_torch_pool_get(int device, int create) { return torch_pool_get(device, create); }
+
 // Host placement for this thread (nf_torch_set_host_alloc): blocks of at
 // least this many bytes are moved to host memory as soon as they are made
 // (0: off). Used while an optimizer creates its state.
@@ -181,7 +183,8 @@ NF_API size_t nf_torch_set_host_alloc(size_t min_bytes) {
   return old;
 }
 
-NF_API void *nf_torch_alloc(size_t size, int device, void *stream) {
+// nf_torch_alloc, or (id nonzero) from private pool `id` (nf_torch_alloc_private).
+static void *alloc_impl(size_t size, int device, void *stream, uint64_t id) {
   nf_pool_t *pool = torch_pool_get(device, 1);
   if (!pool) {
     if (size == 0) return NULL;
@@ -191,7 +194,7 @@ NF_API void *nf_torch_alloc(size_t size, int device, void *stream) {
     pthread_mutex_unlock(&g_mu);
     return nft_fail_alloc(size, device, why);
   }
-  void *p = nf_alloc(pool, size, (nf_stream_t)stream);
+  void *p = id ? nf_alloc_private(pool, id, size, (nf_stream_t)stream) : nf_alloc(pool, size, (nf_stream_t)stream);
   if (p && tl_host_min && size >= tl_host_min &&
       nf_offload(pool, p, (nf_stream_t)stream, NF_TIER_HOST) == NF_OK)
     nf_offload_wait(pool); // best effort: on failure the block stays on the device
@@ -219,6 +222,25 @@ NF_API void *nf_torch_alloc(size_t size, int device, void *stream) {
   snprintf(why, sizeof why, "%s: %s (live %s, physical %s, limit %s)%s", nf_status_str(ls), cause, lv, ph,
            lim, hint);
   return nft_fail_alloc(size, device, why);
+}
+
+NF_API void *nf_torch_alloc(size_t size, int device, void *stream) { return alloc_impl(size, device, stream, 0); }
+
+NF_API void *nf_torch_alloc_private(size_t size, int device, void *stream, uint64_t id) {
+  return alloc_impl(size, device, stream, id);
+}
+
+NF_API int nf_torch_free_any(void *ptr) {
+  if (!ptr) return -1;
+  for (int i = 0; i < NFT_MAX_DEVICES; i++) {
+    nf_pool_t *pool = atomic_load_explicit(&devs[i].pool, memory_order_acquire);
+    size_t n = pool ? nf_block_size(pool, ptr) : 0;
+    if (!n) continue;
+    nf_torch_free(ptr, n, i, NULL);
+    return i;
+  }
+  nft_error("free of %p: not a live block of any nofrag pool", ptr);
+  return -1;
 }
 
 NF_API void nf_torch_free(void *ptr, size_t size, int device, void *stream) {

@@ -87,4 +87,50 @@ NF_API size_t nf_stats_size(void);
 
 NF_API size_t nf_stats_offset(const char *field);
 
+// ---- C++ adapter support (src/torch/adapter*.{h,cpp}, walk.c, ipc.c)
+//! The plug-in's pool for `device`, created on first use when `create`
+//! (NULL: bad device or the pool cannot be made; nf_torch_last_error says why).
+NF_API nf_pool_t *nf_torch_pool_get(int device, int create);
+
+//! nf_torch_alloc served from private pool `id` (nf_alloc_private).
+NF_API void *nf_torch_alloc_private(size_t size, int device, void *stream, uint64_t id);
+
+//! Free a live block of whichever device's pool holds it (the deleter knows
+//! only the pointer); returns the device, or -1 (not a live nofrag block).
+NF_API int nf_torch_free_any(void *ptr);
+
+//! A segment of the snapshot walk: a maximal run of mapped granules.
+typedef struct nf_torch_seg_s {
+  uintptr_t addr;
+  uint64_t size;
+  uint64_t private_id; //!< private pool owning it (0: general)
+  int large;           //!< large arena
+} nf_torch_seg_t;
+//! A block of the walk, clipped to the current segment. state: 0 free, 1 live, 2 freed but pending (record_stream).
+typedef struct nf_torch_blk_s {
+  uintptr_t addr;
+  uint64_t size, req;
+  int state;
+  void *stream;
+} nf_torch_blk_t;
+//! Called with exactly one of seg / blk non-NULL: a segment, then its blocks in address order.
+typedef void (*nf_torch_walk_fn)(void *ctx, const nf_torch_seg_t *seg, const nf_torch_blk_t *blk);
+//! Walk the pool under its lock (fn must not call the pool). 0, or -1 on a NULL argument.
+NF_API int nf_torch_walk(nf_pool_t *pool, nf_torch_walk_fn fn, void *ctx);
+//! CUDA IPC (src/torch/ipc.c). Export: a text handle for live block `ptr`
+//! of pool p (written into buf) and the fds it names (into fds; the caller
+//! keeps them open until the block is freed, then closes them); *offset is
+//! ptr's offset in what the importer maps. Import (another process): map the
+//! handle's memory with backend be; *base is the start of that mapping
+//! (add the exporter's offset); nf_ipc_close unmaps it. The importer needs
+//! ptrace access to the exporter (pidfd_getfd); a refusal says so.
+typedef struct nf_ipc_map_s nf_ipc_map_t;
+NF_API nf_status_t nf_ipc_export(nf_pool_t *p, const void *ptr, char *buf, size_t len, int *fds, size_t max_fds,
+                                 size_t *nfds, uint64_t *offset);
+NF_API nf_status_t nf_ipc_import(nf_backend_t *be, const char *handle, void **base, nf_ipc_map_t **out);
+NF_API void nf_ipc_close(nf_ipc_map_t *m);
+//! The backend of a pool (for nf_ipc_import in the device's pool).
+NF_API nf_backend_t *nf_pool_backend(nf_pool_t *p);
+// ---- end C++ adapter support
+
 #endif

@@ -1,0 +1,552 @@
+#!/usr/bin/env python3
+"""nofrag as a first-class PyTorch allocator (issue 12): every case native vs
+nofrag, on one GPU, within one time budget.
+
+Orchestrator (bench/gpu/run_torch.sh runs it after building libnofrag):
+
+    python3 bench/gpu/torch_features.py --out $OUT --budget 420 [--dry-run]
+
+Every (case, allocator) runs in its own subprocess with a timeout (a crash or
+a hang loses only that cell); results.json / results.md are rewritten after
+each. Allocators: native (PyTorch's), nofrag (the C++ adapter,
+src/torch/adapter*.{h,cpp}, built first: its compile log is printed on failure),
+nofrag-ctypes (today's CUDAPluggableAllocator path, NOFRAG_ADAPTER=0) where the
+case is meant to show what the adapter fixes.
+
+Cases:
+ 1 graph    capture freeing a temporary inside the graph, tensors allocated
+            outside afterwards, replays: no outside tensor may change
+ 2 graphed  make_graphed_callables on a transformer block, 20 training steps:
+            losses vs native (bit-identical or largest difference)
+ 2 compile  torch.compile(mode="reduce-overhead") on a small GPT-2, 20 steps
+ 3 cudnn    cudnn.benchmark=True: a conv net and ViT-B/16, median step time
+ 4 history  _record_memory_history -> _snapshot/_dump_snapshot -> _memory_viz
+            trace_plot/segment_plot; `nofrag replay` of the dump: its live peak
+            vs the run's (both net of the live memory when recording began)
+ 5 oom      except torch.OutOfMemoryError, then 5 training steps
+ 6 ipc      torch.multiprocessing (spawn) shares a CUDA tensor both ways; nofrag's
+            live bytes back to 0 once both dropped it (pidfd_getfd: needs ptrace
+            access between the processes)
+ 7 mempool  MemPool + use_mem_pool: allocations in the pool, freed with it
+ 8 train    bench/gpu/train.py gpt2 (issue 3): native / nofrag / nofrag-ctypes
+ llama      a trace of a Llama-style 1.1B with 4-micro-batch gradient
+            accumulation and activation checkpointing under the native
+            allocator, gzipped into $OUT (for `nofrag replay --allocator native`)
+
+--dry-run: no torch, no GPU: the orchestration only, every cell marked DRY RUN.
+"""
+import argparse
+import gzip
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import ROOT, base_env, deterministic  # noqa: E402
+
+SEED = 1234
+STEPS = 20
+
+
+# ================================================================ workers
+
+def setup(alloc):
+    """Install the allocator (before CUDA is initialised); returns (torch, info)."""
+    info = {}
+    if alloc.startswith("nofrag"):
+        import nofrag.torch as nft
+        info = nft.enable()
+        if alloc == "nofrag" and not info.get("adapter"):
+            raise RuntimeError(f"the adapter did not install: {info.get('adapter_error')}")
+    import torch
+    deterministic(torch, SEED)
+    return torch, info
+
+
+def case_graph(torch, alloc):
+    n = 1 << 20  # 4 MiB fp32 tensors: whole granules
+    x = torch.ones(n, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up, as PyTorch's docs do before capture
+        for _ in range(2):
+            y = (x * 2 + 1).sin() + 1
+    torch.cuda.current_stream().wait_stream(s)
+    del y
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        tmp = x * 2 + 1           # a temporary ...
+        tmp_ptr = tmp.data_ptr()
+        out = tmp.sin() + 1
+        del tmp                   # ... freed inside the capture
+    outside = [torch.full((n,), float(i), device="cuda") for i in range(48)]
+    over = [i for i, t in enumerate(outside) if t.data_ptr() <= tmp_ptr < t.data_ptr() + 4 * n]
+    torch.cuda.synchronize()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    changed = [i for i, t in enumerate(outside) if bool((t != float(i)).any())]
+    ok_out = bool(torch.allclose(out, (x * 2 + 1).sin() + 1))
+    del g
+    return {"pass": not changed and ok_out, "outside_changed": len(changed), "outside_over_temporary": len(over),
+            "graph_output_ok": ok_out}
+
+
+def case_graphed(torch, alloc):
+    block = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024, dropout=0.0,
+                                             batch_first=True).cuda()
+    opt = torch.optim.SGD(block.parameters(), lr=1e-2)
+    sample = torch.randn(8, 64, 256, device="cuda", requires_grad=True)
+    gb = torch.cuda.make_graphed_callables(block, (sample,))
+    gen = torch.Generator(device="cuda")
+    losses = []
+    for step in range(STEPS):
+        gen.manual_seed(SEED + step)
+        inp = torch.randn(8, 64, 256, device="cuda", generator=gen, requires_grad=True)
+        loss = gb(inp).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        losses.append(float(loss.item()))
+    return {"losses": [v.hex() for v in losses]}
+
+
+def case_compile(torch, alloc):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4, n_positions=256, vocab_size=8192)
+    with torch.device("cuda"):
+        m = GPT2LMHeadModel(cfg)
+    m.train()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
+    fwd = torch.compile(lambda ids: m(input_ids=ids, labels=ids).loss, mode="reduce-overhead")
+    gen = torch.Generator(device="cuda")
+    losses, times = [], []
+    for step in range(STEPS):
+        gen.manual_seed(SEED + step)
+        ids = torch.randint(0, cfg.vocab_size, (8, 128), device="cuda", generator=gen)
+        torch.compiler.cudagraph_mark_step_begin()
+        t0 = time.perf_counter()
+        loss = fwd(ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.item()))
+        times.append(time.perf_counter() - t0)
+    return {"losses": [v.hex() for v in losses], "median_step_s": statistics.median(times[5:])}
+
+
+def case_cudnn(torch, alloc):
+    import torchvision
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.deterministic = False
+    out = {}
+    for name, batch in (("resnet18", 64), ("vit_b_16", 32)):
+        with torch.device("cuda"):
+            m = getattr(torchvision.models, name)(weights=None)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        x = torch.randn(batch, 3, 224, 224, device="cuda")
+        y = torch.randint(0, 1000, (batch,), device="cuda")
+        times = []
+        for _ in range(10):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times[3:])
+        del m, opt, x, y, loss
+    return {"median_step_s": out}
+
+
+def case_history(torch, alloc, out_dir):
+    from torch.cuda import _memory_viz
+    # The run's live peak in the trace's units: PyTorch records block sizes
+    # (512 B rounded: allocated_bytes), nofrag requested sizes (its live).
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if alloc == "native" else _nofrag_stats()["live"]
+    torch.cuda.memory._record_memory_history(max_entries=200000)
+    m = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(6)]).cuda()
+    opt = torch.optim.AdamW(m.parameters())
+    for _ in range(3):
+        loss = m(torch.randn(256, 1024, device="cuda")).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    path = os.path.join(out_dir, f"snapshot-{alloc}.pickle")
+    torch.cuda.memory._dump_snapshot(path)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    peak = torch.cuda.max_memory_allocated() if alloc == "native" else _nofrag_stats()["live_peak"]
+    res = {"segments": len(snap.get("segments", [])), "trace_entries": sum(len(t) for t in snap["device_traces"]),
+           "run_live_peak_net": int(peak - base), "dump_bytes": os.path.getsize(path)}
+    res["trace_plot_bytes"] = len(_memory_viz.trace_plot(snap))
+    res["segment_plot_bytes"] = len(_memory_viz.segment_plot(snap))
+    cli = os.path.join(ROOT, "build", "nofrag")
+    p = subprocess.run([cli, "replay", path, "--json"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
+    try:
+        rep = json.loads(p.stdout)
+        res["replay_peak_live"] = rep.get("peak_live")
+        res["replay_status"] = rep.get("status")
+    except ValueError:
+        res["replay_error"] = (p.stdout + p.stderr)[-800:]
+    res["pass"] = bool(res["trace_plot_bytes"] and res["segment_plot_bytes"] and
+                       res.get("replay_peak_live") == res["run_live_peak_net"])
+    del m, opt
+    return res
+
+
+def _nofrag_stats():
+    import nofrag
+    return nofrag.stats(0)
+
+
+def case_oom(torch, alloc):
+    held, caught = [], None
+    try:
+        for _ in range(1000):
+            held.append(torch.empty(8 << 30, dtype=torch.uint8, device="cuda"))
+    except torch.OutOfMemoryError as e:
+        caught = ("torch.OutOfMemoryError", str(e)[:400])
+    except RuntimeError as e:
+        caught = (f"RuntimeError (not OutOfMemoryError): {type(e).__name__}", str(e)[:400])
+    n = len(held)
+    del held
+    torch.cuda.empty_cache()
+    m = torch.nn.Linear(512, 512).cuda()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    for _ in range(5):
+        loss = m(torch.randn(64, 512, device="cuda")).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    torch.cuda.synchronize()
+    return {"pass": bool(caught and caught[0] == "torch.OutOfMemoryError"), "caught": caught, "held_8GiB": n,
+            "trained_after": True}
+
+
+def _ipc_child(q_in, q_out, alloc):
+    setup(alloc)
+    import torch
+    t = q_in.get()
+    t += 1  # visible to the parent
+    torch.cuda.synchronize()
+    mine = torch.full((1 << 20,), 7.0, device="cuda")
+    q_out.put(mine)
+    q_in.get()  # parent done reading
+    del t, mine
+
+
+def case_ipc(torch, alloc):
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    t = torch.zeros(1 << 20, device="cuda")
+    p = ctx.Process(target=_ipc_child, args=(q_in, q_out, alloc))
+    p.start()
+    q_in.put(t)
+    theirs = q_out.get(timeout=60)
+    torch.cuda.synchronize()
+    seen_child_write = bool((t == 1).all())
+    seen_child_tensor = bool((theirs == 7).all())
+    del theirs
+    q_in.put(None)
+    p.join(60)
+    del t
+    torch.cuda.synchronize()
+    torch.cuda.ipc_collect()  # frees what the child has released
+    res = {"child_write_seen": seen_child_write, "child_tensor_seen": seen_child_tensor, "child_rc": p.exitcode}
+    if alloc.startswith("nofrag"):
+        res["live_after"] = _nofrag_stats()["live"]
+    res["pass"] = seen_child_write and seen_child_tensor and p.exitcode == 0 and not res.get("live_after")
+    return res
+
+
+def case_mempool(torch, alloc):
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    b = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    segs = pool.snapshot()
+    if isinstance(segs, dict):
+        segs = segs.get("segments", [])
+
+    def inside(t):
+        return any(s["address"] <= t.data_ptr() < s["address"] + s["total_size"] for s in segs)
+    res = {"in_pool": inside(a), "outside_not_in_pool": not inside(b), "use_count": pool.use_count()}
+    del a
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    del pool
+    torch.cuda.empty_cache()
+    after = torch.cuda.memory_reserved()
+    res.update(reserved_before=before, reserved_after=after, freed=before - after)
+    res["pass"] = res["in_pool"] and res["outside_not_in_pool"] and before - after >= (64 << 20)
+    del b
+    return res
+
+
+def case_llama(torch, alloc, out_dir):
+    import random
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4,
+                      intermediate_size=5632, vocab_size=32000, max_position_embeddings=2048)
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=2000000)
+    with torch.device("cuda"):
+        m = LlamaForCausalLM(cfg)
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    m.train()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
+    rng = random.Random(SEED)
+    gen = torch.Generator(device="cuda")
+    lens = []
+    for step in range(2):
+        for micro in range(4):
+            n = rng.randint(256, 2048)
+            lens.append(n)
+            gen.manual_seed(SEED * 100 + step * 4 + micro)
+            x = torch.randint(0, cfg.vocab_size, (4, n), device="cuda", generator=gen)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = m(input_ids=x, labels=x).loss / 4
+            loss.backward()
+            del x, loss
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    path = os.path.join(out_dir, "llama1b_ga4_ckpt.pickle")
+    torch.cuda.memory._dump_snapshot(path)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    with open(path, "rb") as f, gzip.open(path + ".gz", "wb", compresslevel=9) as g:
+        shutil.copyfileobj(f, g)
+    os.remove(path)
+    return {"trace": os.path.basename(path) + ".gz", "bytes": os.path.getsize(path + ".gz"), "seq_lens": lens,
+            "max_memory_reserved": torch.cuda.max_memory_reserved(),
+            "max_memory_allocated": torch.cuda.max_memory_allocated(),
+            "pass": os.path.getsize(path + ".gz") < (16 << 20)}
+
+
+CASES = {"graph": case_graph, "graphed": case_graphed, "compile": case_compile, "cudnn": case_cudnn,
+         "history": case_history, "oom": case_oom, "ipc": case_ipc, "mempool": case_mempool, "llama": case_llama}
+
+
+def worker(a):
+    res = {"case": a.case, "alloc": a.alloc, "status": "started"}
+
+    def dump():
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    dump()
+    try:
+        torch, info = setup(a.alloc)
+        res["install"] = {k: (v if isinstance(v, (str, bool, int, type(None))) else str(v)) for k, v in info.items()}
+        res["torch"] = torch.__version__
+        fn = CASES[a.case]
+        out = fn(torch, a.alloc, a.out) if a.case in ("history", "llama") else fn(torch, a.alloc)
+        res.update(out)
+        res["status"] = "ok"
+    except BaseException as e:  # noqa: BLE001 - the cell records whatever happened
+        res.update(status="error", error=f"{type(e).__name__}: {e}"[:1500], traceback=traceback.format_exc()[-3000:])
+    dump()
+    return 0 if res["status"] == "ok" else 1
+
+
+# ================================================================ orchestrator
+
+# (case, allocators, timeout s), in priority order.
+PLAN = [("graph", ("native", "nofrag", "nofrag-ctypes"), 90),
+        ("oom", ("native", "nofrag"), 90),
+        ("mempool", ("native", "nofrag"), 60),
+        ("history", ("native", "nofrag"), 120),
+        ("graphed", ("native", "nofrag"), 90),
+        ("train", ("native", "nofrag", "nofrag-ctypes"), 150),
+        ("cudnn", ("native", "nofrag"), 120),
+        ("compile", ("native", "nofrag"), 200),
+        ("llama", ("native",), 150),
+        ("ipc", ("native", "nofrag"), 90)]
+
+
+class Orchestrator:
+    def __init__(self, a):
+        self.a = a
+        self.deadline = time.time() + a.budget
+        self.results = {"dry_run": a.dry_run, "started": time.strftime("%F %T"), "budget_s": a.budget,
+                        "adapter": None, "cells": {}}
+        os.makedirs(os.path.join(a.out, "cells"), exist_ok=True)
+
+    def left(self):
+        return self.deadline - time.time()
+
+    def save(self):
+        with open(os.path.join(self.a.out, "torch_features.json"), "w") as f:
+            json.dump(self.results, f, indent=1)
+        with open(os.path.join(self.a.out, "torch_features.md"), "w") as f:
+            f.write(table(self.results))
+
+    def env(self, alloc):
+        env = base_env("native" if alloc == "native" else "nofrag")
+        if alloc == "nofrag-ctypes":
+            env["NOFRAG_ADAPTER"] = "0"
+        env["NOFRAG_ADAPTER_DIR"] = os.path.join(self.a.out, "adapter-build")
+        return env
+
+    def build_adapter(self):
+        if self.a.dry_run:
+            self.results["adapter"] = {"status": "DRY RUN (not built)"}
+            return
+        code = ("import json,sys; sys.path.insert(0, %r); from nofrag import torch_adapter as t; "
+                "p, why = t.build_adapter(%r); print(json.dumps({'path': p, 'why': why}))"
+                % (os.path.join(ROOT, "python"), os.path.join(self.a.out, "adapter-build")))
+        t0 = time.time()
+        try:
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=max(30, min(300, self.left() - 60)), env=self.env("nofrag"), cwd=ROOT)
+            r = json.loads(p.stdout.strip().splitlines()[-1]) if p.stdout.strip() else {"why": p.stderr[-2000:]}
+        except Exception as e:  # noqa: BLE001
+            r = {"path": None, "why": f"{type(e).__name__}: {e}"}
+        r["seconds"] = round(time.time() - t0, 1)
+        self.results["adapter"] = r
+        print(f"[{time.strftime('%T')}] adapter: {'built ' + r['path'] if r.get('path') else 'FAILED: ' + r['why']}"
+              f" ({r['seconds']} s)", flush=True)
+        if not r.get("path"):  # the compile log, so the failure can be fixed from this output
+            for dirpath, _, files in os.walk(os.path.join(self.a.out, "adapter-build")):
+                if "build.log" in files:
+                    with open(os.path.join(dirpath, "build.log")) as f:
+                        print("---- adapter build.log (tail) ----\n" + f.read()[-6000:], flush=True)
+        self.save()
+
+    def cell(self, case, alloc, timeout):
+        key = f"{case}/{alloc}"
+        timeout = min(timeout, self.left() - 5)
+        if timeout < 15:
+            self.results["cells"][key] = {"status": "skipped (time budget)"}
+            return
+        if self.a.dry_run:
+            self.results["cells"][key] = {"status": "DRY RUN", "cmd_timeout_s": round(timeout)}
+            return
+        jpath = os.path.join(self.a.out, "cells", key.replace("/", "-") + ".json")
+        if case == "train":
+            cmd = [sys.executable, os.path.join(HERE, "train.py"), "worker", "--model", "gpt2", "--alloc",
+                   "native" if alloc == "native" else "nofrag", "--steps", "10", "--json", jpath]
+        else:
+            cmd = [sys.executable, os.path.abspath(__file__), "worker", "--case", case, "--alloc", alloc,
+                   "--json", jpath, "--out", self.a.out]
+        t0 = time.time()
+        with open(jpath[:-5] + ".log", "w") as log:
+            try:
+                rc = subprocess.run(cmd, env=self.env(alloc), stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                                    cwd=ROOT).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        try:
+            with open(jpath) as f:
+                res = json.load(f)
+        except (OSError, ValueError):
+            res = {}
+        if rc == "timeout":
+            res["status"] = f"timeout ({timeout:.0f}s)"
+        elif res.get("status") in (None, "started", "running"):
+            res["status"] = f"crash (rc {rc})"
+        if res.get("status") != "ok":
+            try:
+                with open(jpath[:-5] + ".log") as f:
+                    res["log_tail"] = f.read()[-1500:]
+            except OSError:
+                pass
+        res["elapsed_s"] = round(time.time() - t0, 1)
+        self.results["cells"][key] = res
+        print(f"[{time.strftime('%T')}] {key}: {res['status']} in {res['elapsed_s']}s (left {self.left():.0f}s)",
+              flush=True)
+        self.save()
+
+    def run(self):
+        self.build_adapter()
+        only = set(self.a.cases.split(",")) if self.a.cases else None
+        for case, allocs, timeout in PLAN:
+            if only and case not in only:
+                continue
+            for alloc in allocs:
+                self.cell(case, alloc, timeout)
+        self.compare()
+        self.save()
+        print(table(self.results), flush=True)
+
+    def compare(self):
+        """Verdicts per case from the native and nofrag cells."""
+        C = self.results["cells"]
+        v = {}
+
+        def get(case, alloc):
+            return C.get(f"{case}/{alloc}", {})
+        for case in ("graph", "oom", "mempool", "history", "ipc"):
+            n, f = get(case, "native"), get(case, "nofrag")
+            v[case] = {"native": n.get("pass"), "nofrag": f.get("pass")}
+        v["graph"]["nofrag-ctypes (today)"] = get("graph", "nofrag-ctypes").get("pass")
+        for case in ("graphed", "compile"):
+            n, f = get(case, "native").get("losses"), get(case, "nofrag").get("losses")
+            if n and f:
+                diffs = [abs(float.fromhex(x) - float.fromhex(y)) for x, y in zip(n, f)]
+                v[case] = {"bit_identical": n == f, "max_abs_diff": max(diffs), "steps": len(diffs)}
+            else:
+                v[case] = {"bit_identical": None}
+        n, f = get("cudnn", "native").get("median_step_s"), get("cudnn", "nofrag").get("median_step_s")
+        if n and f:
+            v["cudnn"] = {k: round(f[k] / n[k], 4) for k in n if k in f}
+        n, f, c = get("train", "native"), get("train", "nofrag"), get("train", "nofrag-ctypes")
+        if n.get("losses") and f.get("losses"):
+            v["train"] = {"bit_identical": n["losses"] == f["losses"],
+                          "step_ratio_vs_native": round(f["median_step_s"] / n["median_step_s"], 4),
+                          "calls_per_steady_step": f.get("calls_per_steady_step")}
+            if c.get("median_step_s"):
+                v["train"]["step_ratio_vs_ctypes"] = round(f["median_step_s"] / c["median_step_s"], 4)
+        self.results["verdicts"] = v
+
+
+def table(R):
+    lines = ["# nofrag as a PyTorch allocator (bench/gpu/torch_features.py)", ""]
+    if R.get("dry_run"):
+        lines += ["**DRY RUN: orchestration only, no torch, no GPU, no measurements.**", ""]
+    ad = R.get("adapter") or {}
+    lines += [f"Adapter: {ad.get('path') or ad.get('status') or 'FAILED: ' + str(ad.get('why'))}", "",
+              "| case | allocator | status | key results |", "|---|---|---|---|"]
+    skip = {"case", "alloc", "status", "install", "torch", "traceback", "log_tail", "losses", "step_times",
+            "live_peak_by_step", "seq_lens", "calls_by_step", "nofrag_stats", "driver_calls_by_step"}
+    for key, r in R.get("cells", {}).items():
+        case, alloc = key.split("/")
+        kv = ", ".join(f"{k}={json.dumps(v)[:80]}" for k, v in r.items() if k not in skip)
+        lines.append(f"| {case} | {alloc} | {r.get('status')} | {kv[:400]} |")
+    if R.get("verdicts"):
+        lines += ["", "## Verdicts", "", "```", json.dumps(R["verdicts"], indent=1), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        p = argparse.ArgumentParser()
+        p.add_argument("--case", required=True, choices=sorted(CASES))
+        p.add_argument("--alloc", required=True, choices=("native", "nofrag", "nofrag-ctypes"))
+        p.add_argument("--json", required=True)
+        p.add_argument("--out", required=True)
+        return worker(p.parse_args(sys.argv[2:]))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    p.add_argument("--budget", type=float, default=420)
+    p.add_argument("--cases", default="", help="comma-separated subset (default: all)")
+    p.add_argument("--dry-run", action="store_true")
+    a = p.parse_args()
+    Orchestrator(a).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

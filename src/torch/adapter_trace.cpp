@@ -1,0 +1,204 @@
+// The C++ adapter (adapter.h): OOM as c10::OutOfMemoryError, memory history
+// and snapshots in PyTorch's format, CUDA IPC.
+#include "adapter.h"
+
+namespace nfa {
+
+void NofragAllocator::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
+  std::lock_guard<std::mutex> g(obs_mu_);
+  oom_observers_.push_back(std::move(observer));
+}
+
+void NofragAllocator::oom(c10::DeviceIndex dev, size_t size, cudaStream_t stream, MempoolId_t pool_id) {
+  std::string why = nf_torch_last_error();
+  std::string report = nf_last_oom_report();
+  nf_stats_t s;
+  nf_torch_stats(dev, &s);
+  size_t dfree = 0, dtotal = 0;
+  if (cudaMemGetInfo(&dfree, &dtotal) != cudaSuccess) (void)cudaGetLastError();
+  std::vector<cca::OutOfMemoryObserver> obs;
+  {
+    std::lock_guard<std::mutex> g(obs_mu_);
+    obs = oom_observers_;
+  }
+  if (tracing_.load()) record(dev, cda::TraceEntry::OOM, dfree, size, stream, pool_id, nullptr);
+  for (auto& o : obs) o(dev, size, (size_t)s.limit, dfree);
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (nofrag). Tried to allocate ", fmt_bytes(size),
+                   " on device ", (int)dev, ". ", why, report.empty() ? "" : "\n", report);
+}
+
+void NofragAllocator::recordHistory(bool enabled, cca::CreateContextFn context_recorder, size_t alloc_trace_max_entries, cca::RecordContext when, bool clearHistory, const std::vector<std::string>& skip_actions) {
+  std::lock_guard<std::mutex> g(hist_mu_);
+  history_.store(enabled);
+  recorder_ = enabled ? context_recorder : nullptr;
+  when_ = enabled ? when : cca::RecordContext::NEVER;
+  max_entries_ = std::max<size_t>(1, alloc_trace_max_entries);
+  skip_.clear();
+  for (const auto& a : skip_actions) skip_.insert(cda::parseTraceEntryAction(a));
+  if (clearHistory) {
+    for (auto& t : traces_) t.clear();
+    contexts_.clear();
+  }
+  if (!enabled) contexts_.clear();
+  tracing_.store(enabled || !trackers_.empty());
+}
+
+void NofragAllocator::attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) {
+  std::lock_guard<std::mutex> g(hist_mu_);
+  trackers_.push_back(std::move(tracker));
+  tracing_.store(true);
+}
+
+cca::SnapshotInfo NofragAllocator::snapshot(MempoolId_t mempool, bool include_traces) {
+  cca::SnapshotInfo out;
+  std::map<uint64_t, MempoolId_t> ids;
+  {
+    std::lock_guard<std::mutex> g(routes_mu_);
+    for (auto& kv : keys_) ids[kv.second] = kv.first;
+  }
+  bool only = mempool.first != 0 || mempool.second != 0;
+  std::lock_guard<std::mutex> g(hist_mu_);
+  for (int d = 0; d < kMaxDev; d++) {
+    nf_pool_t* p = nf_torch_pool_get(d, 0);
+    if (!p) continue;
+    Walk w{this, (c10::DeviceIndex)d, &ids, {}};
+    nf_torch_walk(p, &Walk::cb, &w);
+    for (auto& seg : w.segs)
+      if (!only || seg.owner_private_pool_id == mempool) out.segments.push_back(std::move(seg));
+  }
+  if (include_traces) {
+    auto conv = clock_.makeConverter();
+    out.device_traces.resize(traces_.size());
+    for (size_t d = 0; d < traces_.size(); d++)
+      for (const auto& te : traces_[d]) {
+        out.device_traces[d].push_back(te);
+        out.device_traces[d].back().time_.t_ = conv(te.time_.approx_t_);
+      }
+  }
+  out.config_metadata.garbage_collection_threshold = 0.0;
+  out.config_metadata.max_split_size = SIZE_MAX;
+  out.config_metadata.pinned_num_register_threads = 0;
+  out.config_metadata.expandable_segments = true; // granules mapped on demand, as expandable segments
+  out.config_metadata.release_lock_on_malloc = false;
+  out.config_metadata.pinned_use_host_register = false;
+  out.config_metadata.graph_capture_record_stream_reuse = false;
+  out.config_metadata.last_allocator_settings = "nofrag";
+  return out;
+}
+
+std::shared_ptr<c10::GatheredContext> NofragAllocator::gather(cca::RecordContext level) {
+  cca::CreateContextFn f;
+  {
+    std::lock_guard<std::mutex> g(hist_mu_);
+    if (when_ < level || !recorder_) return nullptr;
+    f = recorder_;
+  }
+  return f(); // outside the lock: the recorder takes the GIL
+}
+
+void NofragAllocator::record(c10::DeviceIndex dev, cda::TraceEntry::Action a, size_t addr, size_t size, cudaStream_t stream, MempoolId_t pool_id, std::shared_ptr<c10::GatheredContext> ctx) {
+  std::lock_guard<std::mutex> g(hist_mu_);
+  if (skip_.count(a)) return;
+  cda::TraceEntry te(a, dev, addr, size, (void*)stream, pool_id, c10::getApproximateTime(), std::move(ctx));
+  for (auto& t : trackers_) t(te);
+  if (!history_.load()) return;
+  if (traces_.size() <= (size_t)dev) traces_.resize((size_t)dev + 1);
+  auto& q = traces_[(size_t)dev];
+  q.push_back(std::move(te));
+  while (q.size() > max_entries_) q.pop_front();
+}
+
+void NofragAllocator::trace_alloc(c10::DeviceIndex dev, void* r, size_t size, cudaStream_t stream, MempoolId_t pool_id) {
+  auto ctx = gather(cca::RecordContext::STATE);
+  {
+    std::lock_guard<std::mutex> g(hist_mu_);
+    if (ctx) contexts_[r] = ctx;
+    if (when_ < cca::RecordContext::ALLOC) ctx = nullptr; // STATE: stacks of live blocks only
+  }
+  record(dev, cda::TraceEntry::ALLOC, (size_t)r, size, stream, pool_id, std::move(ctx));
+}
+
+void NofragAllocator::trace_free(void* ptr) {
+  int dev = -1;
+  size_t n = 0;
+  nf_pool_t* p = nullptr;
+  for (int d = 0; d < kMaxDev && !n; d++)
+    if ((p = nf_torch_pool_get(d, 0)) && (n = nf_block_size(p, ptr))) dev = d;
+  if (dev < 0) return;
+  uint64_t key = nf_private_of(p, ptr);
+  MempoolId_t pool_id{0, 0};
+  if (key) {
+    std::lock_guard<std::mutex> g(routes_mu_);
+    for (auto& kv : keys_)
+      if (kv.second == key) pool_id = kv.first;
+  }
+  auto ctx = gather(cca::RecordContext::ALL);
+  {
+    std::lock_guard<std::mutex> g(hist_mu_);
+    contexts_.erase(ptr);
+  }
+  // nofrag frees at once (a record_stream'd block waits inside the pool,
+  // where PyTorch cannot see it): requested and completed together.
+  record((c10::DeviceIndex)dev, cda::TraceEntry::FREE_REQUESTED, (size_t)ptr, n, nullptr, pool_id, ctx);
+  record((c10::DeviceIndex)dev, cda::TraceEntry::FREE_COMPLETED, (size_t)ptr, n, nullptr, pool_id, ctx);
+}
+
+void* NofragAllocator::getBaseAllocation(void* ptr, size_t* size) {
+  int dev = device_of(ptr, size);
+  if (dev < 0 && size) *size = 0;
+  return ptr;
+}
+
+cca::ShareableHandle NofragAllocator::shareIpcHandle(void* ptr) {
+  size_t n = 0;
+  int dev = device_of(ptr, &n);
+  TORCH_CHECK(dev >= 0, "nofrag: shareIpcHandle: ", ptr, " is not a live nofrag block");
+  nf_pool_t* p = nf_torch_pool_get(dev, 0);
+  std::vector<int> fds(n / 4096 + 4); // granules are >= 4 KiB
+  std::string buf(64 + fds.size() * 32, '\0');
+  size_t nfds = 0;
+  uint64_t off = 0;
+  nf_status_t st = nf_ipc_export(p, ptr, &buf[0], buf.size(), fds.data(), fds.size(), &nfds, &off);
+  TORCH_CHECK(st == NF_OK, "nofrag: shareIpcHandle: ", nf_last_error());
+  fds.resize(nfds);
+  {
+    std::lock_guard<std::mutex> g(ipc_mu_);
+    auto& v = exported_[ptr];
+    v.insert(v.end(), fds.begin(), fds.end());
+    nexported_.store((int)exported_.size());
+  }
+  buf.resize(strlen(buf.c_str()));
+  return cca::ShareableHandle{(ptrdiff_t)off, buf};
+}
+
+std::shared_ptr<void> NofragAllocator::getIpcDevPtr(std::string handle) {
+  c10::DeviceIndex dev = c10::cuda::current_device();
+  void* base = nullptr;
+  nf_ipc_map_t* m = nullptr;
+  nf_status_t st = nf_ipc_import(nf_pool_backend(pool(dev)), handle.c_str(), &base, &m);
+  TORCH_CHECK(st == NF_OK, "nofrag: getIpcDevPtr: ", nf_last_error());
+  return std::shared_ptr<void>(base, [m](void*) { nf_ipc_close(m); });
+}
+
+void NofragAllocator::ipc_forget(void* ptr) {
+  std::lock_guard<std::mutex> g(ipc_mu_);
+  auto it = exported_.find(ptr);
+  if (it == exported_.end()) return;
+  for (int fd : it->second) close(fd);
+  exported_.erase(it);
+  nexported_.store((int)exported_.size());
+}
+
+int NofragAllocator::device_of(void* ptr, size_t* n) {
+  for (int d = 0; d < kMaxDev; d++) {
+    nf_pool_t* p = nf_torch_pool_get(d, 0);
+    size_t k = p ? nf_block_size(p, ptr) : 0;
+    if (k) {
+      if (n) *n = k;
+      return d;
+    }
+  }
+  return -1;
+}
+
+} // namespace nfa

@@ -1,0 +1,161 @@
+// Sharing a live block with another process (PyTorch's CUDA IPC through
+// torch.multiprocessing: shareIpcHandle / getIpcDevPtr of the C++ adapter).
+//
+// The exporter turns each granule under the block into a POSIX fd
+// (cuMemExportToShareableHandle; the pool creates granules with fd handles)
+// and writes a text handle naming its pid and those fds. The importer fetches
+// the fds out of the exporter with pidfd_getfd (Linux >= 5.6), as PyTorch's
+// expandable segments do, imports them, maps them at a fresh address range and
+// sets access. pidfd_getfd needs ptrace access to the exporter (PTRACE_MODE_
+// ATTACH_REALCREDS: same user and, under Yama ptrace_scope 1, the exporter a
+// descendant of the importer or CAP_SYS_PTRACE); a refusal is reported as such.
+// The exporter keeps its fds open until the block is freed (the caller closes
+// them: nf_ipc_export hands them back), so the importer can fetch them later.
+#include "core/core.h"
+#include "torch/torch.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
+#define NF_IPC_MAGIC "nofrag-ipc1"
+
+struct nf_ipc_map_s {
+  nf_backend_t *be;
+  uintptr_t va;
+  uint64_t granule, n;
+  nf_handle_t *h; // n imported handles (0: not imported)
+  uint64_t mapped; // granules mapped so far
+};
+
+NF_API nf_status_t nf_ipc_export(nf_pool_t *p, const void *ptr, char *buf, size_t len, int *fds, size_t max_fds,
+                                 size_t *nfds, uint64_t *offset) {
+  if (!p || !buf || !fds || !nfds || !offset) return nf__error(NF_ERR_INVALID, "nofrag: nf_ipc_export: NULL argument");
+  *nfds = 0;
+  if (!p->be->ops->mem_export)
+    return nf__error(NF_ERR_UNSUPPORTED, "nofrag: IPC: the %s backend cannot export memory", p->be->ops->name);
+  nf__lock(&p->lock);
+  nf_status_t st = NF_OK;
+  nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
+  const nf_chunk_t *c = b ? b->chunk : NULL;
+  uint64_t g0 = 0, g1 = 0;
+  if (!b) st = nf__error(NF_ERR_INVALID, "nofrag: IPC: %p is not the start of a live block", ptr);
+  if (st == NF_OK) {
+    g0 = (b->addr - c->base) >> p->gshift;
+    g1 = (b->addr + b->size - c->base + p->granule - 1) >> p->gshift;
+    if (g1 - g0 > max_fds) st = nf__error(NF_ERR_INVALID, "nofrag: IPC: block of %llu granules, room for %zu fds",
+                                          (unsigned long long)(g1 - g0), max_fds);
+    else if (!nf__range_mapped(p, c, b->addr, b->size))
+      st = nf__error(NF_ERR_INVALID, "nofrag: IPC: block %p is not resident (offloaded?)", ptr);
+  }
+  int n = st == NF_OK ? snprintf(buf, len, "%s %ld %llu %llu", NF_IPC_MAGIC, (long)getpid(),
+                                 (unsigned long long)p->granule, (unsigned long long)(g1 - g0)) : 0;
+  for (uint64_t g = g0; st == NF_OK && g < g1; g++) {
+    int fd = -1;
+    uint64_t off = 0;
+    st = p->be->ops->mem_export(p->be, p->gran[c->phys[g]].handle, &fd, &off);
+    if (st != NF_OK) { nf__error(st, "nofrag: IPC: exporting a granule failed: %s", p->be->err); break; }
+    fds[(*nfds)++] = fd;
+    n += snprintf(buf + (size_t)n < buf + len ? buf + n : buf, (size_t)n < len ? len - (size_t)n : 0, " %d:%llu", fd,
+                  (unsigned long long)off);
+  }
+  if (st == NF_OK && (size_t)n >= len) st = nf__error(NF_ERR_INVALID, "nofrag: IPC: handle buffer of %zu B too small", len);
+  if (st == NF_OK) *offset = b->addr - (c->base + (g0 << p->gshift));
+  nf__unlock(&p->lock);
+  if (st != NF_OK) {
+    for (size_t i = 0; i < *nfds; i++) close(fds[i]);
+    *nfds = 0;
+  }
+  return st;
+}
+
+NF_API void nf_ipc_close(nf_ipc_map_t *m) {
+  if (!m) return;
+  nf_backend_t *be = m->be;
+  if (m->mapped) be->ops->unmap(be, m->va, m->mapped * m->granule);
+  for (uint64_t i = 0; i < m->n; i++)
+    if (m->h[i]) be->ops->mem_release(be, m->h[i]);
+  if (m->va) be->ops->va_release(be, m->va, m->n * m->granule);
+  free(m->h);
+  free(m);
+}
+
+static nf_status_t getfd_fail(int e, long pid) {
+  if (e == EPERM || e == EACCES)
+    return nf__error(NF_ERR_UNSUPPORTED,
+                     "nofrag: IPC: pidfd_getfd on process %ld refused (%s): the receiving process needs ptrace access "
+                     "to the sender (same user; under kernel.yama.ptrace_scope=1 only an ancestor of the sender, "
+                     "or CAP_SYS_PTRACE). Send tensors from child to parent, set ptrace_scope to 0, or copy through "
+                     "the CPU", pid, strerror(e));
+  if (e == ENOSYS)
+    return nf__error(NF_ERR_UNSUPPORTED, "nofrag: IPC: pidfd_getfd is not available (Linux >= 5.6 needed)");
+  return nf__error(NF_ERR_BACKEND, "nofrag: IPC: fetching an fd from process %ld failed: %s", pid, strerror(e));
+}
+
+NF_API nf_status_t nf_ipc_import(nf_backend_t *be, const char *handle, void **base, nf_ipc_map_t **out) {
+  if (!be || !handle || !base || !out) return nf__error(NF_ERR_INVALID, "nofrag: nf_ipc_import: NULL argument");
+  *out = NULL;
+  *base = NULL;
+  if (!be->ops->mem_import)
+    return nf__error(NF_ERR_UNSUPPORTED, "nofrag: IPC: the %s backend cannot import memory", be->ops->name);
+  long pid;
+  unsigned long long gsz, n;
+  int used = 0;
+  if (sscanf(handle, NF_IPC_MAGIC " %ld %llu %llu%n", &pid, &gsz, &n, &used) != 3 || !n || !gsz || (gsz & (gsz - 1)))
+    return nf__error(NF_ERR_INVALID, "nofrag: IPC: not a nofrag handle: '%.60s'", handle);
+  nf_ipc_map_t *m = calloc(1, sizeof *m);
+  if (m) m->h = calloc(n, sizeof *m->h);
+  if (!m || !m->h) {
+    if (m) free(m);
+    return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
+  }
+  m->be = be;
+  m->granule = gsz;
+  m->n = n;
+  nf_status_t st = NF_OK;
+  int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+  if (pidfd < 0) st = errno == ESRCH ? nf__error(NF_ERR_INVALID, "nofrag: IPC: the sending process %ld is gone", pid)
+                                     : getfd_fail(errno, pid);
+  const char *s = handle + used;
+  for (uint64_t i = 0; st == NF_OK && i < n; i++) {
+    int fd, k = 0;
+    unsigned long long off;
+    if (sscanf(s, " %d:%llu%n", &fd, &off, &k) != 2) { st = nf__error(NF_ERR_INVALID, "nofrag: IPC: truncated handle"); break; }
+    s += k;
+    int mine = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+    if (mine < 0) { st = getfd_fail(errno, pid); break; }
+    st = be->ops->mem_import(be, mine, off, gsz, &m->h[i]);
+    close(mine); // the handle holds the memory
+    if (st != NF_OK) nf__error(st, "nofrag: IPC: importing a granule failed: %s", be->err);
+  }
+  if (pidfd >= 0) close(pidfd);
+  if (st == NF_OK && (st = be->ops->va_reserve(be, n * gsz, gsz, &m->va)) != NF_OK) {
+    m->va = 0;
+    nf__error(st, "nofrag: IPC: reserving %llu B of address space failed: %s", n * gsz, be->err);
+  }
+  for (uint64_t i = 0; st == NF_OK && i < n; i++) {
+    if ((st = be->ops->map(be, m->va + i * gsz, gsz, m->h[i])) != NF_OK) nf__error(st, "nofrag: IPC: map failed: %s", be->err);
+    else m->mapped++;
+  }
+  if (st == NF_OK && (st = be->ops->set_access(be, m->va, n * gsz)) != NF_OK)
+    nf__error(st, "nofrag: IPC: set access failed: %s", be->err);
+  if (st != NF_OK) {
+    nf_ipc_close(m);
+    return st;
+  }
+  *base = (void *)m->va;
+  *out = m;
+  return NF_OK;
+}
+
+NF_API nf_backend_t *nf_pool_backend(nf_pool_t *p) { return p ? p->be : NULL; }
