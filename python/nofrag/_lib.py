@@ -248,6 +248,8 @@ def _declare(lib):
         "nf_snapshot": (vp, [vp]),
         "nf_snapshot_free": (None, [vp]),
         "nf_torch_set_host_alloc": (sz, [sz]),
+        # the C++ adapter's own library (nofrag.torch_adapter), declared through this same table
+        "nf_adapter_install": (i, [ctypes.c_char_p, sz]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name, None)
@@ -255,6 +257,13 @@ def _declare(lib):
             continue  # older build: the caller gets AttributeError where it matters
         fn.restype = res
         fn.argtypes = args
+
+
+def declare(lib):
+    """Declare the signatures on another library of the package (the C++
+    adapter's), from the same table."""
+    _declare(lib)
+    return lib
 
 
 def _open(cand):

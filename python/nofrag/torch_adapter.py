@@ -109,6 +109,10 @@ def build_adapter(out_dir=None, verbose=False):
     except OSError as e:
         return None, str(e)
     tag = _tag(torch, src, inc)
+    if out_dir is None:  # built by pip into the package (nofrag/_build.py)?
+        shipped = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adapter", tag, "nofrag_adapter.so")
+        if os.path.exists(shipped):
+            return shipped, ""
     out = os.path.join(out_dir or cache_dir(), tag)
     os.makedirs(out, exist_ok=True)
     so = os.path.join(out, "nofrag_adapter.so")
@@ -171,12 +175,10 @@ def install(out_dir=None):
     if not path:
         return False, why
     try:
-        lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        lib = _lib.declare(ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
     except OSError as e:
         return False, f"loading {path} failed: {e}"
     err = ctypes.create_string_buffer(1024)
-    lib.nf_adapter_install.restype = ctypes.c_int
-    lib.nf_adapter_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     if lib.nf_adapter_install(err, len(err)) != 0:
         return False, f"installing the adapter failed: {err.value.decode(errors='replace')}"
     return True, path
