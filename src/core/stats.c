@@ -57,6 +57,10 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   s.offloaded = (p->offl_granules + p->detached_granules) << p->gshift;
   s.offloaded_disk = p->disk_bytes;
   s.host_physical = p->host_created << p->gshift;
+  s.views = p->vw_count;
+  s.view_reuses = p->vw_reuses;
+  s.view_moves = p->vw_transfers;
+  s.view_evictions = p->vw_evicted;
   // Live bytes whose granules are unmapped (disk / detached offloads) are not
   // part of what is mapped: leave them out.
   uint64_t away = p->away_granules << p->gshift, resident = s.live > away ? s.live - away : 0;
@@ -162,6 +166,7 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
   }
   CHECK(nfree == p->gran_free_count && hfree == p->host_free_count, "check: free counts");
   if (p->tier.check && (st = p->tier.check(p, seen)) != NF_OK) goto out;
+  if ((st = nf__view_check(p)) != NF_OK) goto out;
   CHECK(nfree + hfree + mapped + (p->tier.staged ? p->tier.staged(p) : 0) + p->detached_granules == p->gran_created + p->host_created,
         "check: granules created %llu + %llu host != free %llu + %llu host + mapped %llu + in copies %llu + "
         "detached %llu", (unsigned long long)p->gran_created, (unsigned long long)p->host_created,
