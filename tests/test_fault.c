@@ -66,6 +66,8 @@ static int workload(nf_pool_t *p, nf_backend_t *be, uint64_t seed) {
   return failed;
 }
 
+static nf_stats_t last_stats; // of the latest run, before destroy
+
 static void run(uint64_t fail_at, double prob, uint64_t seed, uint64_t *calls_out) {
   nf_backend_t *inner, *be;
   assert_int_equal(nf_backend_host_create(&inner, 1ull << 30, G), NF_OK);
@@ -76,6 +78,7 @@ static void run(uint64_t fail_at, double prob, uint64_t seed, uint64_t *calls_ou
   c.small_max = 8192;
   c.release_threshold = 12 * G;
   c.release_after = 8;
+  c.views = 4; // views (view.c) made, taken back and evicted all the time
   nf_pool_t *p = NULL;
   assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
   uint64_t base = 0, failed = 0;
@@ -84,6 +87,7 @@ static void run(uint64_t fail_at, double prob, uint64_t seed, uint64_t *calls_ou
   workload(p, be, seed);
   nf_backend_fault_counts(be, calls_out, &failed);
   *calls_out -= base;
+  nf_stats_get(p, &last_stats);
   nf_pool_destroy(p);
   uint64_t gr = 1, mp = 1;
   nf_backend_host_usage(inner, &gr, &mp);
@@ -96,6 +100,8 @@ static void test_each_call_fails_once(void **state) {
   uint64_t total = 0;
   run(0, 0, 5, &total); // reference run: how many calls the workload makes
   assert_true(total > 50);
+  // The sweep covers the views' calls: moves (map), eviction (unmap).
+  assert_true(last_stats.view_moves > 0 && last_stats.view_evictions > 0 && last_stats.view_reuses > 0);
   for (uint64_t n = 1; n <= total; n++) {
     uint64_t calls;
     run(n, 0, 5, &calls);
