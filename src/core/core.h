@@ -64,7 +64,7 @@ struct nf_chunk_s {
   uint8_t arena;
   // ---- views (view.c)
   uint64_t *stale;   // bitmap: granule i holds a parked view of phys[i] (mapped in the backend, not `mapped`)
-  uint32_t *users;   // non-free blocks overlapping granule i
+  uint64_t *busy;    // bitmap: some non-free block overlaps granule i
   // ---- end views
 };
 
@@ -214,6 +214,7 @@ struct nf_pool_s {
   // ---- views (view.c)
   nf_block_t *vw_blk;     // the block nf__map_block is mapping (NULL: a tier maps a live block)
   uint32_t vw_s;          // its stream
+  bool vw_on;             // granules have moved: frees record their streams in the granules
   uint64_t vw_count;      // parked views (at most about cfg.views)
   nf_chunk_t *vw_cur_c;   // where the search for a cached granule resumes
   uint64_t vw_cur_g;
@@ -310,6 +311,7 @@ uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t 
 void nf__gran_unlink(nf_pool_t *p, uint32_t i);          // vmm.c
 uint64_t nf__gran_room(const nf_pool_t *p, uint64_t size); // vmm.c
 nf_status_t nf__view_check(nf_pool_t *p);
+bool nf__view_evict_all(nf_pool_t *p);
 // ---- end views
 
 // stats.c

@@ -135,10 +135,10 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   // nor coalesce the block being placed.
   b->state = NF_BLK_LIVE;
   b->stream = (uint16_t)s;
-  nf__view_live(p, b);
+  if (NF_UNLIKELY(p->vw_on)) nf__view_live(p, b);
   if (!mapped && !nf__range_mapped(p, b->chunk, b->addr, rsize) && (st = nf__map_block(p, b)) != NF_OK) {
     b->state = NF_BLK_FREE;
-    nf__view_dead(p, b, false);
+    if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, false);
     nf__release_block(p, b);
     return st;
   }
@@ -192,7 +192,7 @@ void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) {
   }
   if (NF_UNLIKELY(nf__map_insert(p, b) != NF_OK)) {
     b->state = NF_BLK_FREE;
-    nf__view_dead(p, b, false);
+    if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, false);
     nf__release_block(p, b);
     st = nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
     goto fail;
@@ -271,7 +271,7 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   p->st.live_blocks--;
   p->st.frees++;
   if (b->state == NF_BLK_FREE) {
-    nf__view_dead(p, b, true);
+    if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, true);
     nf__release_block(p, b);
   }
   // Release policy with decay: only cached memory that stays above the

@@ -21,6 +21,7 @@
 #include "core/core.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define bit_get nf__bit
 static inline void bit_set(uint64_t *bm, uint64_t i) { bm[i >> 6] |= 1ull << (i & 63); }
@@ -36,15 +37,15 @@ static inline void bit_clr(uint64_t *bm, uint64_t i) { bm[i >> 6] &= ~(1ull << (
 
 nf_status_t nf__view_chunk_init(nf_chunk_t *c) {
   c->stale = calloc((c->ngran + 63) >> 6, sizeof(uint64_t));
-  c->users = calloc(c->ngran, sizeof(uint32_t));
-  return c->stale && c->users ? NF_OK : NF_ERR_NOMEM;
+  c->busy = calloc((c->ngran + 63) >> 6, sizeof(uint64_t));
+  return c->stale && c->busy ? NF_OK : NF_ERR_NOMEM;
 }
 
 void nf__view_chunk_free(nf_chunk_t *c) {
   free(c->stale);
-  free(c->users);
+  free(c->busy);
   c->stale = NULL;
-  c->users = NULL;
+  c->busy = NULL;
 }
 
 static inline void span(const nf_pool_t *p, const nf_block_t *b, uint64_t *g0, uint64_t *g1) {
@@ -57,23 +58,69 @@ static bool mask_retired(const nf_pool_t *p, uint64_t m, uint64_t tick) {
   return nf__block_retired(p, &t);
 }
 
+// Set (on) or clear bits [g0, g1) of bm, a word at a time.
+static void bits_put(uint64_t *bm, uint64_t g0, uint64_t g1, bool on) {
+  while (g0 < g1) {
+    uint64_t b = g0 & 63, n = 64 - b < g1 - g0 ? 64 - b : g1 - g0;
+    uint64_t mask = (n == 64 ? ~0ull : (1ull << n) - 1) << b;
+    if (on) bm[g0 >> 6] |= mask;
+    else bm[g0 >> 6] &= ~mask;
+    g0 += n;
+  }
+}
+
 void nf__view_live(nf_pool_t *p, const nf_block_t *b) {
+  if (!p->vw_on) return; // (views_on derives busy from the blocks)
   uint64_t g0, g1;
   span(p, b, &g0, &g1);
-  for (uint64_t g = g0; g < g1; g++) b->chunk->users[g]++;
+  bits_put(b->chunk->busy, g0, g1, true);
+}
+
+// Views start moving granules: from here on `busy` is kept and frees record
+// their streams in the granules (nf__view_dead); until then neither costs
+// anything (a pool that never reaches its limit never pays). busy is derived
+// from the blocks; what was freed before counts as used by every stream up
+// to now (conservative: one wait per stream at most).
+static void views_on(nf_pool_t *p) {
+  for (nf_chunk_t *c = p->chunks; c; c = c->next) {
+    memset(c->busy, 0, ((c->ngran + 63) >> 6) * sizeof(uint64_t));
+    for (const nf_block_t *b = c->first; b; b = b->next) {
+      uint64_t g0, g1;
+      span(p, b, &g0, &g1);
+      if (b->state != NF_BLK_FREE) bits_put(c->busy, g0, g1, true);
+    }
+  }
+  uint64_t all = p->nstreams >= 64 ? ~0ull : (1ull << p->nstreams) - 1;
+  for (uint64_t i = 0; i < p->gran_cap; i++)
+    if (p->gran[i].state != NF_GR_UNUSED) {
+      p->gran[i].vmask = all;
+      p->gran[i].vtick = p->tick;
+    }
+  p->vw_on = true;
 }
 
 // A block is free (merge: it held data; its streams become its granules' last users).
 void nf__view_dead(nf_pool_t *p, const nf_block_t *b, bool merge) {
+  if (!p->vw_on) return;
   uint64_t g0, g1;
   nf_chunk_t *c = b->chunk;
   span(p, b, &g0, &g1);
+  // Edge granules another non-free block overlaps stay busy (free blocks
+  // are coalesced: at most one free block lies before the next non-free one).
+  uint64_t c0 = g0, c1 = g1;
+  uintptr_t lo = c->base + (g0 << p->gshift), hi = c->base + ((g1 - 1) << p->gshift);
+  for (const nf_block_t *q = b->prev; q && q->addr + q->size > lo; q = q->prev)
+    if (q->state != NF_BLK_FREE) { c0++; break; }
+  for (const nf_block_t *q = b->next; q && q->addr < hi + p->granule && c1 > c0; q = q->next)
+    if (q->state != NF_BLK_FREE) { c1--; break; }
+  if (c0 < c1) bits_put(c->busy, c0, c1, false);
+  if (!merge) return;
   for (uint64_t g = g0; g < g1; g++) {
-    c->users[g]--;
-    if (!merge || !bit_get(c->mapped, g)) continue;
+    if (!bit_get(c->mapped, g)) continue;
     nf_granule_t *x = &p->gran[c->phys[g]];
-    if (x->vmask && mask_retired(p, x->vmask, x->vtick)) x->vmask = 0;
-    if (!x->vmask || b->tick > x->vtick) x->vtick = b->tick;
+    // Other streams' older work, known complete, drops out (one stream: never asked).
+    if ((x->vmask & ~b->smask) && mask_retired(p, x->vmask, x->vtick)) x->vmask = 0;
+    if (b->tick > x->vtick) x->vtick = b->tick;
     x->vmask |= b->smask;
   }
 }
@@ -86,7 +133,7 @@ static bool takeable(const nf_pool_t *p, uint32_t i) {
   if (x->state == NF_GR_FREE) return true;
   const nf_chunk_t *o = x->at_c;
   return x->state == NF_GR_MAPPED && o && x->at_g < o->ngran && bit_get(o->mapped, x->at_g) &&
-         o->phys[x->at_g] == i && bit_get(NF_READY(o), x->at_g) && !o->users[x->at_g];
+         o->phys[x->at_g] == i && bit_get(NF_READY(o), x->at_g) && !bit_get(o->busy, x->at_g);
 }
 
 uint64_t nf__view_adoptable(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n) {
@@ -167,7 +214,7 @@ static uint32_t find_cached(nf_pool_t *p, uint32_t s) {
       g += (uint64_t)__builtin_ctzll(w);
       if (g >= c->ngran) break;
       uint32_t i = c->phys[g];
-      if (c->users[g] || !takeable(p, i)) continue;
+      if (bit_get(c->busy, g) || !takeable(p, i)) continue;
       nf_block_t t = {.smask = p->gran[i].vmask, .tick = p->gran[i].vtick};
       if (!t.smask || nf__block_usable(p, &t, s)) {
         seen++;
@@ -221,11 +268,14 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
   for (uint64_t g = g0; g < g1; g++) need += !bit_get(c->mapped, g);
   for (uint64_t g = g0; g < g1 && need > room; g++) {
     if (bit_get(c->mapped, g)) continue;
+    if (!p->vw_on) views_on(p);
     uint32_t i = find_cached(p, s);
     if (i == UINT32_MAX) break;
    
     if ((st = order(p, i, s)) != NF_OK) return st;
     st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
+    if (st != NF_OK && nf__view_evict_all(p)) // the mapping count's bound (host: vm.max_map_count)
+      st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK) return nf__error(st, "nofrag: map failed: %s", p->be->err); // the granule stays where it was
     park(p, i);
     own(p, c, g, i, false); // nf__map_range sets access on the run
@@ -273,11 +323,24 @@ uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t 
   return got;
 }
 
+// A map failed: the mapping count may be at its bound (host backend:
+// vm.max_map_count). Unmap every idle parked view, then the caller retries
+// once; true when some went. The failed call's message is kept.
+bool nf__view_evict_all(nf_pool_t *p) {
+  char msg[sizeof p->be->err];
+  memcpy(msg, p->be->err, sizeof msg);
+  nf_status_t st;
+  uint64_t got = nf__view_evict(p, UINT64_MAX, false, &st);
+  memcpy(p->be->err, msg, sizeof msg);
+  return got > 0;
+}
+
 // Teardown: every parked view of the chunk is unmapped (errors ignored: the
 // address range goes back next).
 void nf__view_chunk_unmap(nf_pool_t *p, nf_chunk_t *c) {
   if (!c->stale) return;
   for (uint64_t g = 0; g < c->ngran; g++) {
+    if (!c->stale[g >> 6]) { g |= 63; continue; }
     if (!bit_get(c->stale, g)) continue;
     uint64_t e = g;
     while (e < c->ngran && bit_get(c->stale, e)) e++;
@@ -307,9 +370,9 @@ nf_status_t nf__view_check(nf_pool_t *p) {
       for (uint64_t g = g0; g < g1; g++) u[g]++;
     }
     for (uint64_t g = 0; g < c->ngran && st == NF_OK; g++) {
-      if (u[g] != c->users[g])
-        st = nf__error(NF_ERR_INVALID, "check: granule %llu of chunk %p: %u blocks overlap it, users says %u",
-                       (unsigned long long)g, (void *)c->base, u[g], c->users[g]);
+      if (p->vw_on && (u[g] > 0) != bit_get(c->busy, g))
+        st = nf__error(NF_ERR_INVALID, "check: granule %llu of chunk %p: %u blocks overlap it, busy says %d",
+                       (unsigned long long)g, (void *)c->base, u[g], (int)bit_get(c->busy, g));
       else if (bit_get(c->stale, g)) {
         uint32_t i = c->phys[g];
         if (bit_get(c->mapped, g) || u[g] || i >= p->gran_cap || p->gran[i].state == NF_GR_UNUSED ||

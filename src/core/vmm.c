@@ -442,6 +442,8 @@ nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     bool h = p->gran_free_count == 0;
     uint32_t i = nf__gran_pop(p, h ? NF_TIER_HOST : NF_TIER_DEVICE);
     st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
+    if (st != NF_OK && p->vw_count && nf__view_evict_all(p)) // the mapping count's bound (host: vm.max_map_count)
+      st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK) {
       nf__gran_push_free(p, i);
       nf__error(st, "nofrag: map failed: %s", p->be->err);
