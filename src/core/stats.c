@@ -25,9 +25,21 @@ uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules) {
       // Maximal sequences of ready granules over the run, clipped to it.
       uint64_t g = ra >> p->gshift, gb = (rb + p->granule - 1) >> p->gshift;
       while (g < gb) {
-        if (!(ready[g >> 6] >> (g & 63) & 1)) { g++; continue; }
+        // A word at a time where it can (a large free run is mostly one
+        // kind of bit): the walk runs every 100 ms from the published
+        // counters, on the alloc/free path.
+        uint64_t w = ready[g >> 6] >> (g & 63);
+        if (!w) { g = (g | 63) + 1; continue; }
+        g += (uint64_t)__builtin_ctzll(w);
+        if (g >= gb) break;
         uint64_t e = g;
-        while (e < gb && (ready[e >> 6] >> (e & 63) & 1)) e++;
+        for (;;) {
+          uint64_t x = ~ready[e >> 6] >> (e & 63); // zeros from e on
+          if (x) { e += (uint64_t)__builtin_ctzll(x); break; }
+          e = (e | 63) + 1;
+          if (e >= gb) break;
+        }
+        if (e > gb) e = gb;
         uint64_t lo = g << p->gshift, hi = e << p->gshift;
         lo = lo > ra ? lo : ra;
         hi = hi < rb ? hi : rb;
