@@ -110,6 +110,9 @@ nf_block_t *nf__place(nf_pool_t *p, int arena, uint64_t size, uint32_t s, uint64
   // Near the limit every granule counts and stitching will run anyway: the
   // tightest fit wins (first fitting block, one usable on S at once first).
   bool tight = p->gran_created + (size >> p->gshift) + 2 > p->max_granules;
+  // With `tight`, at its soft limit likewise (views: a layout that repeats
+  // step after step is what lets them converge; mapping costs change it).
+  if (p->cfg.tight && !tight) tight = nf__gran_room(p, size) - p->gran_free_count < (size >> p->gshift) + 2;
   int budget = tight ? NF_WALK : NF_SCAN;
   n = 0;
   for (nf_block_t *b = t->heads[fl][sl]; b && budget > 0 && n < NF_SCAN; b = b->fnext, n++) {
