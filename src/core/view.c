@@ -13,11 +13,11 @@
 // workload that repeats each step converges to taking views back: zero calls.
 //
 // Safety: a granule is taken (from the free list, or from its owning place
-// when no non-free block overlaps that place: users == 0) only after the new
+// when no non-free block overlaps that place: not `busy`) only after the new
 // block's stream is ordered after the granule's last users (vmask / vtick,
 // merged at every free: a GPU-side event wait, no host wait). A virtual
 // granule is unmapped only once the work on it is known complete. Views live
-// in free address space only: users > 0 never has a stale bit.
+// in free address space only: a `busy` granule never has a stale bit.
 #include "core/core.h"
 
 #include <stdlib.h>
@@ -350,7 +350,7 @@ void nf__view_chunk_unmap(nf_pool_t *p, nf_chunk_t *c) {
   }
 }
 
-// nf_pool_check's part: users[] re-derived from the blocks; a parked view
+// nf_pool_check's part: busy re-derived from the blocks; a parked view
 // lies where no non-free block is (so no physical byte is reachable by two
 // live blocks through two mappings: a granule is owned at one place at most,
 // checked by the caller) and names an existing device granule; the view
