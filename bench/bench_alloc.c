@@ -2,6 +2,8 @@
 // call). Times batches of 1000 pairs with CLOCK_MONOTONIC and reports the
 // median and p99 over batches, per pair, for several sizes; also a "mixed"
 // case with a live set of 64 blocks of other sizes around the one recycled.
+// The same pairs through glibc's malloc + free run in the same rounds (the
+// reference the issue-13 target compares with: nofrag's pair <= 2x glibc's).
 //
 //   ./build/bench_alloc [pairs_per_size]
 #include "bench.h"
@@ -30,10 +32,16 @@ int main(int argc, char **argv) {
   // Rounds interleave the sizes so that a slow period of the machine (VM
   // neighbours) spreads over all of them instead of skewing one.
   long per = batches / ROUNDS;
-  double *t[2][NS];
+  double *t[2][NS], *tg[2][NS];
+  // Called through volatile pointers: the compiler may not fold a malloc+free pair away.
+  void *(*volatile g_malloc)(size_t) = malloc;
+  void (*volatile g_free)(void *) = free;
   uint64_t calls[2][NS] = {{0}};
   for (int m = 0; m < 2; m++)
-    for (int k = 0; k < NS; k++) t[m][k] = malloc(sizeof(double) * (size_t)(per * ROUNDS));
+    for (int k = 0; k < NS; k++) {
+      t[m][k] = malloc(sizeof(double) * (size_t)(per * ROUNDS));
+      tg[m][k] = malloc(sizeof(double) * (size_t)(per * ROUNDS));
+    }
   for (int r = 0; r < ROUNDS; r++)
     for (int mixed = 0; mixed < 2; mixed++)
       for (int k = 0; k < NS; k++) {
@@ -57,19 +65,32 @@ int main(int argc, char **argv) {
         nf_stats_get(p, &s1);
         calls[mixed][k] += s1.backend_calls - s0.backend_calls;
         for (int i = 0; i < 64; i++) nf_free(p, keep[i]);
+        void *gkeep[64] = {0};
+        if (mixed)
+          for (int i = 0; i < 64; i++) gkeep[i] = g_malloc(n / 2 + 512 * (size_t)i);
+        g_free(g_malloc(n));
+        for (long b = 0; b < per; b++) {
+          double t0 = now_ns();
+          for (int i = 0; i < BATCH; i++) g_free(g_malloc(n));
+          tg[mixed][k][r * per + b] = (now_ns() - t0) / BATCH;
+        }
+        for (int i = 0; i < 64; i++) g_free(gkeep[i]);
       }
-  printf("%-16s %10s %10s %10s %12s\n", "size", "median_ns", "p99_ns", "mean_ns", "calls/pair");
+  printf("%-16s %10s %10s %10s %12s %12s %8s\n", "size", "median_ns", "p99_ns", "mean_ns", "calls/pair",
+         "glibc_med_ns", "x_glibc");
   for (int mixed = 0; mixed < 2; mixed++)
     for (int k = 0; k < NS; k++) {
       long nb = per * ROUNDS;
-      double sum = 0, *v = t[mixed][k];
+      double sum = 0, *v = t[mixed][k], *gv = tg[mixed][k];
       for (long b = 0; b < nb; b++) sum += v[b];
       qsort(v, (size_t)nb, sizeof *v, cmp);
+      qsort(gv, (size_t)nb, sizeof *gv, cmp);
       char label[32];
       snprintf(label, sizeof label, "%s%zu", mixed ? "mixed/" : "", sizes[k]);
-      printf("%-16s %10.1f %10.1f %10.1f %12.4f\n", label, v[nb / 2], v[nb * 99 / 100], sum / (double)nb,
-             (double)calls[mixed][k] / (double)(nb * BATCH));
+      printf("%-16s %10.1f %10.1f %10.1f %12.4f %12.1f %8.2f\n", label, v[nb / 2], v[nb * 99 / 100], sum / (double)nb,
+             (double)calls[mixed][k] / (double)(nb * BATCH), gv[nb / 2], v[nb / 2] / gv[nb / 2]);
       free(v);
+      free(gv);
     }
   nf_pool_destroy(p);
   nf_backend_destroy(be);

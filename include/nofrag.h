@@ -108,6 +108,9 @@ typedef struct nf_config_s {
                               //!< memory is slow to create (on the H200 a first spill of 11 GiB took 8 s)
   char offload_dir[NF_TRACE_PATH_MAX]; //!< directory for nf_offload(..., NF_TIER_DISK) files;
                               //!< "" = $TMPDIR, else /tmp. The file is unlinked at creation.
+  uint64_t views;             //!< most parked views (a granule kept mapped where it served before, so
+                              //!< that serving there again costs no backend call) before the oldest
+                              //!< idle ones are unmapped; 0 = views off (stitching unmaps)
 } nf_config_t;
 
 #define NF_BACKEND_HOST 0
@@ -118,7 +121,7 @@ typedef struct nf_config_s {
 //! UINT64_MAX-1 in the struct, "never" = UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
 //! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, release_after 4096, tight 0,
 //! trace "" (off), trace_max 256 MiB, spill off, spill_limit 0 (= host capacity), spill_reserve 0,
-//! offload_dir "" ($TMPDIR).
+//! offload_dir "" ($TMPDIR), views 16384.
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
 
 //! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB
@@ -248,6 +251,12 @@ typedef struct nf_stats_s {
   uint64_t host_physical, host_physical_peak; //!< host granules created x G
   uint64_t spills;                          //!< allocations that took host granules
   uint64_t offloads, prefetches;            //!< completed nf_offload / nf_prefetch calls that moved data
+  // Views (docs/design.md, "Views: stitch once"): a granule stays mapped at
+  // places it served before, so that serving them again costs no call.
+  uint64_t views;                           //!< parked views now (extra mappings of granules, no data)
+  uint64_t view_reuses;                     //!< granules taken back by a parked view (no backend call)
+  uint64_t view_moves;                      //!< cached granules mapped at a new place instead of unmapped first
+  uint64_t view_evictions;                  //!< parked views unmapped
 } nf_stats_t;
 
 // ---------------------------------------------------------------- offload

@@ -52,6 +52,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.device, 0);
   assert_int_equal(c.backend, NF_BACKEND_HOST);
   assert_int_equal(c.host_capacity, 0);
+  assert_int_equal(c.views, 16384);
   assert_int_equal(nf_config_default(NULL), NF_ERR_INVALID);
 }
 
@@ -81,6 +82,10 @@ static void test_each_key(void **state) {
   assert_int_equal(c.backend, NF_BACKEND_CUDA);
   c = ok("host_capacity:141GiB");
   assert_true(c.host_capacity == 141 * NF_GiB);
+  c = ok("views:0");
+  assert_int_equal(c.views, 0);
+  c = ok("views:100");
+  assert_int_equal(c.views, 100);
 
   // Several keys at once; whitespace around every token; later keys win.
   c = ok("  limit : 1GiB ,\treserve:2MiB,  device : 3 ,limit:2GiB\n");
@@ -195,6 +200,9 @@ static void test_errors(void **state) {
   bad("limit:-1", "negative", "limit");
   bad("reserve:-1GiB", "negative", "reserve");
   bad("device:-1", "negative", "device");
+  bad("views:-1", "negative", "views");
+  bad("views:many", "views", "many");
+  bad("views:99999999", "views", NULL);
   bad("limit:18446744073709551616", "overflows", NULL);
   bad("limit:99999999999999999999999", "overflows", NULL);
   bad("limit:16777216TiB", "overflows", NULL);
@@ -376,6 +384,7 @@ static void test_format_roundtrip(void **state) {
     c.device = (int)(nft_rand(&seed) % 1024);
     c.backend = (int)(nft_rand(&seed) % 2);
     c.host_capacity = nft_rand(&seed);
+    c.views = nft_rand(&seed) % (1u << 24);
     roundtrip(&c);
   }
 }

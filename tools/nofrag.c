@@ -117,8 +117,10 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   CALLS(X)
 #undef X
   printf("},\"reclaims\":%" PRIu64 ",\"reclaimed_granules\":%" PRIu64 ",\"cross_stream_reuses\":%" PRIu64
-         ",\"spilled_peak\":%" PRIu64 ",\"spills\":%" PRIu64,
-         s->reclaims, s->reclaimed_granules, s->cross_stream_reuses, s->spilled_peak, s->spills);
+         ",\"spilled_peak\":%" PRIu64 ",\"spills\":%" PRIu64 ",\"views\":%" PRIu64 ",\"view_reuses\":%" PRIu64
+         ",\"view_moves\":%" PRIu64 ",\"view_evictions\":%" PRIu64,
+         s->reclaims, s->reclaimed_granules, s->cross_stream_reuses, s->spilled_peak, s->spills, s->views,
+         s->view_reuses, s->view_moves, s->view_evictions);
   // events_per_second counts trace events walked (free_requested and
   // segment_* included, as no-ops); ops_per_second counts allocator calls.
   size_t events_done = r->ops_done < ops->n_ops ? (size_t)ops->ops[r->ops_done].event : ops->n_events;
@@ -219,6 +221,8 @@ static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   printf(")\n");
   printf("  in 2nd half         %" PRIu64 " (steady state: the trace's later steps)\n", r->calls_second_half);
   printf("reclaims              %" PRIu64 " (%" PRIu64 " granules stitched)\n", s->reclaims, s->reclaimed_granules);
+  printf("views                 %" PRIu64 " granules taken back by a view, %" PRIu64 " moved to a new view, %" PRIu64
+         " views evicted, %" PRIu64 " parked at the end\n", s->view_reuses, s->view_moves, s->view_evictions, s->views);
   if (s->spills) {
     human(h1, sizeof h1, s->spilled_peak);
     printf("spilled               peak %" PRIu64 " B (%s) on host granules, %" PRIu64 " allocations spilled\n",

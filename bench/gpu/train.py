@@ -304,6 +304,23 @@ class Runner(BudgetedRunner):
                 self.results["runs"].append(r)
                 self.save()
 
+    def capped(self, models):
+        """nofrag at caps of --caps x live (live: the peak of its own uncapped
+        run), full length: step time paired with the native run of the same
+        session, calls per steady step (views: 0 once a step repeats)."""
+        for model in models:
+            base = next((r for r in self.results["runs"] if r.get("model") == model and r.get("alloc") == "nofrag"
+                         and not r.get("cap") and r.get("status") == "ok"), None)
+            for f in [float(x) for x in self.a.caps.split(",") if x]:
+                if not base:
+                    self.results["runs"].append({"model": model, "alloc": "nofrag", "cap_factor": f,
+                                                 "status": "no uncapped nofrag run to size the cap"})
+                    continue
+                r = self.run(model, "nofrag", self.a.steps or MODELS[model]["steps"], cap=int(base["peak_live"] * f))
+                r["cap_factor"] = f
+                self.results["runs"].append(r)
+                self.save()
+
     def bisect(self, model):
         """Min capacity per allocator. Bounds from the uncapped runs: below the
         live peak of the first --probe-steps steps is infeasible; the run's own
@@ -386,6 +403,8 @@ def markdown(R):
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         m, al = r.get("model"), r.get("alloc")
+        if r.get("cap_factor"):
+            al = f"{al} cap {r['cap_factor']}x live"
         live = r.get("peak_live") or 0
         rsv = r.get("peak_physical") or r.get("peak_reserved") or 0
         nat = native.get(m)
@@ -397,7 +416,7 @@ def markdown(R):
             a, b = r["losses"], nat["losses"]
             diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
             same = "yes" if diff is None and len(a) == len(b) else f"no (step {diff})"
-        mc = R.get("bisect", {}).get(m, {}).get(al, {})
+        mc = {} if r.get("cap_factor") else R.get("bisect", {}).get(m, {}).get(al, {})
         mcs = f"{mc['min_cap_over_live']:.4f}" if mc.get("min_cap_over_live") else ""
         cps = r.get("calls_per_steady_step")
         ratio = f"{rsv / live:.4f}" if live else ""
@@ -407,14 +426,22 @@ def markdown(R):
     for model, per in (R.get("bisect") or {}).items():
         lines += ["", f"## Min capacity bisection: {model}", "",
                   "| allocator | live (first k steps) GiB | min feasible cap GiB | infeasible at GiB | cap/live "
-                  "| probes | step s at min cap |", "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "| probes | step s at min cap | vs native | calls/step at min cap | loss = native |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        nat = native.get(model)
         for al, b in per.items():
             pr = b.get("probes", [])
-            at = next((p.get("median_step_s") for p in pr if p["cap"] == b.get("min_cap") and p["status"] == "ok"),
-                      None)
+            p = next((p for p in pr if p["cap"] == b.get("min_cap") and p["status"] == "ok"), {})
+            at, cps = p.get("median_step_s"), p.get("calls_per_steady_step")
+            vs = f"{at / nat['median_step_s']:.3f}" if at and nat and nat.get("median_step_s") else ""
+            same = ""
+            if nat and p.get("loss_hex"):
+                k = len(p["loss_hex"])
+                same = "yes" if p["loss_hex"] == nat["losses"][:k] else "no"
             lines.append(f"| {al} | {gib(b.get('live'))} | {gib(b.get('min_cap'))} | {gib(b.get('infeasible_below'))} "
-                         f"| {b.get('min_cap_over_live', 0):.4f} | {len(pr)} | {at or ''} |"
-                         if "live" in b else f"| {al} | {b.get('status')} | | | | | |")
+                         f"| {b.get('min_cap_over_live', 0):.4f} | {len(pr)} | {at or ''} | {vs} "
+                         f"| {'' if cps is None else f'{cps:.2f}'} | {same} |"
+                         if "live" in b else f"| {al} | {b.get('status')} | | | | | | | | |")
     lim = R.get("limits")
     if lim:
         lines += ["", "## PyTorch features under the nofrag plug-in (bench/gpu/limits.py)", "",
@@ -444,6 +471,8 @@ def main():
                    help="first cap probed, as a multiple of live (0: plain bisection)")
     p.add_argument("--tol", type=float, default=0.002, help="bisection tolerance, fraction of live")
     p.add_argument("--no-limits", action="store_true")
+    p.add_argument("--caps", default="", help="nofrag also runs capped at these multiples of its uncapped live "
+                   "peak, full length (e.g. 1.01), after the uncapped runs")
     p.add_argument("--dry-run", action="store_true")
     a = p.parse_args()
     R = Runner(a)
@@ -456,6 +485,7 @@ def main():
     if not a.no_limits:
         R.limits()
     R.uncapped([m for m in models if m not in first])
+    R.capped(models)
     for m in first:
         R.bisect(m)
     R.results["finished"] = time.strftime("%F %T")

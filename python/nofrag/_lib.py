@@ -164,7 +164,7 @@ class NfStats(ctypes.Structure):
         ("fragmentation", ctypes.c_double),
     ] + [(n, _u64) for n in (  # host tier (spill and offload)
         "spilled", "spilled_peak", "offloaded", "offloaded_disk", "host_physical", "host_physical_peak",
-        "spills", "offloads", "prefetches")]
+        "spills", "offloads", "prefetches", "views", "view_reuses", "view_moves", "view_evictions")]
 
     def to_dict(self):
         d = {}

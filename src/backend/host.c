@@ -326,6 +326,11 @@ static nf_status_t map_locked(host_backend *h, uintptr_t va, size_t size, nf_han
     int e = errno;
     // A failed MAP_FIXED may have dropped the reservation: put it back.
     mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (e == ENOMEM) // most likely the process's mapping count (each granule mapped is one, views too)
+      return nf__backend_fail(&h->base, NF_ERR_BACKEND,
+                              "host backend: map: mmap: %s (%llu granules mapped: the process may be at "
+                              "vm.max_map_count, /proc/sys/vm/max_map_count; fewer views (config views:N) or "
+                              "a larger granule map fewer)", strerror(e), (unsigned long long)h->mapped_granules);
     return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: map: mmap: %s", strerror(e));
   }
   uint32_t s = (idx + 1) << 2;

@@ -63,6 +63,10 @@ struct nf_chunk_s {
   nf_chunk_t *next;
   struct nf_priv_s *priv; // private pool owning the range (private_pool.c), NULL: the general pool
   uint8_t arena;
+  // ---- views (view.c)
+  uint64_t *stale;   // bitmap: granule i holds a parked view of phys[i] (mapped in the backend, not `mapped`)
+  uint64_t *busy;    // bitmap: some non-free block overlaps granule i
+  // ---- end views
 };
 
 // ------------------------------------------------------------------ TLSF
@@ -83,6 +87,13 @@ typedef struct nf_granule_s {
   uint8_t tier;
   uint8_t state;     // NF_GR_*
   uint8_t win;       // host granule also mapped at the host window (offload_detached.c)
+  // ---- views (view.c)
+  int32_t prev_free;  // free-list back link (a view's granule leaves the list from its middle)
+  uint32_t nviews;    // parked views of this granule (chunk `stale` bits naming it)
+  uint32_t at_g;      // where it is `mapped` (when state MAPPED): granule at_g of chunk at_c
+  nf_chunk_t *at_c;   // (a hint: checked against the chunk's bits before use)
+  uint64_t vmask, vtick; // streams (and the latest free tick) that may still use its data
+  // ---- end views
 } nf_granule_t;
 enum { NF_GR_UNUSED = 0, NF_GR_FREE = 1, NF_GR_MAPPED = 2 };
 
@@ -200,6 +211,16 @@ struct nf_pool_s {
   nf_pub_t *pub;
   uint64_t pub_mapped, pub_created; // gran_mapped / gran_created last published in full
   uint64_t pub_lf_ns;               // monotonic time largest_free was last walked
+
+  // ---- views (view.c)
+  nf_block_t *vw_blk;     // the block nf__map_block is mapping (NULL: a tier maps a live block)
+  uint32_t vw_s;          // its stream
+  bool vw_on;             // granules have moved: frees record their streams in the granules
+  uint64_t vw_count;      // parked views (at most about cfg.views)
+  nf_chunk_t *vw_cur_c;   // where the search for a cached granule resumes
+  uint64_t vw_cur_g;
+  uint64_t vw_reuses, vw_transfers, vw_evicted; // counters (tests, replay)
+  // ---- end views
 
   nf_tier_hooks_t tier;   // set by the assembler (src/nofrag.c); NULL members: no such tier
   nf_observe_hooks_t obs; // likewise for observers
@@ -327,6 +348,23 @@ static inline bool nf__owned(const nf_pool_t *p, const nf_block_t *b, uint64_t *
   *g1 = (a + b->size) >> p->gshift;
   return *g1 > *g0;
 }
+
+// ---- views (view.c): a physical granule may stay mapped at several virtual
+// places; only one of them (`mapped`) owns it, the others are parked views
+// (`stale`) that a later block there takes back with no backend call.
+nf_status_t nf__view_chunk_init(nf_chunk_t *c);
+void nf__view_chunk_free(nf_chunk_t *c);
+void nf__view_chunk_unmap(nf_pool_t *p, nf_chunk_t *c);
+void nf__view_live(nf_pool_t *p, const nf_block_t *b);
+void nf__view_dead(nf_pool_t *p, const nf_block_t *b, bool merge);
+nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t k_new);
+uint64_t nf__view_adoptable(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
+uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t *st);
+void nf__gran_unlink(nf_pool_t *p, uint32_t i);          // vmm.c
+uint64_t nf__gran_room(const nf_pool_t *p, uint64_t size); // vmm.c
+nf_status_t nf__view_check(nf_pool_t *p);
+bool nf__view_evict_all(nf_pool_t *p);
+// ---- end views
 
 // stats.c
 static inline void nf__peak(uint64_t *peak, uint64_t v) { if (v > *peak) *peak = v; }

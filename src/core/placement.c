@@ -61,6 +61,13 @@ void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b) {
   b->fprev = b->fnext = NULL;
 }
 
+// Views (view.c): of k granules not ready, those a parked view takes back
+// cost no backend call (1 each: they move a granule); the rest map (64).
+static inline uint64_t view_cost(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n, uint64_t k) {
+  uint64_t v = k ? nf__view_adoptable(p, c, a, n) : 0;
+  return (k - v) * 64 + v;
+}
+
 // Cost of placing `size` bytes in b at its start or its end: the granules to
 // map. Which stream freed the block does not count: ordering after another
 // stream costs one event record and one stream wait, a mapping ~50 us, and
@@ -70,8 +77,10 @@ static uint64_t place_cost(const nf_pool_t *p, const nf_block_t *b, uint64_t siz
   *off = 0;
   if (nf__range_mapped(p, b->chunk, b->addr, size)) return 0; // common: cached
   uint64_t lo = nf__range_unmapped(p, b->chunk, b->addr, size), hi = lo;
+  if (p->vw_count) lo = view_cost(p, b->chunk, b->addr, size, lo);
   if (lo && b->size > size) {
     hi = nf__range_unmapped(p, b->chunk, b->addr + b->size - size, size);
+    if (p->vw_count) hi = view_cost(p, b->chunk, b->addr + b->size - size, size, hi);
     if (hi < lo) *off = b->size - size;
   }
   return hi < lo ? hi : lo;
@@ -102,6 +111,9 @@ nf_block_t *nf__place(nf_pool_t *p, nf_tlsf_t *tl, int arena, uint64_t size, uin
   // Near the limit every granule counts and stitching will run anyway: the
   // tightest fit wins (first fitting block, one usable on S at once first).
   bool tight = p->gran_created + (size >> p->gshift) + 2 > p->max_granules;
+  // With `tight`, at its soft limit likewise (views: a layout that repeats
+  // step after step is what lets them converge; mapping costs change it).
+  if (p->cfg.tight && !tight) tight = nf__gran_room(p, size) - p->gran_free_count < (size >> p->gshift) + 2;
   int budget = tight ? NF_WALK : NF_SCAN;
   n = 0;
   for (nf_block_t *b = t->heads[fl][sl]; b && budget > 0 && n < NF_SCAN; b = b->fnext, n++) {

@@ -135,8 +135,11 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   // Live from here: stitching and pending-block release must neither unmap
   // nor coalesce the block being placed.
   b->state = NF_BLK_LIVE;
+  b->stream = (uint16_t)s;
+  if (NF_UNLIKELY(p->vw_on)) nf__view_live(p, b);
   if (!mapped && !nf__range_mapped(p, b->chunk, b->addr, rsize) && (st = nf__map_block(p, b)) != NF_OK) {
     b->state = NF_BLK_FREE;
+    if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, false);
     nf__release_block(p, b);
     return st;
   }
@@ -229,6 +232,7 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
 placed:
   if (NF_UNLIKELY(nf__map_insert(p, b) != NF_OK)) {
     b->state = NF_BLK_FREE;
+    if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, false);
     nf__release_block(p, b);
     st = nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
     goto fail;
@@ -310,7 +314,10 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   p->st.live_blocks--;
   p->st.frees++;
   if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live -= b->req; b->chunk->priv->live_blocks--; }
-  if (b->state == NF_BLK_FREE) nf__release_block(p, b);
+  if (b->state == NF_BLK_FREE) {
+    if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, true);
+    nf__release_block(p, b);
+  }
   // Release policy with decay: only cached memory that stays above the
   // threshold for release_after frees in a row goes back (a training step's
   // swing drops below it every step and stays cached).

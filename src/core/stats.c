@@ -25,9 +25,21 @@ uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules) {
       // Maximal sequences of ready granules over the run, clipped to it.
       uint64_t g = ra >> p->gshift, gb = (rb + p->granule - 1) >> p->gshift;
       while (g < gb) {
-        if (!(ready[g >> 6] >> (g & 63) & 1)) { g++; continue; }
+        // A word at a time where it can (a large free run is mostly one
+        // kind of bit): the walk runs every 100 ms from the published
+        // counters, on the alloc/free path.
+        uint64_t w = ready[g >> 6] >> (g & 63);
+        if (!w) { g = (g | 63) + 1; continue; }
+        g += (uint64_t)__builtin_ctzll(w);
+        if (g >= gb) break;
         uint64_t e = g;
-        while (e < gb && (ready[e >> 6] >> (e & 63) & 1)) e++;
+        for (;;) {
+          uint64_t x = ~ready[e >> 6] >> (e & 63); // zeros from e on
+          if (x) { e += (uint64_t)__builtin_ctzll(x); break; }
+          e = (e | 63) + 1;
+          if (e >= gb) break;
+        }
+        if (e > gb) e = gb;
         uint64_t lo = g << p->gshift, hi = e << p->gshift;
         lo = lo > ra ? lo : ra;
         hi = hi < rb ? hi : rb;
@@ -57,6 +69,10 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   s.offloaded = (p->offl_granules + p->detached_granules) << p->gshift;
   s.offloaded_disk = p->disk_bytes;
   s.host_physical = p->host_created << p->gshift;
+  s.views = p->vw_count;
+  s.view_reuses = p->vw_reuses;
+  s.view_moves = p->vw_transfers;
+  s.view_evictions = p->vw_evicted;
   // Live bytes whose granules are unmapped (disk / detached offloads) are not
   // part of what is mapped: leave them out.
   uint64_t away = p->away_granules << p->gshift, resident = s.live > away ? s.live - away : 0;
@@ -169,6 +185,7 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
   }
   CHECK(nfree == p->gran_free_count && hfree == p->host_free_count, "check: free counts");
   if (p->tier.check && (st = p->tier.check(p, seen)) != NF_OK) goto out;
+  if ((st = nf__view_check(p)) != NF_OK) goto out;
   CHECK(nfree + hfree + mapped + (p->tier.staged ? p->tier.staged(p) : 0) + p->detached_granules == p->gran_created + p->host_created,
         "check: granules created %llu + %llu host != free %llu + %llu host + mapped %llu + in copies %llu + "
         "detached %llu", (unsigned long long)p->gran_created, (unsigned long long)p->host_created,

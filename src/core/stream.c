@@ -169,6 +169,7 @@ nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
     if (b->fnext) b->fnext->fprev = b->fprev;
     b->extra = 0;
     b->state = NF_BLK_FREE;
+    if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, true);
     nf__release_block(p, b);
   }
   return NF_OK;

@@ -85,8 +85,9 @@ nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
   uint64_t ngran = size >> p->gshift, words = (ngran + 63) >> 6;
   if (c) c->mapped = calloc(words * 2, sizeof(uint64_t));
   if (c) c->phys = malloc(ngran * sizeof(uint32_t));
-  if (!c || !b || !c->mapped || !c->phys) {
-    if (c) { free(c->mapped); free(c->phys); }
+  if (c) c->ngran = ngran;
+  if (!c || !b || !c->mapped || !c->phys || nf__view_chunk_init(c) != NF_OK) {
+    if (c) { free(c->mapped); free(c->phys); nf__view_chunk_free(c); }
     free(c);
     if (b) nf__block_delete(p, b);
     return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory for a %llu-granule range",
@@ -94,6 +95,7 @@ nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
   }
   nf_status_t st = NF_BE(p, va_reserve, va_reserve, size, g, &c->base);
   if (st != NF_OK) {
+    nf__view_chunk_free(c);
     free(c->mapped); free(c->phys); free(c);
     nf__block_delete(p, b);
     return nf__error(st, "nofrag: reserving %llu B of address space failed: %s",
@@ -115,6 +117,9 @@ nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
 
 void nf__gran_push_free(nf_pool_t *p, uint32_t i) {
   p->gran[i].state = NF_GR_FREE;
+  p->gran[i].prev_free = -1;
+  int32_t *head = p->gran[i].tier == NF_TIER_HOST ? &p->host_free : &p->gran_free;
+  if (*head >= 0) p->gran[*head].prev_free = (int32_t)i;
   if (p->gran[i].tier == NF_TIER_HOST) {
     p->gran[i].next_free = p->host_free;
     p->host_free = (int32_t)i;
@@ -138,7 +143,20 @@ uint32_t nf__gran_pop(nf_pool_t *p, nf_tier_t tier) {
     p->gran_free = p->gran[i].next_free;
     p->gran_free_count--;
   }
+  if (p->gran[i].next_free >= 0) p->gran[p->gran[i].next_free].prev_free = -1;
   return i;
+}
+
+// Take free granule i off its free list, wherever it is (views, view.c).
+void nf__gran_unlink(nf_pool_t *p, uint32_t i) {
+  nf_granule_t *x = &p->gran[i];
+  bool h = x->tier == NF_TIER_HOST;
+  if (x->prev_free >= 0) p->gran[x->prev_free].next_free = x->next_free;
+  else *(h ? &p->host_free : &p->gran_free) = x->next_free;
+  if (x->next_free >= 0) p->gran[x->next_free].prev_free = x->prev_free;
+  if (h) p->host_free_count--;
+  else p->gran_free_count--;
+  x->next_free = x->prev_free = -1;
 }
 
 // A slot in gran[] for a new granule, or -1 (out of host memory).
@@ -193,13 +211,19 @@ static nf_status_t granules_create(nf_pool_t *p, nf_tier_t tier, uint64_t n) {
 static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep) {
   uint64_t *created = tier == NF_TIER_HOST ? &p->host_created : &p->gran_created;
   const int32_t *head = tier == NF_TIER_HOST ? &p->host_free : &p->gran_free;
-  while (*created > keep && *head >= 0) {
-    uint32_t i = (uint32_t)*head;
-    nf_status_t st = p->tier.win_unmap ? p->tier.win_unmap(p, i) : NF_OK;
+  // Views: a granule still mapped at parked views cannot go back; unmap the
+  // views whose work is known complete first (no host wait), skip the rest.
+  nf_status_t st;
+  if (p->vw_count && *created > keep) nf__view_evict(p, UINT64_MAX, false, &st);
+  for (int32_t nx, j = *head; *created > keep && j >= 0; j = nx) {
+    uint32_t i = (uint32_t)j;
+    nx = p->gran[i].next_free;
+    if (p->gran[i].nviews) continue;
+    st = p->tier.win_unmap ? p->tier.win_unmap(p, i) : NF_OK;
     if (st != NF_OK) return st;
     st = NF_BE(p, mem_release, release, p->gran[i].handle);
     if (st != NF_OK) return nf__error(st, "nofrag: releasing a granule failed: %s", p->be->err);
-    nf__gran_pop(p, tier);
+    nf__gran_unlink(p, i);
     p->gran[i] = (nf_granule_t){.next_free = p->gran_unused};
     p->gran_unused = (int32_t)i;
     --*created;
@@ -352,6 +376,22 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
   return p->gran_free_count >= k ? NF_OK : NF_ERR_OOM;
 }
 
+// Granules a request of `size` may take from the free list and by creating
+// new ones before gran_acquire would stitch (the limit; with `tight`, the
+// live peak plus slack): what view.c need not move from the cache.
+uint64_t nf__gran_room(const nf_pool_t *p, uint64_t size) {
+  uint64_t room = p->max_granules > p->gran_created ? p->max_granules - p->gran_created : 0;
+  if (p->cfg.tight) {
+    uint64_t peak = p->st.live_rounded + size;
+    if (peak < p->st.live_rounded_peak) peak = p->st.live_rounded_peak;
+    uint64_t slack = (peak >> NF_SLACK_SHIFT) + ((uint64_t)NF_SLACK_GRANULES << p->gshift);
+    uint64_t t = (peak + slack) >> p->gshift;
+    t = t > p->gran_created ? t - p->gran_created : 0;
+    if (t < room) room = t;
+  }
+  return p->gran_free_count + room;
+}
+
 nf_status_t nf__gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, uint64_t g0, uint64_t g1) {
   uint64_t host;
   return gran_acquire(p, k, c, g0, g1, k << p->gshift, false, &host);
@@ -402,8 +442,12 @@ nf_status_t nf__set_ready(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
 // ones only when `spill` and the device is exhausted), and make them ready.
 nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t size, bool spill) {
   uint64_t k = 0, host;
+  nf_status_t st;
+  // Views first (view.c): parked views there are taken back, cached granules
+  // moved here without unmapping them where stitching would run.
+  if (p->vw_blk && (st = nf__view_fill(p, c, g0, g1, nf__gran_room(p, size))) != NF_OK) return st;
   for (uint64_t g = g0; g < g1; g++) k += !bit_get(c->mapped, g);
-  nf_status_t st = gran_acquire(p, k, c, g0, g1, size, spill, &host);
+  st = gran_acquire(p, k, c, g0, g1, size, spill, &host);
   if (st != NF_OK) return st;
   uint64_t small[4] = {0}, *mine = small; // granules mapped by this call
   if (g1 - g0 > 256 && !(mine = calloc(((g1 - g0) + 63) >> 6, sizeof *mine)))
@@ -413,12 +457,16 @@ nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     bool h = p->gran_free_count == 0;
     uint32_t i = nf__gran_pop(p, h ? NF_TIER_HOST : NF_TIER_DEVICE);
     st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
+    if (st != NF_OK && p->vw_count && nf__view_evict_all(p)) // the mapping count's bound (host: vm.max_map_count)
+      st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK) {
       nf__gran_push_free(p, i);
       nf__error(st, "nofrag: map failed: %s", p->be->err);
       break;
     }
     p->gran[i].state = NF_GR_MAPPED;
+    p->gran[i].at_c = c;
+    p->gran[i].at_g = (uint32_t)g;
     c->phys[g] = i;
     bit_set(c->mapped, g);
     bit_set(mine, g - g0);
@@ -446,7 +494,10 @@ nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
 nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b) {
   uint64_t g0, g1;
   gran_span(p, b->chunk, b->addr, b->size, &g0, &g1);
-  return nf__map_range(p, b->chunk, g0, g1, b->size, p->cfg.spill != 0);
+  p->vw_blk = p->cfg.views ? b : NULL; // views: the block being placed (b->stream set), its free-time smask/tick
+  nf_status_t st = nf__map_range(p, b->chunk, g0, g1, b->size, p->cfg.spill != 0);
+  p->vw_blk = NULL;
+  return st;
 }
 
 // Spilled granules must not stay in the cache, or new blocks would land on
@@ -500,10 +551,12 @@ void nf__chunks_destroy(nf_pool_t *p) {
       nf__unmap_run(p, c, g, e);
       g = e;
     }
+    nf__view_chunk_unmap(p, c);
     p->st.calls.va_release++;
     p->be->ops->va_release(p->be, c->base, c->size);
     free(c->mapped);
     free(c->phys);
+    nf__view_chunk_free(c);
     free(c);
   }
   p->chunks = NULL;

@@ -474,7 +474,7 @@ NF_API size_t nf_stats_offset(const char *field) {
       F(calls.set_access), F(calls.event_create), F(calls.event_record), F(calls.event_query),
       F(calls.event_sync), F(calls.stream_wait), F(calls.copy), F(backend_calls), F(fragmentation),
       F(spilled), F(spilled_peak), F(offloaded), F(offloaded_disk), F(host_physical), F(host_physical_peak),
-      F(spills), F(offloads), F(prefetches),
+      F(spills), F(offloads), F(prefetches), F(views), F(view_reuses), F(view_moves), F(view_evictions),
 #undef F
   };
   if (!field) return (size_t)-1;

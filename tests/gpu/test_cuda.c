@@ -310,8 +310,8 @@ static void test_pool_stitching(nf_backend_t *be) {
       n++;
       nf_stats_t st;
       nf_stats_get(pool, &st);
-      if (st.reclaims != reclaims0) { // stitched: everything live must be intact
-        reclaims0 = st.reclaims;
+      if (st.reclaims + st.view_moves + st.view_reuses != reclaims0) { // stitched: everything live must be intact
+        reclaims0 = st.reclaims + st.view_moves + st.view_reuses;
         for (int i = 0; i < n; i++) bad += !dev_check(L[i].p, L[i].n, L[i].tag);
       }
     } else {
@@ -325,7 +325,7 @@ static void test_pool_stitching(nf_backend_t *be) {
   nf_stats_t st;
   nf_stats_get(pool, &st);
   CHECK(bad == 0, "%d blocks lost their data", bad);
-  CHECK(st.reclaims > 0, "the workload never stitched (reclaims 0): test too easy");
+  CHECK(st.reclaims + st.view_moves > 0, "the workload never stitched (reclaims and view moves 0): test too easy");
   CHECK(nf_pool_check(pool) == NF_OK, "pool_check: %s", nf_last_error());
   printf("   600 ops: ooms %d, reclaims %llu (%llu granules), physical peak %llu MiB, backend calls %llu\n", ooms,
          (unsigned long long)st.reclaims, (unsigned long long)st.reclaimed_granules,
@@ -394,6 +394,149 @@ static void test_pool_steady_and_streams(nf_backend_t *be) {
   DRV(cuStreamDestroy(s1));
   DRV(cuStreamDestroy(s2));
   nf_pool_destroy(pool);
+}
+
+// Views (src/core/view.c) on the device. One handle mapped at two places:
+// writes through one read back through the other, unmapping one leaves the
+// other intact. Then a repeating step at the smallest limit it fits in:
+// granules move between the holes of layer A and the larger blocks B as
+// views; from the third step on no backend call at all; every block's data
+// checked at its free. Then with views:2 (eviction all the time) and two
+// streams: A's blocks are freed on s1 with memsets still queued, B's blocks
+// (on s2) take their granules behind GPU-side waits and must not be clobbered.
+#define VA_N 8
+#define VB_N 2
+static size_t va_sz = (10u << 20) - 4096, vb_sz = (20u << 20) - 8192;
+static int view_step(nf_pool_t *pool, uint32_t it, CUstream s1, CUstream s2, int *bad) {
+  void *a[VA_N] = {0}, *b[VB_N] = {0};
+  int ok = 1;
+  for (int i = 0; i < VA_N && ok; i++) {
+    ok = (a[i] = nf_alloc(pool, va_sz, s1)) != NULL;
+    if (ok && s1) for (int k = 0; k < 20; k++) DRV(cuMemsetD32Async((CUdeviceptr)a[i], 0xA0000000u + it, va_sz / 4, s1));
+    else if (ok) dev_fill((uintptr_t)a[i], va_sz, it * 100 + (uint32_t)i);
+  }
+  for (int i = 0; i < VA_N && ok; i += 2) { // holes: freed while s1 may still write them
+    if (!s1) *bad += !dev_check((uintptr_t)a[i], va_sz, it * 100 + (uint32_t)i);
+    nf_free(pool, a[i]);
+    a[i] = NULL;
+  }
+  for (int i = 0; i < VB_N && ok; i++) {
+    ok = (b[i] = nf_alloc(pool, vb_sz, s2)) != NULL;
+    if (ok && s2) DRV(cuMemsetD32Async((CUdeviceptr)b[i], 0xB0000000u + it * 4 + (uint32_t)i, vb_sz / 4, s2));
+    else if (ok) dev_fill((uintptr_t)b[i], vb_sz, it * 100 + 50 + (uint32_t)i);
+  }
+  if (s1) DRV(cuCtxSynchronize());
+  for (int i = 0; i < VB_N; i++) {
+    if (!b[i]) continue;
+    if (s2) {
+      hreserve(vb_sz);
+      DRV(cuMemcpyDtoH(hbuf, (CUdeviceptr)b[i], vb_sz));
+      for (size_t w = 0; w < vb_sz / 4; w += 1021)
+        if (hbuf[w] != 0xB0000000u + it * 4 + (uint32_t)i) { (*bad)++; break; }
+    } else {
+      *bad += !dev_check((uintptr_t)b[i], vb_sz, it * 100 + 50 + (uint32_t)i);
+    }
+    nf_free(pool, b[i]);
+  }
+  for (int i = 0; i < VA_N; i++)
+    if (a[i]) {
+      if (!s1) *bad += !dev_check((uintptr_t)a[i], va_sz, it * 100 + (uint32_t)i);
+      nf_free(pool, a[i]);
+    }
+  return ok;
+}
+
+static nf_pool_t *view_pool(nf_backend_t *be, uint64_t limit, int views) {
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  cfg.limit = limit;
+  cfg.views = (uint64_t)views;
+  nf_pool_t *pool = NULL;
+  OKP(nf_pool_create(&pool, be, &cfg));
+  return pool;
+}
+
+static void test_pool_views(nf_backend_t *be) {
+  printf("-- views: one granule mapped twice; zero calls in steady state at the limit; eviction; streams\n");
+  size_t G = 0;
+  OKB(be->ops->granularity(be, NF_TIER_DEVICE, &G));
+  uintptr_t va = 0;
+  nf_handle_t h = 0;
+  OKB(be->ops->va_reserve(be, 4 * G, G, &va));
+  OKB(be->ops->mem_create(be, NF_TIER_DEVICE, G, &h));
+  OKB(be->ops->map(be, va, G, h));
+  OKB(be->ops->map(be, va + 2 * G, G, h));
+  OKB(be->ops->set_access(be, va, G));
+  OKB(be->ops->set_access(be, va + 2 * G, G));
+  dev_fill(va, G, 41);
+  CHECK(dev_check(va + 2 * G, G, 41), "a write through one view is not read back through the other");
+  dev_fill(va + 2 * G, G, 42);
+  OKB(be->ops->unmap(be, va, G));
+  CHECK(dev_check(va + 2 * G, G, 42), "unmapping one view changed the other");
+  OKB(be->ops->unmap(be, va + 2 * G, G));
+  OKB(be->ops->mem_release(be, h));
+  OKB(be->ops->va_release(be, va, 4 * G));
+
+  uint64_t lim = 0;
+  int bad = 0;
+  for (uint64_t g = 20; g < 80 && !lim; g++) { // smallest limit 3 steps fit in, views off
+    nf_pool_t *pool = view_pool(be, g * G, 0);
+    if (!pool) return;
+    if (view_step(pool, 0, NULL, NULL, &bad) && view_step(pool, 1, NULL, NULL, &bad) &&
+        view_step(pool, 2, NULL, NULL, &bad))
+      lim = g * G;
+    nf_pool_destroy(pool);
+  }
+  CHECK(lim != 0, "no limit found for the view steps");
+  if (!lim) return;
+  uint64_t calls_off = 0, calls_on = 0;
+  nf_stats_t st = {0};
+  for (int views = 0; views < 2; views++) {
+    nf_pool_t *pool = view_pool(be, lim, views ? 1000 : 0);
+    if (!pool) return;
+    uint64_t c0 = 0;
+    for (uint32_t it = 0; it < 10; it++) {
+      if (it == 3) { nf_stats_get(pool, &st); c0 = st.backend_calls; }
+      CHECK(view_step(pool, it, NULL, NULL, &bad), "step %u failed at the limit: %s", it, nf_last_error());
+    }
+    nf_stats_get(pool, &st);
+    *(views ? &calls_on : &calls_off) = st.backend_calls - c0;
+    CHECK(nf_pool_check(pool) == NF_OK, "pool_check: %s", nf_last_error());
+    if (views) CHECK(st.view_reuses > 0 && st.view_moves > 0, "views never used (reuses %llu, moves %llu)",
+                     (unsigned long long)st.view_reuses, (unsigned long long)st.view_moves);
+    nf_pool_destroy(pool);
+  }
+  CHECK(calls_on == 0, "%llu backend calls in 7 steady steps with views", (unsigned long long)calls_on);
+  printf("   limit %llu MiB: steps 3-9 made %llu backend calls with views off, %llu with views "
+         "(reuses %llu, moves %llu)\n", (unsigned long long)(lim >> 20), (unsigned long long)calls_off,
+         (unsigned long long)calls_on, (unsigned long long)st.view_reuses, (unsigned long long)st.view_moves);
+
+  CUstream s1 = NULL, s2 = NULL;
+  DRV(cuStreamCreate(&s1, 1));
+  DRV(cuStreamCreate(&s2, 1));
+  nf_pool_t *pool = view_pool(be, lim, 2);
+  int bad_streams = 0;
+  if (pool) {
+    for (uint32_t it = 0; it < 10; it++)
+      CHECK(view_step(pool, it, s1, s2, &bad_streams), "stream step %u failed: %s", it, nf_last_error());
+    for (uint32_t it = 10; it < 14; it++) // single stream again, with eviction
+      CHECK(view_step(pool, it, NULL, NULL, &bad), "step %u failed: %s", it, nf_last_error());
+    nf_stats_get(pool, &st);
+    CHECK(st.view_evictions > 0, "views:2 evicted nothing");
+    CHECK(nf_pool_check(pool) == NF_OK, "pool_check: %s", nf_last_error());
+    nf_pool_destroy(pool);
+  }
+  DRV(cuStreamDestroy(s1));
+  DRV(cuStreamDestroy(s2));
+  CHECK(bad == 0, "%d blocks lost their data across view reuse / moves / eviction", bad);
+  CHECK(bad_streams == 0, "%d blocks clobbered by another stream's queued work after a view move", bad_streams);
+  printf("   views:2 + two streams: evictions %llu, moves %llu, stream waits %llu, clobbered %d, lost %d\n",
+         (unsigned long long)st.view_evictions, (unsigned long long)st.view_moves,
+         (unsigned long long)st.calls.stream_wait, bad_streams, bad);
+  fprintf(jout, "\"views\": {\"limit\": %llu, \"steady_calls_views_off\": %llu, \"steady_calls_views_on\": %llu, "
+          "\"evictions\": %llu, \"lost\": %d, \"clobbered\": %d},\n", (unsigned long long)lim,
+          (unsigned long long)calls_off, (unsigned long long)calls_on, (unsigned long long)st.view_evictions, bad,
+          bad_streams);
 }
 
 // Destroy gives everything back: the driver's free memory returns to its level.
@@ -576,6 +719,7 @@ int main(int argc, char **argv) {
   test_backend(be);
   test_pool_stitching(be);
   test_pool_steady_and_streams(be);
+  test_pool_views(be);
   test_pool_destroy_returns_memory(be);
   test_pool_spill_offload(be);
   fprintf(jout, "\"checks\": %d, \"failures\": %d\n}\n", checks, failures);

@@ -1,0 +1,279 @@
+// Views (src/core/view.c): a granule stays mapped where it served before, so
+// that a block landing there again takes it back with no backend call. These
+// tests hold the aliasing to account: patterns in every live block survive
+// view reuse, moves, eviction, spill, offload, trim and limit changes; the
+// pool checker (no granule owned at two places, no view under a live block)
+// runs throughout; a repeating workload at the limit converges to zero calls.
+#include "nf_test.h"
+
+#include "backend/backend.h"
+
+#define G (64 * 1024)
+
+static nf_stats_t stats(nf_pool_t *p) {
+  nf_stats_t s;
+  nf_stats_get(p, &s);
+  return s;
+}
+
+// The host backend maps one granule at two places: writes through one show
+// through the other, and unmapping one leaves the other intact (the property
+// views rest on; CUDA maps one handle at any number of ranges alike).
+static void test_backend_maps_a_granule_twice(void **state) {
+  nf_backend_t *be;
+  assert_int_equal(nf_backend_host_create(&be, 64 * G, G), NF_OK);
+  uintptr_t va = 0;
+  nf_handle_t h;
+  assert_int_equal(be->ops->va_reserve(be, 8 * G, 0, &va), NF_OK);
+  assert_int_equal(be->ops->mem_create(be, NF_TIER_DEVICE, G, &h), NF_OK);
+  uintptr_t a = va + G, b = va + 5 * G;
+  assert_int_equal(be->ops->map(be, a, G, h), NF_OK);
+  assert_int_equal(be->ops->map(be, b, G, h), NF_OK);
+  assert_int_equal(be->ops->set_access(be, a, G), NF_OK);
+  assert_int_equal(be->ops->set_access(be, b, G), NF_OK);
+  nft_fill((void *)a, G, 7);
+  assert_true(nft_check((void *)b, G, 7));
+  nft_fill((void *)b, G, 8);
+  assert_true(nft_check((void *)a, G, 8));
+  assert_int_equal(be->ops->unmap(be, a, G), NF_OK);
+  assert_true(nft_check((void *)b, G, 8));
+  assert_int_equal(be->ops->mem_release(be, h), NF_OK); // deferred: b still maps it
+  assert_true(nft_check((void *)b, G, 8));
+  assert_int_equal(be->ops->unmap(be, b, G), NF_OK);
+  assert_int_equal(be->ops->va_release(be, va, 8 * G), NF_OK);
+  uint64_t gr = 1, mp = 1;
+  nf_backend_host_usage(be, &gr, &mp);
+  assert_int_equal(gr, 0);
+  assert_int_equal(mp, 0);
+  nf_backend_destroy(be);
+}
+
+// One "training step": layers A are allocated, every other one freed, then
+// two larger blocks B (they fit in no hole: their granules come from the
+// holes), then everything is freed. Each block is filled at allocation and
+// checked at its free. False (everything freed) when an allocation fails.
+enum { STEP_A = 8, STEP_B = 2 };
+static bool step(nf_pool_t *p, int it, nf_stream_t s) {
+  void *a[STEP_A] = {0}, *b[STEP_B] = {0};
+  size_t na = 5 * G - 300, nb = 10 * G - 2000;
+  bool ok = true;
+  for (int i = 0; i < STEP_A && ok; i++)
+    if ((ok = (a[i] = nf_alloc(p, na, s)) != NULL)) nft_fill(a[i], na, (uint64_t)it * 100 + (uint64_t)i);
+  for (int i = 0; i < STEP_A && ok; i += 2) {
+    assert_true(nft_check(a[i], na, (uint64_t)it * 100 + (uint64_t)i));
+    assert_int_equal(nf_free(p, a[i]), NF_OK);
+    a[i] = NULL;
+  }
+  for (int i = 0; i < STEP_B && ok; i++)
+    if ((ok = (b[i] = nf_alloc(p, nb, s)) != NULL)) nft_fill(b[i], nb, (uint64_t)it * 100 + 50 + (uint64_t)i);
+  for (int i = 0; i < STEP_A; i++)
+    if (a[i]) {
+      assert_true(nft_check(a[i], na, (uint64_t)it * 100 + (uint64_t)i));
+      assert_int_equal(nf_free(p, a[i]), NF_OK);
+    }
+  for (int i = 0; i < STEP_B; i++)
+    if (b[i]) {
+      assert_true(nft_check(b[i], nb, (uint64_t)it * 100 + 50 + (uint64_t)i));
+      assert_int_equal(nf_free(p, b[i]), NF_OK);
+    }
+  return ok;
+}
+
+static nf_pool_t *step_pool(nf_backend_t **be, uint64_t limit_granules, int views) {
+  char conf[96];
+  snprintf(conf, sizeof conf, "limit:%llu,views:%d", (unsigned long long)(limit_granules * G), views);
+  nf_pool_t *p = nft_pool(be, 1ull << 30, G, conf);
+  assert_non_null(p);
+  return p;
+}
+
+// At the smallest limit the steps fit in (one granule above it), the first
+// steps stitch (views are made); from then on every step takes its views
+// back: zero calls. With views off the same steps keep unmapping and mapping.
+static void test_steady_state_makes_no_calls(void **state) {
+  nf_backend_t *be;
+  uint64_t lim = 1;
+  for (bool ok = false; !ok && lim < 200; lim++) { // the smallest limit 3 steps fit in, views off
+    nf_pool_t *p = step_pool(&be, lim, 0);
+    ok = step(p, 0, NULL) && step(p, 1, NULL) && step(p, 2, NULL);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+  }
+  for (int views = 0; views < 2; views++) {
+    nf_pool_t *p = step_pool(&be, lim, views ? 1000 : 0);
+    uint64_t last = 0;
+    for (int it = 0; it < 12; it++) {
+      uint64_t c0 = stats(p).backend_calls;
+      assert_true(step(p, it, NULL));
+      last = stats(p).backend_calls - c0;
+      assert_int_equal(nf_pool_check(p), NF_OK);
+    }
+    nf_stats_t s = stats(p);
+    if (views) {
+      assert_int_equal(last, 0);
+      assert_true(s.view_reuses > 0 && s.view_moves > 0);
+    } else {
+      assert_true(last > 0); // the same steps without views: calls every step
+      assert_int_equal(s.view_reuses + s.view_moves + s.views, 0);
+    }
+    // Every view is unmapped at destroy; nothing is left in the backend.
+    nf_pool_destroy(p);
+    uint64_t gr = 1, mp = 1;
+    nf_backend_host_usage(be, &gr, &mp);
+    assert_int_equal(gr + mp, 0);
+    nf_backend_destroy(be);
+  }
+}
+
+typedef struct { void *p; size_t n; uint64_t tag; int off; } slot_t;
+
+static void check_all(const slot_t *l, int n, const char *when, uint64_t seed, int it) {
+  for (int k = 0; k < n; k++)
+    if (l[k].p && !l[k].off && !nft_check(l[k].p, l[k].n, l[k].tag))
+      fail_msg("seed %llu it %d (%s): block %d (%zu B at %p) lost its data", (unsigned long long)seed, it, when, k,
+               l[k].n, l[k].p);
+}
+
+// Randomized, at the limit, three streams, a tiny view budget (eviction all
+// the time), manual events (stream work held in flight), record_stream,
+// spill, offload / prefetch, trim and limit changes. After every operation
+// the live blocks are checked; the pool checker runs every 16 operations.
+static void run_random(uint64_t seed, const char *conf, bool manual) {
+  enum { SLOTS = 40 };
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, conf);
+  assert_non_null(p);
+  if (manual) nf_backend_host_set_manual_events(be, 1);
+  slot_t l[SLOTS] = {{0}};
+  uint64_t rng = seed;
+  for (int it = 0; it < 3000; it++) {
+    int i = (int)(nft_rand(&rng) % SLOTS);
+    nf_stream_t s = (nf_stream_t)(uintptr_t)(1 + nft_rand(&rng) % 3);
+    uint64_t r = nft_rand(&rng);
+    if (l[i].p && r % 11 == 0) { // offload / prefetch instead of a free
+      if (!l[i].off) {
+        if (nf_offload(p, l[i].p, s, r % 2 ? NF_TIER_HOST : NF_TIER_HOST_DETACHED) == NF_OK) l[i].off = 1;
+      } else {
+        if (nf_prefetch(p, l[i].p, s) == NF_OK) {
+          l[i].off = 0;
+          if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu it %d: data lost by offload", (unsigned long long)seed, it);
+        }
+      }
+    } else if (l[i].p) {
+      if (!l[i].off && !nft_check(l[i].p, l[i].n, l[i].tag))
+        fail_msg("seed %llu it %d: block lost its data before its free", (unsigned long long)seed, it);
+      if (r % 7 == 0) assert_int_equal(nf_record_stream(p, l[i].p, s), NF_OK);
+      assert_int_equal(nf_free(p, l[i].p), NF_OK);
+      l[i].p = NULL;
+      l[i].off = 0;
+    } else {
+      size_t n = r % 3 == 0 ? 1 + r % 4096 : 1 + r % (9 * G);
+      void *q = nf_alloc(p, n, s);
+      if (q) {
+        nft_fill(q, n, r);
+        l[i] = (slot_t){q, n, r, 0};
+      } else {
+        assert_int_equal(nf_last_status(), NF_ERR_OOM);
+      }
+    }
+    if (manual && r % 5 == 0) nf_backend_host_complete_events(be);
+    if (it % 997 == 500) assert_int_equal(nf_trim(p), NF_OK);
+    if (it == 1500) nf_set_limit(p, 40 * G); // may fail (live above it): must stay consistent
+    if (it == 2200) assert_int_equal(nf_set_limit(p, 64 * G), NF_OK);
+    check_all(l, SLOTS, "after an operation", seed, it);
+    if (it % 16 == 0 && nf_pool_check(p) != NF_OK)
+      fail_msg("seed %llu it %d: %s", (unsigned long long)seed, it, nf_last_error());
+  }
+  nf_backend_host_complete_events(be);
+  for (int k = 0; k < SLOTS; k++)
+    if (l[k].p) {
+      if (l[k].off) assert_int_equal(nf_prefetch(p, l[k].p, NULL), NF_OK);
+      assert_true(nft_check(l[k].p, l[k].n, l[k].tag));
+      assert_int_equal(nf_free(p, l[k].p), NF_OK);
+    }
+  nf_stats_t s = stats(p);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_true(s.view_reuses > 0 && s.view_moves > 0 && s.view_evictions > 0);
+  nf_pool_destroy(p);
+  uint64_t gr = 1, mp = 1;
+  nf_backend_host_usage(be, &gr, &mp);
+  assert_int_equal(gr + mp, 0);
+  nf_backend_destroy(be);
+}
+
+static void test_random_patterns(void **state) {
+  const char *conf = "limit:48MiB,views:6,spill:host,spill_limit:32MiB,small_max:8KiB";
+  for (uint64_t seed = 1; seed <= 6; seed++) run_random(seed, conf, seed % 2);
+  run_random(nft_env_seed(99), "limit:48MiB,views:64,tight:1", true);
+}
+
+// A parked view whose granule now holds live data elsewhere is unmapped
+// before its place is used again, and only once the work on that place is
+// complete: with events held in flight, the pool synchronizes first.
+static void test_busy_view_unmapped_after_its_work(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:16MiB"); // 256 granules
+  nf_backend_host_set_manual_events(be, 1);
+  nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+  void *x = nf_alloc(p, 100 * G, A), *y = nf_alloc(p, 100 * G, A); // 56 granules left
+  assert_true(x && y);
+  nft_fill(y, 100 * G, 1);
+  nf_free(p, x); // x's granules cached, its work in flight
+  // Elsewhere (x's range is too small): 56 new granules and 45 of x's
+  // moved (their views stay at x), B ordered after A on the GPU.
+  void *z = nf_alloc(p, 101 * G, B);
+  assert_non_null(z);
+  nf_stats_t s0 = stats(p);
+  assert_true(s0.view_moves >= 45 && s0.views >= 45);
+  assert_int_equal(s0.calls.unmap, 0);
+  assert_int_equal(s0.calls.event_sync, 0);
+  assert_true(s0.calls.stream_wait >= 1);
+  nft_fill(z, 101 * G, 2);
+  nf_free(p, y);
+  // x's place again: 45 of its views name granules z holds; they are
+  // unmapped, after a host wait for A's work there (still in flight).
+  void *w = nf_alloc(p, 100 * G, A);
+  assert_ptr_equal(w, x);
+  nf_stats_t s1 = stats(p);
+  assert_true(s1.calls.unmap > s0.calls.unmap);
+  assert_true(s1.calls.event_sync > s0.calls.event_sync);
+  nft_fill(w, 100 * G, 3);
+  assert_true(nft_check(z, 101 * G, 2));
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, w);
+  nf_free(p, z);
+  nf_backend_host_complete_events(be);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// views:N bounds the mappings views add (the host backend's mmap count is
+// bounded by vm.max_map_count): idle views are evicted beyond it.
+static void test_view_budget(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:4MiB,views:8");
+  uint64_t rng = 5;
+  for (int it = 0; it < 400; it++) {
+    void *a = nf_alloc(p, (1 + nft_rand(&rng) % 40) * G, NULL);
+    void *b = nf_alloc(p, (1 + nft_rand(&rng) % 20) * G, NULL);
+    nf_free(p, a);
+    nf_free(p, b);
+    assert_true(stats(p).views <= 8 + 64); // evicted down to 4 once above 8 (+ one request's moves)
+  }
+  nf_stats_t s = stats(p);
+  assert_true(s.view_evictions > 0);
+  uint64_t gr, mp;
+  nf_backend_host_usage(be, &gr, &mp);
+  assert_true(mp <= s.mapped / G + s.views);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_backend_maps_a_granule_twice), cmocka_unit_test(test_steady_state_makes_no_calls),
+      cmocka_unit_test(test_random_patterns), cmocka_unit_test(test_busy_view_unmapped_after_its_work),
+      cmocka_unit_test(test_view_budget)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
