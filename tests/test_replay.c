@@ -159,7 +159,7 @@ static void test_cli(void **state) {
   assert_int_equal(nft_run_cli("replay /nonexistent.trace.gz", out, n), 2);
   assert_non_null(strstr(out, "/nonexistent.trace.gz"));
 
-  char path[64] = "/tmp/nf_cli_bad_XXXXXX";
+  char path[64] = "/tmp/nfc_bad_XXXXXX";
   int fd = mkstemp(path);
   assert_true(fd >= 0);
   const char bad[] = "# bad\nalloc 4096 512 0 1\nalloc 8192 lots 0 2\n";

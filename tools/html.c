@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t nf_html_every(size_t n_ops) { return n_ops / 2000 + 1; }
+size_t nfc_html_every(size_t n_ops) { return n_ops / 2000 + 1; }
 
-static int push(nf_html_series *s, uint64_t x, uint64_t live, uint64_t reserved) {
+static int push(nfc_html_series *s, uint64_t x, uint64_t live, uint64_t reserved) {
   if (s->n == s->cap) {
     size_t nc = s->cap ? s->cap * 2 : 2048;
     uint64_t *nx = realloc(s->x, nc * sizeof *nx);
@@ -33,19 +33,19 @@ static int push(nf_html_series *s, uint64_t x, uint64_t live, uint64_t reserved)
   return 0;
 }
 
-void nf_html_sample(void *ctx, size_t op, const nf_stats_t *st) {
-  nf_html_series *s = ctx;
+void nfc_html_sample(void *ctx, size_t op, const nf_stats_t *st) {
+  nfc_html_series *s = ctx;
   // The pool's cumulative peak tells where the true peak fell even when it
   // lies between two samples: the first sample whose peak reached it.
   if (st->physical_peak > s->peak_reserved) { s->peak_reserved = st->physical_peak; s->peak_x = op; }
   (void)push(s, op, st->live, st->physical); // out of memory: the chart just gets fewer points
 }
 
-void nf_html_model_sample(void *ctx, size_t op, uint64_t live, uint64_t reserved) {
+void nfc_html_model_sample(void *ctx, size_t op, uint64_t live, uint64_t reserved) {
   (void)push(ctx, op, live, reserved); // out of memory: fewer points
 }
 
-int nf_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t every, nf_html_series *out) {
+int nfc_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t every, nfc_html_series *out) {
   memset(out, 0, sizeof *out);
   out->name = "PyTorch native, recorded in the trace";
   out->reserved_label = "reserved (segments)";
@@ -77,7 +77,7 @@ int nf_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t e
   return 0;
 }
 
-void nf_html_series_free(nf_html_series *s) {
+void nfc_html_series_free(nfc_html_series *s) {
   free(s->x);
   free(s->live);
   free(s->reserved);
@@ -86,7 +86,7 @@ void nf_html_series_free(nf_html_series *s) {
 
 // A JSON string that is also safe inside <script> and HTML text: every JSON
 // string the CLI writes goes through here (--json, --html, hotspots).
-void nf_cli_json_str(FILE *f, const char *s) {
+void nfc_json_str(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
@@ -161,31 +161,31 @@ static const char page_script[] =
     "(100*r.bytes/Math.max(1,hs.unused)).toFixed(1)+' %'])tr.insertCell().textContent=v;}}\n"
     "document.body.setAttribute('data-drawn',String(drawn));\n";
 
-int nf_html_write(const char *path, const char *trace, const nf_html_series *series, size_t n_series,
-                  const nf_html_row *rows, size_t n_rows, const nf_hotspots *hot, size_t n_hot,
-                  const nf_cli_sites *sites) {
+int nfc_html_write(const char *path, const char *trace, const nfc_html_series *series, size_t n_series,
+                  const nfc_html_row *rows, size_t n_rows, const nfc_hotspots *hot, size_t n_hot,
+                  const nfc_sites *sites) {
   FILE *f = fopen(path, "w");
   if (!f) return -1;
   fputs(page_head, f);
   fputs("const DATA={\"trace\":", f);
-  nf_cli_json_str(f, trace);
+  nfc_json_str(f, trace);
   fputs(",\"rows\":[", f);
   for (size_t i = 0; i < n_rows; i++) {
-    const nf_html_row *r = &rows[i];
+    const nfc_html_row *r = &rows[i];
     fprintf(f, "%s{\"name\":", i ? "," : "");
-    nf_cli_json_str(f, r->name);
+    nfc_json_str(f, r->name);
     fprintf(f, ",\"peak_live\":%" PRIu64 ",\"peak_reserved\":%" PRIu64 ",\"min_capacity\":%" PRIu64
             ",\"seconds\":%.6f,\"status\":", r->peak_live, r->peak_reserved, r->min_capacity, r->seconds);
-    nf_cli_json_str(f, r->status);
+    nfc_json_str(f, r->status);
     fputc('}', f);
   }
   fputs("],\"series\":[", f);
   for (size_t i = 0; i < n_series; i++) {
-    const nf_html_series *s = &series[i];
+    const nfc_html_series *s = &series[i];
     fprintf(f, "%s{\"name\":", i ? "," : "");
-    nf_cli_json_str(f, s->name);
+    nfc_json_str(f, s->name);
     fputs(",\"reserved_label\":", f);
-    nf_cli_json_str(f, s->reserved_label);
+    nfc_json_str(f, s->reserved_label);
     fprintf(f, ",\"peak_reserved\":%" PRIu64 ",\"peak_x\":%" PRIu64 ",\"x\":", s->peak_reserved, s->peak_x);
     json_arr(f, s->x, s->n);
     fputs(",\"live\":", f);
@@ -196,10 +196,10 @@ int nf_html_write(const char *path, const char *trace, const nf_html_series *ser
   }
   fputs("],\"hot\":[", f);
   for (size_t i = 0; i < n_hot; i++) {
-    const nf_hotspots *h = &hot[i];
+    const nfc_hotspots *h = &hot[i];
     fprintf(f, "%s{\"model\":\"%s\",\"reserved\":%" PRIu64 ",\"unused\":%" PRIu64 ",\"peak_op\":%zu,\"top\":[",
             i ? "," : "", nf__model_name(h->kind), h->reserved, h->unused, h->peak_op);
-    nf_hotspots_top_json(f, h, sites);
+    nfc_hotspots_top_json(f, h, sites);
     fputs("]}", f);
   }
   fputs("]};\n", f);

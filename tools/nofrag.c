@@ -95,7 +95,7 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
                        const nf__replay_result *r, const nf__replay_bisect *b, int bisected, const char *end) {
   const nf_stats_t *s = &r->stats;
   printf("{\"trace\":");
-  nf_cli_json_str(stdout, cli->trace);
+  nfc_json_str(stdout, cli->trace);
   printf(",\"granule\":%" PRIu64 ",\"limit\":", r->granule);
   if (ro->cfg.limit) printf("%" PRIu64, r->limit); else printf("null");
   printf(",\"capacity\":%" PRIu64 ",\"events\":%zu,\"allocs\":%zu,\"frees\":%zu,\"free_requested\":%zu"
@@ -103,7 +103,7 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
          r->capacity, ops->n_events, ops->n_allocs, ops->n_frees, ops->n_free_requested, ops->n_segment_alloc,
          ops->n_segment_free, ops->n_streams, ops->n_ops, r->ops_done);
   printf(",\"status\":\"%s\",\"error\":", r->status == NF_OK ? "ok" : r->status == NF_ERR_OOM ? "oom" : "error");
-  if (r->error[0]) nf_cli_json_str(stdout, r->error); else printf("null");
+  if (r->error[0]) nfc_json_str(stdout, r->error); else printf("null");
   printf(",\"trace_peak_live\":%" PRIu64 ",\"peak_live\":%" PRIu64 ",\"peak_live_rounded\":%" PRIu64
          ",\"peak_mapped\":%" PRIu64 ",\"peak_physical\":%" PRIu64 ",\"peak_mapped_ratio\":%.6f"
          ",\"peak_physical_ratio\":%.6f,\"native_peak_reserved\":%" PRIu64 ",\"native_peak_ratio\":%.6f",
@@ -148,7 +148,7 @@ static void print_model_json(const nf__trace_ops *ops, const nf__model_result *r
   printf("{\"allocator\":\"%s\",\"limit\":", nf__model_name(r->kind));
   if (r->limit) printf("%" PRIu64, r->limit); else printf("null");
   printf(",\"status\":\"%s\",\"error\":", r->status == NF_OK ? "ok" : r->status == NF_ERR_OOM ? "oom" : "error");
-  if (r->error[0]) nf_cli_json_str(stdout, r->error); else printf("null");
+  if (r->error[0]) nfc_json_str(stdout, r->error); else printf("null");
   printf(",\"ops_done\":%zu,\"peak_live\":%" PRIu64 ",\"peak_allocated\":%" PRIu64 ",\"peak_reserved\":%" PRIu64
          ",\"peak_reserved_ratio\":%.6f,\"native_peak_reserved\":%" PRIu64 ",\"device_allocs\":%" PRIu64
          ",\"device_frees\":%" PRIu64 ",\"alloc_retries\":%" PRIu64 ",\"ooms\":%" PRIu64 ",\"segments_peak\":%zu"
@@ -302,14 +302,14 @@ static int cmd_replay(int argc, char **argv) {
     return 2;
   }
   nf_trace_t t;
-  nf_cli_sites sites;
+  nfc_sites sites;
   // Timelines: nofrag, native, expandable, the trace's recorded segments.
-  nf_html_series hs[2 + NF_MODEL_NKINDS];
-  nf_hotspots hot[NF_MODEL_NKINDS];
+  nfc_html_series hs[2 + NF_MODEL_NKINDS];
+  nfc_hotspots hot[NF_MODEL_NKINDS];
   size_t n_hot = 0;
   memset(hs, 0, sizeof hs);
   memset(hot, 0, sizeof hot);
-  if (nf_cli_load_trace_sites(cli.trace, &t, &sites, NULL, err, sizeof err) != NF_OK) {
+  if (nfc_load_trace_sites(cli.trace, &t, &sites, NULL, err, sizeof err) != NF_OK) {
     fprintf(stderr, "nofrag: %s\n", err);
     return 2;
   }
@@ -317,7 +317,7 @@ static int cmd_replay(int argc, char **argv) {
   if (nf__trace_ops_build(&ops, &t, err, sizeof err) != NF_OK) {
     fprintf(stderr, "nofrag: %s\n", err);
     nf__trace_free(&t);
-    nf_cli_sites_free(&sites);
+    nfc_sites_free(&sites);
     return 2;
   }
   if (cli.hotspots && sites.n <= 1)
@@ -333,25 +333,25 @@ static int cmd_replay(int argc, char **argv) {
   if (!r || !b || !mr || !mb) { fprintf(stderr, "nofrag: out of memory\n"); rc = 2; goto out; }
   if (cli.json && all) {
     printf("{\"trace\":");
-    nf_cli_json_str(stdout, cli.trace);
+    nfc_json_str(stdout, cli.trace);
     printf(",\"nofrag\":");
   }
   if (cli.run_nofrag) {
     nf__replay_opts ro_main = ro; // sampled for --html and the progress bar
-    nf_watch w = {.hs = NULL};
-    nf_progress_start(&w.prog, "nofrag", ops.n_ops);
+    nfc_watch w = {.hs = NULL};
+    nfc_progress_start(&w.prog, "nofrag", ops.n_ops);
     if (cli.html) {
       hs[0].name = "nofrag (replayed)";
       hs[0].reserved_label = "reserved (physical granules)";
       w.hs = &hs[0];
     }
     if (w.hs || w.prog.on) {
-      ro_main.sample = nf_watch_replay;
+      ro_main.sample = nfc_watch_replay;
       ro_main.sample_ctx = &w;
-      ro_main.sample_every = nf_watch_every(&w, ops.n_ops);
+      ro_main.sample_every = nfc_watch_every(&w, ops.n_ops);
     }
     nf_status_t st = nf__replay_run(&ops, &ro_main, r);
-    nf_progress_end(&w.prog);
+    nfc_progress_end(&w.prog);
     if (st != NF_OK) {
       uint32_t line = r->fail_event ? t.events[r->fail_event - 1].line : 0;
       if (line) fprintf(stderr, "nofrag: %s:%u: %s\n", cli.trace, line, r->error);
@@ -365,15 +365,15 @@ static int cmd_replay(int argc, char **argv) {
       if (!cli.json) fprintf(stderr, "nofrag: bisecting the limit between %" PRIu64 " and %" PRIu64 " granules...\n",
                              (ops.peak_live + r->granule - 1) / r->granule, (upper + r->granule - 1) / r->granule);
       nf__replay_opts ro_bis = ro; // each probe's progress, no timeline
-      nf_watch wb = {.hs = NULL};
-      nf_progress_start(&wb.prog, "bisecting", ops.n_ops);
+      nfc_watch wb = {.hs = NULL};
+      nfc_progress_start(&wb.prog, "bisecting", ops.n_ops);
       if (wb.prog.on) {
-        ro_bis.sample = nf_watch_replay;
+        ro_bis.sample = nfc_watch_replay;
         ro_bis.sample_ctx = &wb;
-        ro_bis.sample_every = nf_watch_every(&wb, ops.n_ops);
+        ro_bis.sample_every = nfc_watch_every(&wb, ops.n_ops);
       }
       nf_status_t bst = nf__replay_min_capacity(&ops, &ro_bis, upper, b, err, sizeof err);
-      nf_progress_end(&wb.prog);
+      nfc_progress_end(&wb.prog);
       if (bst == NF_OK) bisected = 1;
       else { fprintf(stderr, "nofrag: %s: min capacity: %s\n", cli.trace, err); rc = 1; }
     }
@@ -384,9 +384,9 @@ static int cmd_replay(int argc, char **argv) {
     if (!cli.run_model[k]) continue;
     // The models bisect in 2 MiB steps (CUDA's granularity) unless --granule says otherwise.
     uint64_t g = ro.granule ? ro.granule : NF_REPLAY_GRANULE;
-    nf_watch w = {.hs = NULL};
+    nfc_watch w = {.hs = NULL};
     nf__model_hooks hk = {0};
-    nf_progress_start(&w.prog, nf__model_name(k), ops.n_ops);
+    nfc_progress_start(&w.prog, nf__model_name(k), ops.n_ops);
     if (cli.html) {
       w.hs = &hs[1 + k];
       w.hs->name = k == NF_MODEL_NATIVE ? "native (model of PyTorch's caching allocator)"
@@ -394,16 +394,16 @@ static int cmd_replay(int argc, char **argv) {
       w.hs->reserved_label = "reserved (model's reserved_bytes)";
     }
     if (w.hs || w.prog.on) {
-      hk.sample = nf_watch_model;
-      hk.sample_every = nf_watch_every(&w, ops.n_ops);
+      hk.sample = nfc_watch_model;
+      hk.sample_every = nfc_watch_every(&w, ops.n_ops);
       hk.ctx = &w;
     }
     nf_status_t mst = nf__model_run_hooked(k, &ops, ro.cfg.limit, &hk, &mr[k]);
-    nf_progress_end(&w.prog);
+    nfc_progress_end(&w.prog);
     if (w.hs) { w.hs->peak_reserved = mr[k].peak_reserved; w.hs->peak_x = mr[k].peak_op; } // exact peak
     if ((cli.hotspots || cli.html) && sites.n > 1) {
-      if (nf_hotspots_run(k, &ops, ro.cfg.limit, &mr[k], &sites, &hot[n_hot]) == 0) n_hot++;
-      else { nf_hotspots_free(&hot[n_hot]); fprintf(stderr, "nofrag: out of memory for hotspots\n"); rc = 1; }
+      if (nfc_hotspots_run(k, &ops, ro.cfg.limit, &mr[k], &sites, &hot[n_hot]) == 0) n_hot++;
+      else { nfc_hotspots_free(&hot[n_hot]); fprintf(stderr, "nofrag: out of memory for hotspots\n"); rc = 1; }
     }
     if (mst != NF_OK) {
       uint32_t line = mr[k].fail_event ? t.events[mr[k].fail_event - 1].line : 0;
@@ -420,14 +420,14 @@ static int cmd_replay(int argc, char **argv) {
       print_model_json(&ops, &mr[k], &mb[k], mbisected[k]);
       if (cli.hotspots && n_hot && hot[n_hot - 1].kind == k) {
         printf(",\"hotspots\":");
-        nf_hotspots_json(stdout, &hot[n_hot - 1], &sites);
+        nfc_hotspots_json(stdout, &hot[n_hot - 1], &sites);
       }
       printf("}");
       if (!all) printf("\n");
     } else {
       printf("\n");
       print_model_text(&ops, &mr[k], &mb[k], mbisected[k]);
-      if (cli.hotspots && n_hot && hot[n_hot - 1].kind == k) nf_hotspots_print(&hot[n_hot - 1], &sites);
+      if (cli.hotspots && n_hot && hot[n_hot - 1].kind == k) nfc_hotspots_print(&hot[n_hot - 1], &sites);
     }
   }
   if (all && cli.json) printf("}\n");
@@ -461,28 +461,28 @@ static int cmd_replay(int argc, char **argv) {
            ops.native_peak_reserved);
   }
   if (cli.html) {
-    nf_html_row rows[2 + NF_MODEL_NKINDS];
+    nfc_html_row rows[2 + NF_MODEL_NKINDS];
     size_t nr = 0, ns = 0;
-    nf_html_series shown[2 + NF_MODEL_NKINDS]; // the runs made, in order (shallow copies)
+    nfc_html_series shown[2 + NF_MODEL_NKINDS]; // the runs made, in order (shallow copies)
     if (cli.run_nofrag) shown[ns++] = hs[0];
     for (int k = 0; k < NF_MODEL_NKINDS; k++)
       if (cli.run_model[k]) shown[ns++] = hs[1 + k];
     if (cli.run_nofrag)
-      rows[nr++] = (nf_html_row){"nofrag", r->stats.live_peak, r->stats.physical_peak,
+      rows[nr++] = (nfc_html_row){"nofrag", r->stats.live_peak, r->stats.physical_peak,
                                  cli.min_capacity ? b->min_capacity : 0, r->seconds,
                                  r->status == NF_OK ? "ok" : r->error};
     for (int k = 0; k < NF_MODEL_NKINDS; k++)
       if (cli.run_model[k])
-        rows[nr++] = (nf_html_row){nf__model_name(k), mr[k].peak_requested, mr[k].peak_reserved,
+        rows[nr++] = (nfc_html_row){nf__model_name(k), mr[k].peak_requested, mr[k].peak_reserved,
                                    mbisected[k] ? mb[k].min_capacity : 0, mr[k].seconds,
                                    mr[k].status == NF_OK ? "ok" : mr[k].error};
     if (ops.n_segment_alloc) {
-      rows[nr++] = (nf_html_row){"PyTorch native (recorded)", ops.peak_live, ops.native_peak_reserved, 0, 0.0,
+      rows[nr++] = (nfc_html_row){"PyTorch native (recorded)", ops.peak_live, ops.native_peak_reserved, 0, 0.0,
                                  "recorded"};
-      if (nf_html_trace_series(&t, &ops, nf_html_every(ops.n_ops), &hs[1 + NF_MODEL_NKINDS]) == 0)
+      if (nfc_html_trace_series(&t, &ops, nfc_html_every(ops.n_ops), &hs[1 + NF_MODEL_NKINDS]) == 0)
         shown[ns++] = hs[1 + NF_MODEL_NKINDS];
     }
-    if (nf_html_write(cli.html, cli.trace, shown, ns, rows, nr, hot, n_hot, &sites) != 0) {
+    if (nfc_html_write(cli.html, cli.trace, shown, ns, rows, nr, hot, n_hot, &sites) != 0) {
       fprintf(stderr, "nofrag: --html %s: %s\n", cli.html, strerror(errno));
       rc = 2;
     } else if (!cli.json) {
@@ -494,9 +494,9 @@ out:
   free(b);
   free(mr);
   free(mb);
-  for (size_t k = 0; k < sizeof hs / sizeof *hs; k++) nf_html_series_free(&hs[k]);
-  for (size_t k = 0; k < n_hot; k++) nf_hotspots_free(&hot[k]);
-  nf_cli_sites_free(&sites);
+  for (size_t k = 0; k < sizeof hs / sizeof *hs; k++) nfc_html_series_free(&hs[k]);
+  for (size_t k = 0; k < n_hot; k++) nfc_hotspots_free(&hot[k]);
+  nfc_sites_free(&sites);
   nf__trace_ops_free(&ops);
   nf__trace_free(&t);
   return rc;
@@ -517,7 +517,7 @@ static int cmd_convert(int argc, char **argv) {
   char err[512] = "";
   const char *fmt = NULL;
   nf_trace_t t;
-  if (nf_cli_load_trace(argv[0], &t, &fmt, err, sizeof err) != NF_OK) {
+  if (nfc_load_trace(argv[0], &t, &fmt, err, sizeof err) != NF_OK) {
     fprintf(stderr, "nofrag: %s\n", err);
     return 2;
   }
@@ -560,7 +560,7 @@ int main(int argc, char **argv) {
     printf("nofrag %s\n", NF_VERSION);
     return 0;
   }
-  if (strcmp(argv[1], "top") == 0) { extern int nf_cli_top(int, char **); return nf_cli_top(argc - 2, argv + 2); }
+  if (strcmp(argv[1], "top") == 0) { extern int nfc_top(int, char **); return nfc_top(argc - 2, argv + 2); }
   // A replay's pools are simulations (one per bisection probe): they do not
   // belong in `nofrag top` unless the user asks (NOFRAG_MONITOR=1).
   setenv("NOFRAG_MONITOR", "0", 0);

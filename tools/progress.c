@@ -13,7 +13,7 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void nf_progress_start(nf_progress *p, const char *what, size_t total) {
+void nfc_progress_start(nfc_progress *p, const char *what, size_t total) {
   const char *env = getenv("NOFRAG_PROGRESS");
   p->on = env && *env ? env[0] == '1' : isatty(2);
   p->drawn = 0;
@@ -22,7 +22,7 @@ void nf_progress_start(nf_progress *p, const char *what, size_t total) {
   p->last = now_s();
 }
 
-void nf_progress_update(nf_progress *p, size_t done) {
+void nfc_progress_update(nfc_progress *p, size_t done) {
   if (!p->on) return;
   double t = now_s();
   if (t - p->last < 0.1) return; // at most ~10 redraws a second; a short run draws nothing
@@ -35,26 +35,26 @@ void nf_progress_update(nf_progress *p, size_t done) {
   p->drawn = 1;
 }
 
-void nf_progress_end(nf_progress *p) {
+void nfc_progress_end(nfc_progress *p) {
   if (p->on && p->drawn) { fputs("\r\033[K", stderr); fflush(stderr); } // erase the line
   p->drawn = 0;
 }
 
 // The observers behind the CLI's runs (see cli.h).
-void nf_watch_replay(void *ctx, size_t op, const nf_stats_t *s) {
-  nf_watch *w = ctx;
-  if (w->hs) nf_html_sample(w->hs, op, s);
-  nf_progress_update(&w->prog, op);
+void nfc_watch_replay(void *ctx, size_t op, const nf_stats_t *s) {
+  nfc_watch *w = ctx;
+  if (w->hs) nfc_html_sample(w->hs, op, s);
+  nfc_progress_update(&w->prog, op);
 }
 
-void nf_watch_model(void *ctx, size_t op, uint64_t live, uint64_t reserved) {
-  nf_watch *w = ctx;
-  if (w->hs) nf_html_model_sample(w->hs, op, live, reserved);
-  nf_progress_update(&w->prog, op);
+void nfc_watch_model(void *ctx, size_t op, uint64_t live, uint64_t reserved) {
+  nfc_watch *w = ctx;
+  if (w->hs) nfc_html_model_sample(w->hs, op, live, reserved);
+  nfc_progress_update(&w->prog, op);
 }
 
 // Sampling period: the timeline's ~2000 points, else ~1000 progress checks.
-size_t nf_watch_every(const nf_watch *w, size_t n_ops) {
-  return w->hs ? nf_html_every(n_ops) : n_ops / 1000 + 1;
+size_t nfc_watch_every(const nfc_watch *w, size_t n_ops) {
+  return w->hs ? nfc_html_every(n_ops) : n_ops / 1000 + 1;
 }
 

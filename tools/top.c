@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-int nf_cli_top(int argc, char **argv);
+int nfc_top(int argc, char **argv);
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { (void)sig; stop_flag = 1; }
@@ -191,7 +191,7 @@ static int selftest_hold(double seconds) {
   return 0;
 }
 
-int nf_cli_top(int argc, char **argv) {
+int nfc_top(int argc, char **argv) {
   int once = 0, json = 0, clean = 0;
   const char *dir = NULL;
   for (int i = 0; i < argc; i++) {
