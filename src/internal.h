@@ -9,6 +9,7 @@
 #define NF_INTERNAL_H
 
 #include "backend/backend.h"
+#include "fmt.h"
 #include "nofrag.h"
 
 #include <stdatomic.h>
@@ -17,6 +18,9 @@
 
 #define NF_ALIGN_SHIFT 9 // blocks are 512-byte aligned, sizes multiples of 512
 #define NF_ALIGN ((uint64_t)1 << NF_ALIGN_SHIFT)
+// Most granules in one address range (chunk): its per-granule metadata
+// (4.25 B each) stays within a few GiB of host memory.
+#define NF_CHUNK_MAX_GRANULES ((uint64_t)1 << 30)
 #define NF_MAX_STREAMS 64 // streams are tracked in a 64-bit mask
 #define NF_RELEASE_AUTO (UINT64_MAX - 1)
 #define NF_RELEASE_NEVER UINT64_MAX
@@ -196,7 +200,6 @@ nf_status_t nf__error(nf_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
-void nf__fmt_bytes(char *buf, size_t n, uint64_t bytes);
 
 // blockmap.c
 nf_block_t *nf__block_new(nf_pool_t *p);

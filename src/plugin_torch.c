@@ -27,6 +27,7 @@
 // nf_torch_configure() or else the NOFRAG_CONF environment variable. Pools
 // live until nf_torch_shutdown() (tests) or process exit.
 #include "backend/backend.h"
+#include "fmt.h"
 #include "nofrag.h"
 
 #include <dlfcn.h>
@@ -97,12 +98,6 @@ static void nft_error(const char *fmt, ...) {
   if (g_verbose) fprintf(stderr, "nofrag: %s\n", buf);
 }
 
-static void fmt_bytes(char *b, size_t n, uint64_t x) {
-  if (x >= NF_GiB) snprintf(b, n, "%.2f GiB", (double)x / (double)NF_GiB);
-  else if (x >= NF_MiB) snprintf(b, n, "%.2f MiB", (double)x / (double)NF_MiB);
-  else snprintf(b, n, "%llu B", (unsigned long long)x);
-}
-
 // Create the pool for `device` (slow path, under g_mu). The backend is CUDA
 // unless the configuration says backend:host (used by the CPU tests).
 static nf_pool_t *nft_create_locked(int device) {
@@ -164,7 +159,7 @@ static nf_pool_t *nft_pool(int device, int create) {
 // lock held and nothing to clean up.
 static void *nft_fail_alloc(size_t size, int device, const char *why) {
   char msg[1200], b[32];
-  fmt_bytes(b, sizeof b, size);
+  nf__fmt_bytes(b, sizeof b, size);
   snprintf(msg, sizeof msg, "CUDA out of memory (nofrag). Tried to allocate %s on device %d: %s", b, device,
            why);
   nft_error("%s", msg);
@@ -224,9 +219,9 @@ NF_API void *nf_torch_alloc(size_t size, int device, void *stream) {
   nf_stats_t st;
   nf_stats_get(pool, &st);
   char lv[32], lim[32], ph[32];
-  fmt_bytes(lv, sizeof lv, st.live);
-  fmt_bytes(lim, sizeof lim, st.limit);
-  fmt_bytes(ph, sizeof ph, st.physical);
+  nf__fmt_bytes(lv, sizeof lv, st.live);
+  nf__fmt_bytes(lim, sizeof lim, st.limit);
+  nf__fmt_bytes(ph, sizeof ph, st.physical);
   snprintf(why, sizeof why, "%s: %s (live %s, physical %s, limit %s)%s", nf_status_str(ls), cause, lv, ph,
            lim, hint);
   return nft_fail_alloc(size, device, why);

@@ -56,6 +56,9 @@ static void fail_at(nf__replay_result *res, const nf__trace_ops *ops, size_t i, 
   res->fail_event = i < ops->n_ops ? (size_t)ops->ops[i].event + 1 : 0;
 }
 
+// The library's messages start with "nofrag: ", which the CLI prints once itself.
+static const char *unprefixed(const char *m) { return strncmp(m, "nofrag: ", 8) == 0 ? m + 8 : m; }
+
 nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts, nf__replay_result *res) {
   memset(res, 0, sizeof *res);
   nf_config_t cfg = opts->cfg;
@@ -82,16 +85,15 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
   nf_status_t st = nf_backend_host_create(&be, cap, g);
   if (st != NF_OK) {
     res->status = st;
-    snprintf(res->error, sizeof res->error, "host backend (capacity %llu, granule %llu): %s",
-             (unsigned long long)cap, (unsigned long long)g, nf_last_error());
+    snprintf(res->error, sizeof res->error, "simulated host backend (capacity %llu B, granule %llu B): %s",
+             (unsigned long long)cap, (unsigned long long)g, unprefixed(nf_last_error()));
     be = NULL;
     goto out;
   }
   st = nf_pool_create(&pool, be, &cfg);
   if (st != NF_OK) {
     res->status = st;
-    snprintf(res->error, sizeof res->error, "pool (limit %llu, granule %llu): %s", (unsigned long long)cfg.limit,
-             (unsigned long long)g, nf_last_error());
+    snprintf(res->error, sizeof res->error, "pool: %s", unprefixed(nf_last_error()));
     pool = NULL;
     goto out;
   }

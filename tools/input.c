@@ -243,6 +243,15 @@ nf_status_t nfc_load_trace_sites(const char *path, nf_trace_t *t, nfc_sites *sit
       st = NF_ERR_NOMEM;
     }
   }
+  if (st == NF_OK && t->n_events == 0) { // nothing to replay: say so rather than print a summary of zeros
+    snprintf(err, errlen, "%s: empty trace: no events (%s)", path,
+             strcmp(fmt, "rmm") == 0 ? "an RMM CSV log with its header but no rows"
+             : strcmp(fmt, "pickle") == 0 ? "the snapshot's device trace has no alloc/free entries"
+                                          : "expected lines 'ACTION ADDR SIZE STREAM TIME_US'");
+    if (sites) nfc_sites_free(sites);
+    nf__trace_free(t);
+    st = NF_ERR_INVALID;
+  }
   if (format) *format = fmt;
   return st;
 }

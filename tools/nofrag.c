@@ -5,6 +5,7 @@
 // lost, invariant broken), 2 usage or input error (bad option, unreadable or
 // malformed trace).
 #include "cli.h"
+#include "fmt.h"
 #include "model.h"
 #include "nofrag.h"
 #include "replay.h"
@@ -80,12 +81,6 @@ static int parse_bytes(const char *key, const char *val, uint64_t *out) {
   return 0;
 }
 
-static void human(char *buf, size_t n, uint64_t b) {
-  if (b >= NF_GiB) snprintf(buf, n, "%.3f GiB", (double)b / (double)NF_GiB);
-  else if (b >= NF_MiB) snprintf(buf, n, "%.3f MiB", (double)b / (double)NF_MiB);
-  else snprintf(buf, n, "%.3f KiB", (double)b / (double)NF_KiB);
-}
-
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
 
 #define CALLS(X) X(va_reserve) X(va_release) X(create) X(release) X(map) X(unmap) X(set_access) \
@@ -106,10 +101,12 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   if (r->error[0]) nfc_json_str(stdout, r->error); else printf("null");
   printf(",\"trace_peak_live\":%" PRIu64 ",\"peak_live\":%" PRIu64 ",\"peak_live_rounded\":%" PRIu64
          ",\"peak_mapped\":%" PRIu64 ",\"peak_physical\":%" PRIu64 ",\"peak_mapped_ratio\":%.6f"
-         ",\"peak_physical_ratio\":%.6f,\"native_peak_reserved\":%" PRIu64 ",\"native_peak_ratio\":%.6f",
-         ops->peak_live, s->live_peak, s->live_rounded_peak, s->mapped_peak, s->physical_peak,
-         ratio(s->mapped_peak, s->live_peak), ratio(s->physical_peak, s->live_peak), ops->native_peak_reserved,
-         ratio(ops->native_peak_reserved, ops->peak_live));
+         ",\"peak_physical_ratio\":%.6f", ops->peak_live, s->live_peak, s->live_rounded_peak, s->mapped_peak,
+         s->physical_peak, ratio(s->mapped_peak, s->live_peak), ratio(s->physical_peak, s->live_peak));
+  if (ops->n_segment_alloc) // null: the trace recorded no segments (not "0 bytes")
+    printf(",\"native_peak_reserved\":%" PRIu64 ",\"native_peak_ratio\":%.6f", ops->native_peak_reserved,
+           ratio(ops->native_peak_reserved, ops->peak_live));
+  else printf(",\"native_peak_reserved\":null,\"native_peak_ratio\":null");
   printf(",\"backend_calls\":%" PRIu64 ",\"calls_second_half\":%" PRIu64 ",\"calls\":{", s->backend_calls,
          r->calls_second_half);
   const char *sep = "";
@@ -168,11 +165,11 @@ static void print_model_text(const nf__trace_ops *ops, const nf__model_result *r
   char h[32];
   printf("allocator             %s (model of PyTorch's caching allocator%s)\n", nf__model_name(r->kind),
          r->kind == NF_MODEL_EXPANDABLE ? ", expandable_segments:True" : ", default settings");
-  human(h, sizeof h, r->limit);
+  nf__fmt_bytes(h, sizeof h, r->limit);
   printf("limit                 %s\n", r->limit ? h : "none");
-  human(h, sizeof h, r->peak_allocated);
+  nf__fmt_bytes(h, sizeof h, r->peak_allocated);
   printf("peak allocated        %" PRIu64 " B (%s, block sizes)\n", r->peak_allocated, h);
-  human(h, sizeof h, r->peak_reserved);
+  nf__fmt_bytes(h, sizeof h, r->peak_reserved);
   printf("peak reserved         %" PRIu64 " B (%s, %.4f x live)\n", r->peak_reserved, h,
          ratio(r->peak_reserved, ops->peak_live));
   printf("device calls          %" PRIu64 " %s, %" PRIu64 " %s; %" PRIu64 " cache flushes and retries\n",
@@ -182,7 +179,7 @@ static void print_model_text(const nf__trace_ops *ops, const nf__model_result *r
   printf("replay                %.3f s (%zu of %zu ops)\n", r->seconds, r->ops_done, ops->n_ops);
   if (r->status != NF_OK) printf("stopped               %s\n", r->error);
   if (bisected) {
-    human(h, sizeof h, b->min_capacity);
+    nf__fmt_bytes(h, sizeof h, b->min_capacity);
     printf("min capacity          %" PRIu64 " B (%s) = %.4f x peak live (%u probes, %.2f s)\n", b->min_capacity, h,
            ratio(b->min_capacity, ops->peak_live), b->probes, b->seconds);
   }
@@ -196,21 +193,30 @@ static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   printf("events                %zu (%zu alloc, %zu free_completed, %zu free_requested, %zu segment_alloc, "
          "%zu segment_free), %zu stream%s\n", ops->n_events, ops->n_allocs, ops->n_frees, ops->n_free_requested,
          ops->n_segment_alloc, ops->n_segment_free, ops->n_streams, ops->n_streams == 1 ? "" : "s");
-  human(h1, sizeof h1, r->granule);
-  human(h2, sizeof h2, r->limit);
-  printf("granule               %s\nlimit                 %s\n", h1,
-         ro->cfg.limit ? h2 : "none (simulated capacity 2 TiB)");
-  human(h1, sizeof h1, s->live_peak);
+  nf__fmt_bytes(h1, sizeof h1, r->granule);
+  nf__fmt_bytes(h2, sizeof h2, r->limit);
+  printf("granule               %s\nlimit                 %s", h1, ro->cfg.limit ? h2 : "none (simulated capacity 2 TiB)");
+  if (ro->cfg.limit && r->limit != ro->cfg.limit) { // the pool keeps whole granules
+    char h3[32];
+    nf__fmt_bytes(h3, sizeof h3, ro->cfg.limit);
+    printf(" (rounded down to whole granules from %s)", h3);
+  }
+  printf("\n");
+  nf__fmt_bytes(h1, sizeof h1, s->live_peak);
   printf("peak live             %" PRIu64 " B (%s)\n", s->live_peak, h1);
-  human(h1, sizeof h1, s->mapped_peak);
+  nf__fmt_bytes(h1, sizeof h1, s->mapped_peak);
   printf("peak mapped           %" PRIu64 " B (%s, %.4f x live)\n", s->mapped_peak, h1,
          ratio(s->mapped_peak, s->live_peak));
-  human(h1, sizeof h1, s->physical_peak);
+  nf__fmt_bytes(h1, sizeof h1, s->physical_peak);
   printf("peak physical         %" PRIu64 " B (%s, %.4f x live)\n", s->physical_peak, h1,
          ratio(s->physical_peak, s->live_peak));
-  human(h1, sizeof h1, ops->native_peak_reserved);
-  printf("native peak reserved  %" PRIu64 " B (%s, %.4f x live; PyTorch's segments in the trace)\n",
-         ops->native_peak_reserved, h1, ratio(ops->native_peak_reserved, ops->peak_live));
+  nf__fmt_bytes(h1, sizeof h1, ops->native_peak_reserved);
+  if (ops->n_segment_alloc)
+    printf("native peak reserved  %" PRIu64 " B (%s, %.4f x live; PyTorch's segments in the trace)\n",
+           ops->native_peak_reserved, h1, ratio(ops->native_peak_reserved, ops->peak_live));
+  else // an RMM log or a hand-written trace: nothing to compare with but the model
+    printf("native peak reserved  n/a (the trace has no segment_alloc events, so PyTorch's reserved memory was not "
+           "recorded; --allocator native models it)\n");
   printf("backend calls         %" PRIu64 " (", s->backend_calls);
   const char *sep = "";
 #define X(f) if (s->calls.f) { printf("%s" #f " %" PRIu64, sep, s->calls.f); sep = ", "; }
@@ -220,7 +226,7 @@ static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   printf("  in 2nd half         %" PRIu64 " (steady state: the trace's later steps)\n", r->calls_second_half);
   printf("reclaims              %" PRIu64 " (%" PRIu64 " granules stitched)\n", s->reclaims, s->reclaimed_granules);
   if (s->spills) {
-    human(h1, sizeof h1, s->spilled_peak);
+    nf__fmt_bytes(h1, sizeof h1, s->spilled_peak);
     printf("spilled               peak %" PRIu64 " B (%s) on host granules, %" PRIu64 " allocations spilled\n",
            s->spilled_peak, h1, s->spills);
   }
@@ -232,7 +238,7 @@ static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   if (r->status == NF_OK) printf("pool check            OK\n");
   else printf("stopped               %s\n", r->error);
   if (bisected) {
-    human(h1, sizeof h1, b->min_capacity);
+    nf__fmt_bytes(h1, sizeof h1, b->min_capacity);
     printf("min capacity          %" PRIu64 " B (%s, %" PRIu64 " granules) = %.4f x peak live\n", b->min_capacity,
            h1, b->min_capacity / r->granule, ratio(b->min_capacity, ops->peak_live));
     printf("                      %u probes in %.2f s; at min capacity: %" PRIu64 " backend calls, %" PRIu64
@@ -293,9 +299,29 @@ static int cmd_replay(int argc, char **argv) {
     fprintf(stderr, "nofrag: --conf '%s': %s\n", cli.conf, err);
     return 2;
   }
+  // The replay builds its own simulated device (host backend): keys that
+  // choose or size a backend would be silently ignored, so refuse them.
+  if (ro.cfg.backend != NF_BACKEND_HOST || ro.cfg.device || ro.cfg.host_capacity) {
+    fprintf(stderr, "nofrag: --conf '%s': %s has no effect here: replay always runs on a simulated device (the "
+            "host backend, 2 TiB or the limit); drop it\n", cli.conf,
+            ro.cfg.backend != NF_BACKEND_HOST ? "backend:cuda" : ro.cfg.device ? "device" : "host_capacity");
+    return 2;
+  }
+  const char *env_conf = getenv("NOFRAG_CONF");
+  if (env_conf && *env_conf)
+    fprintf(stderr, "nofrag: note: NOFRAG_CONF='%s' is ignored by replay (it configures programs using the library); "
+            "pass it as --conf to replay with it\n", env_conf);
   if (cli.limit_str && parse_bytes("limit", cli.limit_str, &ro.cfg.limit) != 0) return 2;
   if (cli.granule_str && parse_bytes("granule", cli.granule_str, &ro.granule) != 0) return 2;
   if (ro.granule) ro.cfg.granule = ro.granule;
+  uint64_t g_eff = ro.cfg.granule ? ro.cfg.granule : NF_REPLAY_GRANULE;
+  if (ro.cfg.limit && ro.cfg.limit < g_eff) { // the pool would refuse it; say so before any work
+    char lb[32], gb[32];
+    nf__fmt_bytes(lb, sizeof lb, ro.cfg.limit);
+    nf__fmt_bytes(gb, sizeof gb, g_eff);
+    fprintf(stderr, "nofrag: limit %s is below one granule (%s): give a limit of at least one granule\n", lb, gb);
+    return 2;
+  }
 
   if (cli.hotspots && !cli.run_model[0] && !cli.run_model[1]) {
     fprintf(stderr, "nofrag: --hotspots needs --allocator native, expandable or all (the models' segments)\n");
@@ -457,8 +483,9 @@ static int cmd_replay(int argc, char **argv) {
              capc[1], mr[k].device_allocs + mr[k].device_frees, mr[k].seconds);
     }
 #undef CAPCOLS
-    printf("(nofrag: peak physical; models: PyTorch's reserved bytes; trace's native peak reserved %" PRIu64 ")\n",
-           ops.native_peak_reserved);
+    printf("(nofrag: peak physical; models: PyTorch's reserved bytes; ");
+    if (ops.n_segment_alloc) printf("trace's native peak reserved %" PRIu64 ")\n", ops.native_peak_reserved);
+    else printf("the trace has no segment events: no recorded native peak)\n");
   }
   if (cli.html) {
     nfc_html_row rows[2 + NF_MODEL_NKINDS];
@@ -532,11 +559,11 @@ static int cmd_convert(int argc, char **argv) {
   FILE *f = fopen(argv[1], "w");
   size_t rows = 0;
   int rc = 0;
-  if (!f) { perror(argv[1]); rc = 2; }
+  if (!f) { fprintf(stderr, "nofrag: convert: cannot write '%s': %s\n", argv[1], strerror(errno)); rc = 2; }
   else {
     nf_status_t st = nf__trace_write_rmm(&t, f, &rows);
     if (fclose(f) != 0 || st != NF_OK) {
-      fprintf(stderr, "nofrag: %s: write error\n", argv[1]);
+      fprintf(stderr, "nofrag: convert: '%s': write error: %s\n", argv[1], strerror(errno));
       remove(argv[1]);
       rc = 2;
     }
