@@ -136,14 +136,20 @@ void nf__mon_full(nf_pool_t *p) {
   v[NF_MON_PHYSICAL] = p->gran_created << p->gshift;
   v[NF_MON_LIMIT] = p->cfg.limit;
   v[NF_MON_GRANULE] = p->granule;
-  // The walk is O(blocks): at most every 100 ms, else the last value stands
-  // (a workload that maps often must not pay a walk per mapping change).
+  // The walk is O(blocks): for a pool of many blocks at most every 100 ms,
+  // else the last value stands (a workload that maps often must not pay a
+  // walk per mapping change). A skipped walk leaves the value stale: the
+  // fast path then retries every 64th op and nf_stats_get publishes its own
+  // walk, and a small pool is always walked, so an idle pool does not keep
+  // showing the value from before its last mappings (it showed 0 B).
   uint64_t now = mono_ns();
-  if (!p->mon_lf_ns || now - p->mon_lf_ns >= 100000000ull) {
+  if (!p->mon_lf_ns || now - p->mon_lf_ns >= 100000000ull || p->st.live_blocks <= 1024) {
     v[NF_MON_LARGEST_FREE] = nf__largest_free_mapped(p, NULL);
     p->mon_lf_ns = now;
+    p->mon_lf_stale = false;
   } else {
     v[NF_MON_LARGEST_FREE] = atomic_load_explicit(&m->v[NF_MON_LARGEST_FREE], memory_order_relaxed);
+    p->mon_lf_stale = true;
   }
   v[NF_MON_SPILLED] = (p->host_mapped - p->offl_granules) << p->gshift;
   v[NF_MON_OFFLOADED] = (p->offl_granules + p->detached_granules) << p->gshift;
