@@ -227,6 +227,32 @@ static void test_cli_bad_input(void **state) {
   unlink(empty), unlink(gz), unlink(csv), unlink(com), unlink(tiny), unlink(conv);
 }
 
+// The bisection's progress bar (forced on) says "probe k of at most n", k
+// rising from 1, never past n; it restarted at 0% on every probe before.
+static void test_cli_bisect_progress(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI"), *data = getenv("NF_DATA");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  size_t n = 1 << 20;
+  char *out = malloc(n), args[1024];
+  assert_non_null(out);
+  snprintf(args, sizeof args, "replay '%s/gpt2.trace.gz' --min-capacity", data ? data : "data");
+  setenv("NOFRAG_PROGRESS", "1", 1); // stderr is a pipe here: force the bar on
+  int rc = nft_run_cli(args, out, n);
+  unsetenv("NOFRAG_PROGRESS");
+  assert_int_equal(rc, 0);
+  unsigned last_k = 0, seen = 0;
+  for (const char *q = out; (q = strstr(q, "bisecting    probe ")); q++) {
+    unsigned k = 0, m = 0;
+    if (sscanf(q, "bisecting    probe %u of at most %u", &k, &m) != 2) fail_msg("bad line at '%.80s'", q);
+    if (k < last_k || k > m || (!seen && k != 1)) fail_msg("probe %u of %u after probe %u", k, m, last_k);
+    last_k = k;
+    seen++;
+  }
+  if (seen < 3 || last_k < 5) fail_msg("%u probe lines, last probe %u:\n%.2000s", seen, last_k, out);
+  free(out);
+}
+
 static void test_cli(void **state) {
   (void)state;
   const char *cli = getenv("NF_CLI"), *data = getenv("NF_DATA");
@@ -311,6 +337,7 @@ int main(void) {
       cmocka_unit_test(test_replay_vit),
       cmocka_unit_test(test_replay_llama),
       cmocka_unit_test(test_cli), cmocka_unit_test(test_cli_bad_input),
+      cmocka_unit_test(test_cli_bisect_progress),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -42,11 +42,14 @@ void nfc_sites_free(nfc_sites *s);
 // -------------------------------------------- progress bar (tools/progress.c)
 // On stderr, only when it is a terminal (NOFRAG_PROGRESS=1 forces it on, 0
 // off): "what  NN%", redrawn at most 10 times a second, erased at the end.
+// A bisection shows "probe k of at most n" and its overall progress, drawn at
+// each probe's start (nfc_watch_probe as nf__replay_opts.probe).
 typedef struct nfc_progress_s {
   int on, drawn;
   const char *what;
   size_t total;
   double last;
+  unsigned probe, probes; // bisection: probe k (1-based) of at most n; 0: not a bisection / n unknown
 } nfc_progress;
 void nfc_progress_start(nfc_progress *p, const char *what, size_t total);
 void nfc_progress_update(nfc_progress *p, size_t done);
@@ -133,6 +136,7 @@ typedef struct nfc_watch_s {
 } nfc_watch;
 void nfc_watch_replay(void *ctx, size_t op, const nf_stats_t *s);
 void nfc_watch_model(void *ctx, size_t op, uint64_t live, uint64_t reserved);
+void nfc_watch_probe(void *ctx, unsigned k, unsigned n, uint64_t limit);
 // Sampling period: the timeline's ~2000 points, else ~1000 progress checks.
 size_t nfc_watch_every(const nfc_watch *w, size_t n_ops);
 

@@ -397,6 +397,7 @@ static int cmd_replay(int argc, char **argv) {
         ro_bis.sample = nfc_watch_replay;
         ro_bis.sample_ctx = &wb;
         ro_bis.sample_every = nfc_watch_every(&wb, ops.n_ops);
+        ro_bis.probe = nfc_watch_probe;
       }
       nf_status_t bst = nf__replay_min_capacity(&ops, &ro_bis, upper, b, err, sizeof err);
       nfc_progress_end(&wb.prog);

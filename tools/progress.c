@@ -20,6 +20,28 @@ void nfc_progress_start(nfc_progress *p, const char *what, size_t total) {
   p->what = what;
   p->total = total;
   p->last = now_s();
+  p->probe = p->probes = 0;
+}
+
+static void draw(nfc_progress *p, size_t done) {
+  double f = p->total ? (double)done / (double)p->total : 1.0;
+  char probe[48] = "";
+  if (p->probe) { // the whole bisection's progress, not one probe's (that restarted at 0% each probe)
+    if (p->probes) {
+      f = ((double)(p->probe - 1) + f) / (double)p->probes;
+      snprintf(probe, sizeof probe, " probe %u of at most %u", p->probe, p->probes);
+    } else {
+      f = 0.0; // the unlimited run: how many probes follow is not known yet
+      snprintf(probe, sizeof probe, " probe %u (unlimited run)", p->probe);
+    }
+  }
+  unsigned pct = (unsigned)(f * 100.0);
+  if (pct > 100) pct = 100;
+  int fill = (int)(pct / 4);
+  fprintf(stderr, "\rnofrag: %-12s%s [%.*s%*s] %3u%%\033[K", p->what, probe, fill, "#########################",
+          25 - fill, "", pct);
+  fflush(stderr);
+  p->drawn = 1;
 }
 
 void nfc_progress_update(nfc_progress *p, size_t done) {
@@ -27,12 +49,17 @@ void nfc_progress_update(nfc_progress *p, size_t done) {
   double t = now_s();
   if (t - p->last < 0.1) return; // at most ~10 redraws a second; a short run draws nothing
   p->last = t;
-  unsigned pct = p->total ? (unsigned)((double)done * 100.0 / (double)p->total) : 100;
-  int fill = (int)(pct / 4);
-  fprintf(stderr, "\rnofrag: %-12s [%.*s%*s] %3u%%", p->what, fill, "#########################", 25 - fill, "",
-          pct);
-  fflush(stderr);
-  p->drawn = 1;
+  draw(p, done);
+}
+
+void nfc_watch_probe(void *ctx, unsigned k, unsigned n, uint64_t limit) {
+  (void)limit;
+  nfc_watch *w = ctx;
+  if (!w->prog.on) return;
+  w->prog.probe = k;
+  w->prog.probes = n > k ? n : k; // never "probe 5 of at most 4"
+  w->prog.last = now_s();
+  draw(&w->prog, 0); // every probe's start is shown, however short
 }
 
 void nfc_progress_end(nfc_progress *p) {
