@@ -88,8 +88,8 @@ size_t nfc_html_every(size_t n_ops);
 // recorded segments, sampled like the replay. Returns 0, or -1 out of memory.
 int nfc_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t every, nfc_html_series *out);
 void nfc_html_series_free(nfc_html_series *s);
-// A JSON string, escaped so that it is also safe inside HTML (tools/html.c).
-void nfc_json_str(FILE *f, const char *s);
+// nfc_json_str: a JSON string, escaped so that it is also safe inside HTML.
+#include "json.h"
 
 // ------------------------------------------------ hotspots (tools/hotspots.c)
 #define NF_HOT_TOP 10

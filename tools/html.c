@@ -84,19 +84,6 @@ void nfc_html_series_free(nfc_html_series *s) {
   memset(s, 0, sizeof *s);
 }
 
-// A JSON string that is also safe inside <script> and HTML text: every JSON
-// string the CLI writes goes through here (--json, --html, hotspots).
-void nfc_json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 0x20 || c == '<' || c == '>' || c == '&') fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
-  }
-  fputc('"', f);
-}
-
 static void json_arr(FILE *f, const uint64_t *v, size_t n) {
   fputc('[', f);
   for (size_t i = 0; i < n; i++) fprintf(f, "%s%" PRIu64, i ? "," : "", v[i]);
