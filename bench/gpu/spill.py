@@ -54,14 +54,13 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import train  # noqa: E402  (model builders, per-step data, SEED, WARMUP)
-from common import GiB, ROOT, BudgetedRunner, base_env, deterministic, gib  # noqa: E402
+from common import GiB, BudgetedRunner, base_env, deterministic, gib  # noqa: E402
 
 STEPS = {"gpt2": 12, "llama": 10}
 FSDP_STEPS = 8
@@ -308,8 +307,8 @@ class Runner(BudgetedRunner):
 
     def run(self, name, model, alloc, steps=None, timeout=None, **opts):
         steps = steps or STEPS[model]
-        timeout = min(timeout or TIMEOUT[model], self.left() - 5)
-        if timeout < 25:
+        timeout = self.timeout_for(timeout or TIMEOUT[model], 25)
+        if timeout is None:
             res = {"name": name, "model": model, "alloc": alloc, "status": "skipped (time budget)"}
             self.results["runs"][name] = res
             self.save()
@@ -332,32 +331,13 @@ class Runner(BudgetedRunner):
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
                        WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         t0 = time.time()
-        with open(base + ".log", "w") as log:
-            try:
-                rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-                                    cwd=ROOT).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-        try:
-            with open(base + ".json") as f:
-                res = json.load(f)
-        except Exception:
-            res = {"name": name, "model": model, "alloc": alloc}
-        if rc == "timeout":
-            res["status"] = f"timeout ({timeout:.0f}s)"
-        elif res.get("status") in ("started", "building", "running", None):
-            res["status"] = f"crash (rc {rc})"
-        if res.get("status") != "ok":
-            try:
-                with open(base + ".log") as f:
-                    res["log_tail"] = f.read()[-1500:]
-            except OSError:
-                pass
+        rc = self.launch(cmd, env, base + ".log", timeout)
+        res = self.settle(self.load_json(base + ".json", {"name": name, "model": model, "alloc": alloc}), rc,
+                          timeout, base + ".log", ("started", "building", "running", None), 1500)
         res.update(rc=rc, elapsed_s=round(time.time() - t0, 1), cmd=" ".join(cmd[1:]))
         self.results["runs"][name] = res
         self.save()
-        print(f"[{time.strftime('%T')}] {name}: {res['status']} in {res['elapsed_s']}s "
-              f"(budget left {self.left():.0f}s)", flush=True)
+        self.report(name, res)
         return res
 
 

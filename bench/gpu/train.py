@@ -42,7 +42,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import GiB, ROOT, BudgetedRunner, base_env, deterministic, gib  # noqa: E402
+from common import GiB, ROOT, BudgetedRunner, base_env, bisect_caps, deterministic, gib  # noqa: E402
 ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill")  # tight:1 / spill:host
 DEFAULT_ALLOCS = "native,expandable,nofrag,nofrag-tight"  # nofrag-spill on request (bench/gpu/spill.py)
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
@@ -257,9 +257,9 @@ class Runner(BudgetedRunner):
 
     def run(self, model, alloc, steps, cap=0, timeout=None):
         """One worker subprocess; returns its result dict (status set even on crash)."""
-        timeout = min(timeout or MODELS[model]["timeout"], self.left() - 5)
+        timeout = self.timeout_for(timeout or MODELS[model]["timeout"], 20)
         tag = f"{model}-{alloc}" + (f"-cap{cap}" if cap else "")
-        if timeout < 20:
+        if timeout is None:
             return {"model": model, "alloc": alloc, "cap": cap, "status": "skipped (time budget)"}
         self.n += 1
         jpath = os.path.join(self.a.out, "runs", f"{self.n:02d}-{tag}.json")
@@ -269,40 +269,13 @@ class Runner(BudgetedRunner):
         if self.a.dry_run:
             cmd.append("--dry-run")
         t0 = time.time()
-        log = open(jpath[:-5] + ".log", "w")
-        try:
-            rc = subprocess.run(cmd, env=worker_env(alloc), stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout, cwd=ROOT).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        finally:
-            log.close()
-        try:
-            with open(jpath) as f:
-                res = json.load(f)
-        except Exception:
-            res = {"model": model, "alloc": alloc, "cap": cap}
-        if rc == "timeout":
-            res["status"] = f"timeout ({timeout:.0f}s)"
-        elif res.get("status") in ("started", "running", None):
-            res["status"] = f"crash (rc {rc})"
-            try:
-                with open(jpath[:-5] + ".log") as f:
-                    res["log_tail"] = f.read()[-1500:]
-            except OSError:
-                pass
+        rc = self.launch(cmd, worker_env(alloc), jpath[:-5] + ".log", timeout)
+        res = self.settle(self.load_json(jpath, {"model": model, "alloc": alloc, "cap": cap}), rc, timeout,
+                          jpath[:-5] + ".log", ("started", "running", None), 1500)
         res["rc"] = rc
         res["elapsed_s"] = round(time.time() - t0, 1)
-        print(f"[{time.strftime('%T')}] {tag}: {res['status']} in {res['elapsed_s']}s "
-              f"(budget left {self.left():.0f}s)", flush=True)
+        self.report(tag, res)
         return res
-
-    def uncapped(self, models):
-        for model in models:
-            for alloc in self.a.allocs.split(","):
-                r = self.run(model, alloc, self.a.steps or MODELS[model]["steps"])
-                self.results["runs"].append(r)
-                self.save()
 
     def bisect(self, model):
         """Min capacity per allocator. Bounds from the uncapped runs: below the
@@ -319,26 +292,23 @@ class Runner(BudgetedRunner):
                 continue
             live = base["live_peak_by_step"][min(k, len(base["live_peak_by_step"])) - 1]
             hi = (base.get("peak_physical") or base["peak_reserved"]) + (4 << 20)
-            lo = live
             probes = []
-            tol = max(self.a.tol * live, 4 << 20)
-            # The first probe sits at the target (--first-probe x live): one
-            # probe then proves or refutes it; bisection goes on from there.
-            first = int(live * self.a.first_probe) if self.a.first_probe else 0
-            while hi - lo > tol and len(probes) < self.a.probes:
-                cap = first if (not probes and lo < first < hi) else (lo + hi) // 2
+
+            def probe(cap):
                 r = self.run(model, alloc, k, cap=cap, timeout=MODELS[model]["timeout"])
                 st = r.get("status", "")
                 if st.startswith("skipped"):
-                    break
-                ok = st == "ok"
+                    return "skip"
                 probes.append({"cap": cap, "status": st, "median_step_s": r.get("median_step_s"),
                                "calls_per_steady_step": r.get("calls_per_steady_step"),
                                "loss_hex": r.get("losses"), "error": r.get("error", "")[:300]})
-                if ok:
-                    hi = cap
-                else:
-                    lo = cap
+                return "ok" if st == "ok" else "oom"  # any failure counts as infeasible here
+
+            # The first probe sits at the target (--first-probe x live): one
+            # probe then proves or refutes it; bisection goes on from there.
+            first = int(live * self.a.first_probe) if self.a.first_probe else 0
+            for _cap, _v, lo, hi in bisect_caps(live, hi, max(self.a.tol * live, 4 << 20), self.a.probes, probe,
+                                                first):
                 out[alloc] = {"live": live, "min_cap": hi, "infeasible_below": lo,
                               "min_cap_over_live": hi / live, "probes": probes, "probe_steps": k}
                 self.results["bisect"][model] = out
@@ -452,10 +422,11 @@ def main():
     # feature checks (short), then the other models, then the bisection with
     # whatever time is left.
     first = [m for m in models if m in a.bisect.split(",")]
-    R.uncapped(first)
+    steps_of = lambda m: a.steps or MODELS[m]["steps"]  # noqa: E731
+    R.uncapped(first, a.allocs.split(","), steps_of, R.run)
     if not a.no_limits:
         R.limits()
-    R.uncapped([m for m in models if m not in first])
+    R.uncapped([m for m in models if m not in first], a.allocs.split(","), steps_of, R.run)
     for m in first:
         R.bisect(m)
     R.results["finished"] = time.strftime("%F %T")
