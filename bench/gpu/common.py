@@ -53,6 +53,19 @@ def deterministic(torch, seed):
     torch.backends.cudnn.allow_tf32 = False
 
 
+# --dry-run: the fakes' numbers are round and obviously synthetic (live 10 /
+# 20 / 30 GiB, needs 1.5 / 1.25 / 1.125 x, steps of 1 s), every result says
+# "dry_run": true, and the Markdown opens with this banner, so that nothing a
+# dry run writes can be taken for a measurement.
+DRY_BANNER = ("> **DRY RUN — not measured.** Every number below was made up by the script's --dry-run fakes "
+              "(no torch, no GPU) to test the orchestration.")
+
+
+def dry_banner(R):
+    """The banner lines to open a report with ([] for a real run)."""
+    return [DRY_BANNER, ""] if R.get("dry_run") else []
+
+
 def gib(x):
     """Bytes as GiB with 3 decimals for the tables ('' for none)."""
     return f"{x / GiB:.3f}" if isinstance(x, (int, float)) and x else ""

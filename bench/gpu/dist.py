@@ -57,7 +57,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import GiB, BudgetedRunner, base_env, bisect_caps, deterministic, gib  # noqa: E402
+from common import GiB, BudgetedRunner, base_env, bisect_caps, deterministic, dry_banner, gib  # noqa: E402
 ALLOCS = ("native", "expandable", "nofrag")
 MODELS = {  # batch per rank, seq range, default steps, launch timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150, wrap="ddp"),
@@ -300,13 +300,15 @@ def worker_main(argv):
 
 
 def dry_worker(a, rec):
-    """Fake rank: native needs 1.17x live, expandable 1.004x, nofrag 1.001x; rank 1 uses 2% more."""
+    """Fake rank, obviously synthetic numbers (not measurements): live 10/20 GiB
+    (rank r 1/8 r more), native needs 1.5x live, expandable 1.25x, nofrag 1.125x; 1 s steps."""
     rank, local, world = rank_info()
-    live = {"gpt2": 23.2, "llama": 14.8}[a.model] * GiB * (1 + 0.02 * rank)
-    need = live * {"native": 1.17, "expandable": 1.004}.get(a.alloc, 1.001)
-    rsv = live * {"native": 1.72, "expandable": 1.07}.get(a.alloc, 1.01)
+    live = {"gpt2": 10, "llama": 20}[a.model] * GiB * (1 + rank / 8)
+    need = live * {"native": 1.5, "expandable": 1.25}.get(a.alloc, 1.125)
+    rsv = live * {"native": 2.0, "expandable": 1.5}.get(a.alloc, 1.25)
     time.sleep(0.05)
     res = rec.res
+    res["dry_run"] = True
     # Test hooks for the orchestration: NOFRAG_DIST_DRY_HANG=<model>-<alloc> makes the last rank hang
     # (exercises the launch timeout and process-group kill), NOFRAG_DIST_DRY_ERROR=... makes it fail.
     tag = f"{a.model}-{a.alloc}"
@@ -325,7 +327,7 @@ def dry_worker(a, rec):
     chk = {"all_reduce_fill": True, "all_reduce_pattern_offset_view": True, "all_gather": True,
            "reduce_scatter": True, "all_ranks_ok": True, "ok": True}
     res.update(status="ok", world_size=world, losses=[(1.0 + i + rank / 8).hex() for i in range(a.steps)],
-               median_step_s=0.17 * (1.01 if a.alloc == "nofrag" else 1.0), peak_live=int(live),
+               median_step_s=1.0, peak_live=int(live),
                peak_reserved=int(min(rsv, a.cap or rsv)), peak_requested=int(live),
                live_peak_by_step=[int(live)] * a.steps, seq_lens=seq_lengths(a.model, a.steps),
                nccl_check_pre=chk, nccl_check_post=chk, nccl_ok=True,
@@ -460,7 +462,7 @@ def markdown(R):
     runs = R["runs"]
     native = {r.get("model"): r for r in runs if r.get("alloc") == "native" and r.get("status") == "ok"}
     lines = [f"# Multi-GPU training benchmark (bench/gpu/dist.py, torchrun x{R.get('nproc_per_node')})"
-             + (" -- DRY RUN (fake numbers)" if R.get("dry_run") else ""), "",
+             + (" -- DRY RUN" if R.get("dry_run") else ""), "", *dry_banner(R),
              f"Started {R.get('started')}; budget {R.get('budget_s')} s; env "
              + ", ".join(f"{k}={v}" for k, v in R.get("env", {}).items())
              + ". One row per rank. Peak reserved for nofrag = physical (granules created). "

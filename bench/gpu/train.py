@@ -42,7 +42,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import GiB, ROOT, BudgetedRunner, base_env, bisect_caps, deterministic, gib  # noqa: E402
+from common import GiB, ROOT, BudgetedRunner, base_env, bisect_caps, deterministic, dry_banner, gib  # noqa: E402
 ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill")  # tight:1 / spill:host
 DEFAULT_ALLOCS = "native,expandable,nofrag,nofrag-tight"  # nofrag-spill on request (bench/gpu/spill.py)
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
@@ -230,13 +230,14 @@ def worker_main(argv):
 
 
 def dry_worker(a):
-    """Fake run: native needs 1.17x live, expandable 1.004x, nofrag 1.001x."""
-    live = {"gpt2": 23.2, "vit": 9.5, "llama": 16.2}[a.model] * GiB
-    need = live * {"native": 1.17, "expandable": 1.004}.get(a.alloc, 1.001)
-    rsv = live * {"native": 1.72, "expandable": 1.07}.get(a.alloc, 1.01)
+    """Fake run, obviously synthetic numbers (not measurements): live 10/20/30
+    GiB, native needs 1.5x live, expandable 1.25x, nofrag 1.125x; 1 s steps."""
+    live = {"gpt2": 10, "vit": 20, "llama": 30}[a.model] * GiB
+    need = live * {"native": 1.5, "expandable": 1.25}.get(a.alloc, 1.125)
+    rsv = live * {"native": 2.0, "expandable": 1.5}.get(a.alloc, 1.25)
     ok = not a.cap or a.cap >= need or a.alloc == "nofrag-spill"
     res = {"model": a.model, "alloc": a.alloc, "steps": a.steps, "cap": a.cap, "status": "ok" if ok else "oom",
-           "losses": [(1.0 + i).hex() for i in range(a.steps)], "median_step_s": 0.17,
+           "dry_run": True, "losses": [(1.0 + i).hex() for i in range(a.steps)], "median_step_s": 1.0,
            "peak_live": int(live), "peak_reserved": int(min(rsv, a.cap or rsv)),
            "peak_requested": int(live), "calls_per_steady_step": 0.0,
            "live_peak_by_step": [int(live)] * a.steps}
@@ -252,7 +253,7 @@ def dry_worker(a):
 class Runner(BudgetedRunner):
     def __init__(self, a):
         self.a = a
-        super().__init__(a.out, a.budget, {"runs": [], "bisect": {}, "limits": None,
+        super().__init__(a.out, a.budget, {"runs": [], "bisect": {}, "limits": None, "dry_run": a.dry_run,
                                            "started": time.strftime("%F %T"), "budget_s": a.budget}, markdown)
 
     def run(self, model, alloc, steps, cap=0, timeout=None):
@@ -347,7 +348,8 @@ class Runner(BudgetedRunner):
 def markdown(R):
     runs = R["runs"]
     native = {r.get("model"): r for r in runs if r.get("alloc") == "native" and r.get("status") == "ok"}
-    lines = ["# GPU training benchmark (bench/gpu/train.py)", "",
+    lines = ["# GPU training benchmark (bench/gpu/train.py)" + (" -- DRY RUN" if R.get("dry_run") else ""), "",
+             *dry_banner(R),
              f"Started {R.get('started')}; budget {R.get('budget_s')} s. Peak reserved for nofrag = physical "
              "(granules created); mapped in its own column. Calls/step = backend calls per steady step "
              "(nofrag) or num_device_alloc+num_device_free (PyTorch).", "",
