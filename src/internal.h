@@ -189,6 +189,7 @@ struct nf_pool_s {
   uint64_t mon_mapped, mon_created; // gran_mapped / gran_created last published in full
   uint64_t mon_lf_ns;               // monotonic time largest_free was last walked
   bool mon_lf_stale;                // a walk was skipped (rate limit): the published value may be old
+  uint32_t mon_lf_burst;            // walks in the current 100 ms window
 };
 
 // Counting wrappers around backend ops: every call is counted in the stats.
@@ -358,7 +359,7 @@ static inline void nf__mon_fast(nf_pool_t *p, bool alloc) {
   nf_mon_shm_t *m = p->mon;
   if (!m) return;
   if (NF_UNLIKELY(p->gran_mapped != p->mon_mapped || p->gran_created != p->mon_created ||
-                  !((p->st.allocs + p->st.frees) & (p->mon_lf_stale ? 63 : 4095)))) {
+                  !((p->st.allocs + p->st.frees) & 4095))) {
     nf__mon_full(p);
     return;
   }

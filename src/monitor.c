@@ -136,16 +136,20 @@ void nf__mon_full(nf_pool_t *p) {
   v[NF_MON_PHYSICAL] = p->gran_created << p->gshift;
   v[NF_MON_LIMIT] = p->cfg.limit;
   v[NF_MON_GRANULE] = p->granule;
-  // The walk is O(blocks): for a pool of many blocks at most every 100 ms,
-  // else the last value stands (a workload that maps often must not pay a
-  // walk per mapping change). A skipped walk leaves the value stale: the
-  // fast path then retries every 64th op and nf_stats_get publishes its own
-  // walk, and a small pool is always walked, so an idle pool does not keep
-  // showing the value from before its last mappings (it showed 0 B).
+  // The walk is O(blocks + granules): one per 100 ms window, plus up to 3
+  // more when the mapping changed, else the last value stands (a workload
+  // that maps often must not pay a walk per mapping change; periodic ticks
+  // walk as before). The allowance covers the burst of mappings after a pool
+  // opens, so an idle pool does not keep the value from before its last
+  // mappings (top showed LARGEST 0B); a skipped walk marks the value stale
+  // until the next one (every 4096th op, or nf_stats_get, which publishes).
   uint64_t now = mono_ns();
-  if (!p->mon_lf_ns || now - p->mon_lf_ns >= 100000000ull || p->st.live_blocks <= 1024) {
+  bool window = p->mon_lf_ns && now - p->mon_lf_ns < 100000000ull;
+  bool remapped = p->gran_mapped != p->mon_mapped || p->gran_created != p->mon_created; // not a periodic tick
+  if (!window || (remapped && p->mon_lf_burst < 4)) {
     v[NF_MON_LARGEST_FREE] = nf__largest_free_mapped(p, NULL);
-    p->mon_lf_ns = now;
+    if (!window) { p->mon_lf_ns = now; p->mon_lf_burst = 0; }
+    p->mon_lf_burst++;
     p->mon_lf_stale = false;
   } else {
     v[NF_MON_LARGEST_FREE] = atomic_load_explicit(&m->v[NF_MON_LARGEST_FREE], memory_order_relaxed);
