@@ -106,8 +106,48 @@ static void test_each_key(void **state) {
   c = ok("granule:1GiB,device:0007");
   assert_true(c.granule == NF_GiB);
   assert_int_equal(c.device, 7);
-  c = ok("limit:18446744073709551615");
-  assert_true(c.limit == UINT64_MAX);
+  c = ok("limit:1125899906842624"); // 1 PiB, the largest size a key takes
+  assert_true(c.limit == (uint64_t)1 << 50);
+}
+
+// Every byte-size key is bounded (1 PiB), the key and the maximum named:
+// va_chunk:2^63 made nf__chunk_new calloc exabytes (an ASan abort), and
+// limit:2^64-1 or reserve:999TiB gave errors about other things.
+// reserve above the pool's limit (given, or the backend's capacity) names the
+// key and both sizes (reserve:999TiB reported "limit 0" through the replay).
+static void test_reserve_above_limit(void **state) {
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create_from_string(&p, "backend:host,limit:4MiB,reserve:8MiB"), NF_ERR_CONFIG);
+  assert_null(p);
+  const char *m = nf_last_error();
+  if (!strstr(m, "nofrag: reserve 8.000 MiB (8388608 B) exceeds the pool's limit 4.000 MiB (4194304 B"))
+    fail_msg("'%s'", m);
+  assert_int_equal(nf_pool_create_from_string(&p, "backend:host,host_capacity:1GiB,reserve:999TiB"), NF_ERR_CONFIG);
+  m = nf_last_error();
+  if (!strstr(m, "reserve 999.000 TiB") || !strstr(m, "limit 1.000 GiB") || !strstr(m, "backend's capacity"))
+    fail_msg("'%s'", m);
+}
+
+static void test_size_bounds(void **state) {
+  static const char *const keys[] = {"limit", "reserve", "release_threshold", "retain", "granule", "small_max",
+                                     "va_chunk", "host_capacity", "trace_max", "spill_limit", "spill_reserve"};
+  char s[128], want[64];
+  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+    snprintf(s, sizeof s, "%s:9223372036854775808", keys[i]);
+    snprintf(want, sizeof want, "%s: '9223372036854775808'", keys[i]);
+    bad(s, want, "exceeds the maximum of 1 PiB");
+    snprintf(s, sizeof s, "%s:1125899906842625", keys[i]); // 1 PiB + 1
+    bad(s, keys[i], "maximum");
+  }
+  bad("limit:18446744073709551615", "limit: '18446744073709551615'", "exceeds the maximum of 1 PiB");
+  bad("release_threshold:18446744073709551614", "release_threshold", "1 PiB"); // was read as "auto"
+  assert_true(ok("va_chunk:1024TiB").va_chunk == (uint64_t)1 << 50);
+  // In range for the parser but too many granules for one range's metadata:
+  // refused at pool creation, before any calloc (an ASan build aborted there).
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create_from_string(&p, "backend:host,granule:4KiB,va_chunk:1024TiB"), NF_ERR_CONFIG);
+  if (!strstr(nf_last_error(), "va_chunk 1024.000 TiB is 274877906944 granules of 4096 B"))
+    fail_msg("'%s'", nf_last_error());
 }
 
 static void test_release_names(void **state) {
@@ -150,7 +190,7 @@ static void test_suffixes(void **state) {
       {"5tib", 5 * 1024 * NF_GiB},
       {"40 GiB", 40 * NF_GiB},
       {"0GiB", 0},
-      {"16777215TiB", 16777215ull << 40}, // largest whole TiB count that fits
+      {"1024TiB", 1024ull << 40}, // 1 PiB: the largest a size key takes
   };
   char buf[64];
   for (size_t i = 0; i < sizeof T / sizeof T[0]; i++) {
@@ -171,7 +211,8 @@ static void test_decimals(void **state) {
   assert_true(ok("limit:1.123456789GB").limit == 1123456789ull);
   assert_true(ok("limit:1.500000000000000GiB").limit == 3 * NF_GiB / 2); // trailing zeros ok
   assert_true(ok("limit:15.999999999TiB").limit == 17592186043316ull); // floor(15.999999999*2^40)
-  assert_true(ok("limit:16777215.999999999TiB").limit == 18446744073709550516ull);
+  assert_true(ok("limit:1023.999999999TiB").limit == 1125899906841524ull); // floor(1023.999999999*2^40)
+  bad("limit:16777215.999999999TiB", "exceeds the maximum of 1 PiB", NULL); // 18446744073709550516
   assert_true(ok("release_threshold:0.5GiB").release_threshold == NF_GiB / 2);
 }
 
@@ -208,8 +249,8 @@ static void test_errors(void **state) {
   bad("limit:16777216TiB", "overflows", NULL);
   bad("limit:16777215.9999999999TiB", "decimal places", NULL);
   bad("limit:18446744073.709551616GB", "overflows", NULL); // via the fraction
-  assert_true(ok("limit:18446744073.709551615GB").limit == UINT64_MAX);
-  assert_true(ok("limit:18446744073709551615.5").limit == UINT64_MAX);
+  bad("limit:18446744073.709551615GB", "(18446744073709551615 B) exceeds", NULL); // exact, then bounded
+  bad("limit:18446744073709551615.5", "(18446744073709551615 B) exceeds", NULL);
   bad("limit:40XB", "unknown size suffix 'XB'", NULL);
   bad("limit:40PiB", "unknown size suffix 'PiB'", NULL);
   bad("limit:40GiBs", "unknown size suffix", NULL);
@@ -365,8 +406,8 @@ static void test_format_roundtrip(void **state) {
   assert_non_null(strstr(buf, "limit:42949672960"));
 
   c = def();
-  c.limit = c.reserve = c.retain = c.va_chunk = c.host_capacity = UINT64_MAX;
-  c.release_threshold = UINT64_MAX - 2;
+  c.limit = c.reserve = c.retain = c.va_chunk = c.host_capacity = (uint64_t)1 << 50; // the maximum
+  c.release_threshold = (uint64_t)1 << 50;
   c.device = 1023;
   roundtrip(&c);
 
@@ -374,16 +415,16 @@ static void test_format_roundtrip(void **state) {
   uint64_t seed = nft_env_seed(777);
   for (int i = 0; i < 1000; i++) {
     c = def();
-    c.limit = nft_rand(&seed) >> (nft_rand(&seed) % 64);
-    c.reserve = nft_rand(&seed) >> (nft_rand(&seed) % 64);
-    c.release_threshold = nft_rand(&seed);
+    c.limit = nft_rand(&seed) >> (14 + nft_rand(&seed) % 50); // <= 1 PiB, every key's maximum
+    c.reserve = nft_rand(&seed) >> (14 + nft_rand(&seed) % 50);
+    c.release_threshold = nft_rand(&seed) % 3 ? nft_rand(&seed) >> 14 : RT_NEVER - nft_rand(&seed) % 2;
     c.retain = nft_rand(&seed) % 3 ? nft_rand(&seed) >> 20 : 0;
     c.granule = (nft_rand(&seed) % 2) ? (uint64_t)4096 << (nft_rand(&seed) % 20) : 0;
     c.small_max = nft_rand(&seed) % (64 * NF_MiB + 1);
-    c.va_chunk = nft_rand(&seed);
+    c.va_chunk = nft_rand(&seed) >> 14;
     c.device = (int)(nft_rand(&seed) % 1024);
     c.backend = (int)(nft_rand(&seed) % 2);
-    c.host_capacity = nft_rand(&seed);
+    c.host_capacity = nft_rand(&seed) >> 14;
     c.views = nft_rand(&seed) % (1u << 24);
     roundtrip(&c);
   }
@@ -485,7 +526,7 @@ int main(void) {
       cmocka_unit_test(test_decimals),       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_null_and_empty), cmocka_unit_test(test_small_err_buffers),
       cmocka_unit_test(test_long_garbage),   cmocka_unit_test(test_format_roundtrip),
-      cmocka_unit_test(test_format_buffers), cmocka_unit_test(test_trace_keys), cmocka_unit_test(test_spill_keys),
+      cmocka_unit_test(test_format_buffers), cmocka_unit_test(test_size_bounds), cmocka_unit_test(test_reserve_above_limit), cmocka_unit_test(test_trace_keys), cmocka_unit_test(test_spill_keys),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

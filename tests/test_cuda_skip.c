@@ -34,6 +34,24 @@ static void test_create_or_unsupported(void **state) {
   assert_true(strstr(msg, "libcuda.so.1") != NULL || strstr(msg, "cuInit") != NULL);
 }
 
+// The pool built from a config names the backend once: the message was
+// "nofrag: backend: nofrag: backend: found: ..." (nf__error formatting
+// nf_last_error() into itself).
+static void test_pool_from_config_message(void **state) {
+  (void)state;
+  nf_pool_t *p = NULL;
+  nf_status_t st = nf_pool_create_from_string(&p, "backend:cuda");
+  if (st == NF_OK) { nf_pool_destroy(p); return; } // a GPU machine
+  const char *msg = nf_last_error();
+  fprintf(stderr, "backend:cuda: %s\n", msg);
+  static const char *const shapes[] = {"nofrag: backend:cuda: libcuda.so.1 not found: no NVIDIA driver on this machine (",
+                                       "nofrag: backend:cuda: cuInit: "};
+  if (strncmp(msg, shapes[0], strlen(shapes[0])) != 0 && strncmp(msg, shapes[1], strlen(shapes[1])) != 0)
+    fail_msg("message shape: '%s'", msg);
+  assert_null(strstr(msg + 1, "nofrag:"));
+  assert_null(strstr(msg + 17, "backend:"));
+}
+
 static void test_bad_arguments(void **state) {
   (void)state;
   assert_int_equal(nf_backend_cuda_create(NULL, 0), NF_ERR_INVALID);
@@ -77,7 +95,7 @@ static void test_stats_layout_exports(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_create_or_unsupported),
-      cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_bad_arguments), cmocka_unit_test(test_pool_from_config_message),
       cmocka_unit_test(test_repeated_create_is_stable),
       cmocka_unit_test(test_stats_layout_exports),
   };

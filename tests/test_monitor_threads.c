@@ -150,6 +150,30 @@ static void test_values_match_stats(void **state) {
   nf_pool_destroy(p);
 }
 
+// An idle pool publishes its largest free mapped range: three allocations
+// right after creation (within the walk's rate limit) left `nofrag top`
+// showing LARGEST 0B while nf_stats said 3 MiB.
+static void test_largest_free_idle(void **state) {
+  (void)state;
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create_from_string(&p, "limit:1GiB"), NF_OK);
+  void *keep[3] = {nf_alloc(p, 10000000, NULL), nf_alloc(p, 2000000, NULL), nf_alloc(p, 345678, NULL)};
+  assert_true(keep[0] && keep[1] && keep[2]);
+  nf_mon_entry_t *v = NULL;
+  long dead = 0;
+  assert_int_equal(nf__mon_list(NULL, false, &v, &dead), 1); // read before anything else walks
+  uint64_t published = v[0].v[NF_PUB_LARGEST_FREE];
+  free(v);
+  nf_stats_t s;
+  nf_stats_get(p, &s);
+  assert_true(s.largest_free_mapped > 0);
+  if (published != s.largest_free_mapped)
+    fail_msg("published largest free %llu B, nf_stats %llu B", (unsigned long long)published,
+             (unsigned long long)s.largest_free_mapped);
+  for (int i = 0; i < 3; i++) nf_free(p, keep[i]);
+  nf_pool_destroy(p);
+}
+
 // Offloaded bytes are published (both host tiers), and a file written with
 // the first layout (fewer fields) is still read, its later fields as 0.
 static void test_offloaded_and_old_layout(void **state) {
@@ -324,6 +348,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_file_lifecycle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_values_match_stats, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_largest_free_idle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_offloaded_and_old_layout, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reader_races_writer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dead_process_ignored_and_cleaned, setup, teardown),

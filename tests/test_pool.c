@@ -125,7 +125,7 @@ static void test_limits_and_config(void **state) {
   assert_null(p);
   c.limit = 8 * G;
   c.reserve = 9 * G;
-  assert_int_equal(nf_pool_create(&p, be, &c), NF_ERR_OOM);
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_ERR_CONFIG); // reserve above the limit: refused as a config error, naming both
   c.reserve = 4 * G;
   c.granule = G * 3; // not a power of two
   assert_int_equal(nf_pool_create(&p, be, &c), NF_ERR_CONFIG);

@@ -162,6 +162,114 @@ static void test_cli_subcommand_help(void **state) {
   }
 }
 
+// Write `len` bytes to a new temporary file named by `path` (a mkstemps
+// template ending in `suffix`).
+static void put_file(char *path, int suffix, const void *data, size_t len) {
+  int fd = mkstemps(path, suffix);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, data, len), (ssize_t)len);
+  close(fd);
+}
+
+// Run the CLI with `args`; expect exit `rc` and every non-NULL needle in its output.
+static void cli_expect(const char *args, int rc, const char *n1, const char *n2) {
+  static char out[1 << 16];
+  int got = nft_run_cli(args, out, sizeof out);
+  if (got != rc || (n1 && !strstr(out, n1)) || (n2 && !strstr(out, n2)))
+    fail_msg("nofrag %s: exit %d (expected %d), output:\n%s\nexpected '%s' and '%s'", args, got, rc, out,
+             n1 ? n1 : "", n2 ? n2 : "");
+}
+
+// Bad input a new user would try (issue 15): each a clear error, not a
+// summary of zeros or a bare errno.
+static void test_cli_bad_input(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  char args[1024];
+  // Empty traces: plain, gzip, comments only, an RMM CSV with no rows.
+  char empty[] = "/tmp/nf_empty_XXXXXX.trace", gz[] = "/tmp/nf_emptygz_XXXXXX.trace.gz",
+       csv[] = "/tmp/nf_emptycsv_XXXXXX.csv", com[] = "/tmp/nf_comment_XXXXXX.trace";
+  static const unsigned char gz_empty[] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  put_file(empty, 6, "", 0);
+  put_file(gz, 9, gz_empty, sizeof gz_empty);
+  put_file(csv, 4, "Thread,Time,Action,Pointer,Size,Stream\n", 39);
+  put_file(com, 6, "# nothing here\n", 15);
+  const char *files[] = {empty, gz, com};
+  for (size_t i = 0; i < 3; i++) {
+    snprintf(args, sizeof args, "replay %s", files[i]);
+    char want[128];
+    snprintf(want, sizeof want, "nofrag: %s: empty trace: no events", files[i]);
+    cli_expect(args, 2, want, NULL);
+  }
+  snprintf(args, sizeof args, "replay %s --min-capacity", csv);
+  cli_expect(args, 2, "empty trace: no events", "RMM CSV log with its header but no rows");
+
+  // A limit below one granule: refused up front, named in granules.
+  char tiny[] = "/tmp/nf_tiny_XXXXXX.trace";
+  const char t3[] = "alloc 4096 1048576 0 1\nalloc 8192 1048576 0 2\nalloc 12288 1048576 0 3\n";
+  put_file(tiny, 6, t3, sizeof t3 - 1);
+  snprintf(args, sizeof args, "replay %s --limit 1B", tiny);
+  cli_expect(args, 2, "nofrag: limit 1 B is below one granule (2.000 MiB)", NULL);
+  snprintf(args, sizeof args, "replay %s --conf limit:1KiB --granule 4KiB", tiny);
+  cli_expect(args, 2, "nofrag: limit 1024 B is below one granule (4096 B)", NULL);
+  // A limit that is not whole granules: the summary says it was rounded.
+  snprintf(args, sizeof args, "replay %s --limit 7MiB", tiny);
+  cli_expect(args, 0, "limit                 6.000 MiB (rounded down to whole granules from 7.000 MiB)", NULL);
+
+  // Out of kernel memory mappings (vm.max_map_count; NOFRAG_HOST_MAX_MAPS
+  // stands in for it): the cause, the count and the remedy.
+  snprintf(args, sizeof args, "replay %s --granule 1MiB 2>&1; NOFRAG_HOST_MAX_MAPS=2 '%s' replay %s --granule 1MiB",
+           tiny, cli, tiny);
+  cli_expect(args, 1, "out of memory mappings: 2 held (2 granule runs of 1048576 B), NOFRAG_HOST_MAX_MAPS=2",
+             "use a larger granule, fewer views (views:N), or sysctl vm.max_map_count=8");
+
+  // Keys the replay cannot honour (it builds its own simulated device) are
+  // refused by name; NOFRAG_CONF is ignored, and the replay says so.
+  snprintf(args, sizeof args, "replay %s --conf backend:cuda", tiny);
+  cli_expect(args, 2, "nofrag: --conf 'backend:cuda': backend:cuda has no effect here", "simulated device");
+  snprintf(args, sizeof args, "replay %s --conf limit:8MiB,host_capacity:1GiB", tiny);
+  cli_expect(args, 2, "host_capacity has no effect here", NULL);
+  snprintf(args, sizeof args, "replay %s 2>&1 >/dev/null; NOFRAG_CONF=limit:1MiB '%s' replay %s", tiny, cli, tiny);
+  cli_expect(args, 0, "nofrag: note: NOFRAG_CONF='limit:1MiB' is ignored by replay", "--conf");
+
+  // convert: an unwritable output is a "nofrag:" error naming it; a trace
+  // without segment events (as an RMM CSV) has no native peak to print.
+  snprintf(args, sizeof args, "convert %s /nonexistent-dir/out.csv", tiny);
+  cli_expect(args, 2, "nofrag: convert: cannot write '/nonexistent-dir/out.csv': No such file", NULL);
+  char conv[] = "/tmp/nf_conv_XXXXXX.csv";
+  put_file(conv, 4, "", 0);
+  snprintf(args, sizeof args, "convert %s %s && '%s' replay %s", tiny, conv, cli, conv);
+  cli_expect(args, 0, "native peak reserved  n/a (the trace has no segment_alloc events", NULL);
+  snprintf(args, sizeof args, "replay %s --json", conv);
+  cli_expect(args, 0, "\"native_peak_reserved\":null,\"native_peak_ratio\":null", NULL);
+  unlink(empty), unlink(gz), unlink(csv), unlink(com), unlink(tiny), unlink(conv);
+}
+
+// The bisection's progress bar (forced on) says "probe k of at most n", k
+// rising from 1, never past n; it restarted at 0% on every probe before.
+static void test_cli_bisect_progress(void **state) {
+  (void)state;
+  const char *data = getenv("NF_DATA");
+  if (!getenv("NF_CLI") || access(getenv("NF_CLI"), X_OK) != 0) { print_message("skipping: no NF_CLI\n"); skip(); }
+  static char out[1 << 20];
+  char args[1024];
+  snprintf(args, sizeof args, "replay '%s/gpt2.trace.gz' --min-capacity", data ? data : "data");
+  setenv("NOFRAG_PROGRESS", "1", 1); // stderr is a pipe here: force the bar on
+  int rc = nft_run_cli(args, out, sizeof out);
+  unsetenv("NOFRAG_PROGRESS");
+  assert_int_equal(rc, 0);
+  unsigned last_k = 0, seen = 0;
+  for (const char *q = out; (q = strstr(q, "bisecting    probe ")); q++) {
+    unsigned k = 0, m = 0;
+    if (sscanf(q, "bisecting    probe %u of at most %u", &k, &m) != 2) fail_msg("bad line at '%.80s'", q);
+    if (k < last_k || k > m || (!seen && k != 1)) fail_msg("probe %u of %u after probe %u", k, m, last_k);
+    last_k = k;
+    seen++;
+  }
+  if (seen < 3 || last_k < 5) fail_msg("%u probe lines, last probe %u:\n%.2000s", seen, last_k, out);
+}
+
 static void test_cli(void **state) {
   (void)state;
   const char *cli = getenv("NF_CLI"), *data = getenv("NF_DATA");
@@ -178,7 +286,7 @@ static void test_cli(void **state) {
   assert_int_equal(nft_run_cli("replay /nonexistent.trace.gz", out, n), 2);
   assert_non_null(strstr(out, "/nonexistent.trace.gz"));
 
-  char path[64] = "/tmp/nf_cli_bad_XXXXXX";
+  char path[64] = "/tmp/nfc_bad_XXXXXX";
   int fd = mkstemp(path);
   assert_true(fd >= 0);
   const char bad[] = "# bad\nalloc 4096 512 0 1\nalloc 8192 lots 0 2\n";
@@ -247,6 +355,8 @@ int main(void) {
       cmocka_unit_test(test_replay_llama),
       cmocka_unit_test(test_cli),
       cmocka_unit_test(test_cli_subcommand_help),
+      cmocka_unit_test(test_cli), cmocka_unit_test(test_cli_bad_input),
+      cmocka_unit_test(test_cli_bisect_progress),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -150,6 +150,15 @@ static void test_html_page(void **state) {
   assert_non_null(strstr(dom, "peak reserved 1.000 GiB")); // the recorded segment
   assert_non_null(strstr(dom, "<td>nofrag</td>"));
   assert_non_null(strstr(dom, "<td>expandable</td>"));
+  // One y-scale for all four charts (each had its own before).
+  const char *y0 = strstr(dom, "data-ymax=\""), *y = y0;
+  if (!y0) fail_msg("no data-ymax in the DOM");
+  int n_y = 0;
+  for (; y; y = strstr(y + 1, "data-ymax=\"")) {
+    n_y++;
+    if (strncmp(y, y0, strcspn(y0 + 11, "\"") + 12) != 0) fail_msg("y-scales differ: %.40s vs %.40s", y0, y);
+  }
+  assert_int_equal(n_y, 4);
   free(dom);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   assert_int_equal(system(cmd), 0);

@@ -19,38 +19,41 @@
 // - else our text trace.
 // `*format` (if not NULL) gets "pickle", "rmm" or "text". Errors: message in
 // err ("FILE:LINE: ..." or "FILE: ..."), NF_ERR_INVALID, nothing kept.
-nf_status_t nf_cli_load_trace(const char *path, nf_trace_t *t, const char **format, char *err, size_t errlen);
+nf_status_t nfc_load_trace(const char *path, nf_trace_t *t, const char **format, char *err, size_t errlen);
 
 // Allocation call sites carried by '#site<TAB>FILE:LINE<TAB>FUNCTION' comment
 // lines right after an alloc line (written by python3 -m nofrag.torch_trace from
 // the snapshot's stacks; other readers skip them as comments).
-typedef struct nf_cli_sites_s {
+typedef struct nfc_sites_s {
   uint32_t *of_event;  // per trace event: site id, 0 = none (no stack)
   size_t n_events;
   char **site, **func; // per id; id 0 is "<no stack>:0"
   size_t n, cap;       // ids in use (n > 1: the trace has stacks)
   uint32_t *hash;      // open addressing over ids, for interning
   size_t hcap;
-} nf_cli_sites;
+} nfc_sites;
 
-// nf_cli_load_trace, also filling `sites` (may be NULL). A site line that
+// nfc_load_trace, also filling `sites` (may be NULL). A site line that
 // does not follow an alloc line is ignored.
-nf_status_t nf_cli_load_trace_sites(const char *path, nf_trace_t *t, nf_cli_sites *sites, const char **format,
+nf_status_t nfc_load_trace_sites(const char *path, nf_trace_t *t, nfc_sites *sites, const char **format,
                                     char *err, size_t errlen);
-void nf_cli_sites_free(nf_cli_sites *s);
+void nfc_sites_free(nfc_sites *s);
 
 // -------------------------------------------- progress bar (tools/progress.c)
 // On stderr, only when it is a terminal (NOFRAG_PROGRESS=1 forces it on, 0
 // off): "what  NN%", redrawn at most 10 times a second, erased at the end.
-typedef struct nf_progress_s {
+// A bisection shows "probe k of at most n" and its overall progress, drawn at
+// each probe's start (nfc_watch_probe as nf__replay_opts.probe).
+typedef struct nfc_progress_s {
   int on, drawn;
   const char *what;
   size_t total;
   double last;
-} nf_progress;
-void nf_progress_start(nf_progress *p, const char *what, size_t total);
-void nf_progress_update(nf_progress *p, size_t done);
-void nf_progress_end(nf_progress *p);
+  unsigned probe, probes; // bisection: probe k (1-based) of at most n; 0: not a bisection / n unknown
+} nfc_progress;
+void nfc_progress_start(nfc_progress *p, const char *what, size_t total);
+void nfc_progress_update(nfc_progress *p, size_t done);
+void nfc_progress_end(nfc_progress *p);
 
 // ---------------------------------------------------------------- --html (tools/html.c)
 #include <stdint.h>
@@ -58,42 +61,42 @@ void nf_progress_end(nf_progress *p);
 #include "nofrag.h"
 
 // One allocator's timeline: live and reserved bytes after op x[k].
-typedef struct nf_html_series_s {
+typedef struct nfc_html_series_s {
   const char *name, *reserved_label;
   size_t n, cap;
   uint64_t *x, *live, *reserved;
   uint64_t peak_reserved; // exact peak (may fall between samples)
   uint64_t peak_x;        // op count of the first sample at which the peak had been reached
-} nf_html_series;
+} nfc_html_series;
 
 // A row of the summary table.
-typedef struct nf_html_row_s {
+typedef struct nfc_html_row_s {
   const char *name;
   uint64_t peak_live, peak_reserved, min_capacity; // min_capacity 0: not measured
   double seconds;
   const char *status;
-} nf_html_row;
+} nfc_html_row;
 
-// nf__replay_opts.sample callback collecting into an nf_html_series.
-void nf_html_sample(void *ctx, size_t op, const nf_stats_t *s);
+// nf__replay_opts.sample callback collecting into an nfc_html_series.
+void nfc_html_sample(void *ctx, size_t op, const nf_stats_t *s);
 // The same for a model run (nf__model_hooks.sample); the caller sets the
 // exact peak_reserved / peak_x from the model's result afterwards.
-void nf_html_model_sample(void *ctx, size_t op, uint64_t live, uint64_t reserved);
+void nfc_html_model_sample(void *ctx, size_t op, uint64_t live, uint64_t reserved);
 // Sampling period giving about 2000 points over n_ops.
-size_t nf_html_every(size_t n_ops);
+size_t nfc_html_every(size_t n_ops);
 // The trace's own live bytes and (when it has segment_* events) PyTorch's
 // recorded segments, sampled like the replay. Returns 0, or -1 out of memory.
-int nf_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t every, nf_html_series *out);
-void nf_html_series_free(nf_html_series *s);
-// A JSON string, escaped so that it is also safe inside HTML (tools/html.c).
-void nf_cli_json_str(FILE *f, const char *s);
+int nfc_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t every, nfc_html_series *out);
+void nfc_html_series_free(nfc_html_series *s);
+// nfc_json_str: a JSON string, escaped so that it is also safe inside HTML.
+#include "json.h"
 
 // ------------------------------------------------ hotspots (tools/hotspots.c)
 #define NF_HOT_TOP 10
 
 // Reserved-but-unused memory at a model's peak reserved, by call site
 // (definition in docs/replay.md).
-typedef struct nf_hotspots_s {
+typedef struct nfc_hotspots_s {
   int kind;                 // NF_MODEL_*
   int done;                 // the state at the peak was inspected
   size_t peak_op;           // ops done at the peak
@@ -104,36 +107,37 @@ typedef struct nf_hotspots_s {
   size_t n_sites;
   uint32_t top[NF_HOT_TOP]; // site ids, most bytes first
   size_t n_top;
-} nf_hotspots;
+} nfc_hotspots;
 
 // Run model `kind` up to `first->peak_op` (first: a completed or failed run
 // with the same ops and limit) and attribute. Returns 0, -1 out of memory.
-int nf_hotspots_run(int kind, const nf__trace_ops *ops, uint64_t limit, const nf__model_result *first,
-                    const nf_cli_sites *sites, nf_hotspots *out);
-void nf_hotspots_free(nf_hotspots *h);
+int nfc_hotspots_run(int kind, const nf__trace_ops *ops, uint64_t limit, const nf__model_result *first,
+                    const nfc_sites *sites, nfc_hotspots *out);
+void nfc_hotspots_free(nfc_hotspots *h);
 // Text lines (the top sites), and a JSON object with every site that has bytes.
-void nf_hotspots_print(const nf_hotspots *h, const nf_cli_sites *sites);
-void nf_hotspots_json(FILE *f, const nf_hotspots *h, const nf_cli_sites *sites);
+void nfc_hotspots_print(const nfc_hotspots *h, const nfc_sites *sites);
+void nfc_hotspots_json(FILE *f, const nfc_hotspots *h, const nfc_sites *sites);
 // The "top" array's elements ({site, func, bytes}), shared by --json and --html.
-void nf_hotspots_top_json(FILE *f, const nf_hotspots *h, const nf_cli_sites *sites);
+void nfc_hotspots_top_json(FILE *f, const nfc_hotspots *h, const nfc_sites *sites);
 
 // Write the self-contained page (hot: n_hot hotspot tables, may be 0).
 // Returns 0, or -1 with errno set.
-int nf_html_write(const char *path, const char *trace, const nf_html_series *series, size_t n_series,
-                  const nf_html_row *rows, size_t n_rows, const nf_hotspots *hot, size_t n_hot,
-                  const nf_cli_sites *sites);
+int nfc_html_write(const char *path, const char *trace, const nfc_html_series *series, size_t n_series,
+                  const nfc_html_row *rows, size_t n_rows, const nfc_hotspots *hot, size_t n_hot,
+                  const nfc_sites *sites);
 
 
 // ------------------------------------------- a run's observer (tools/progress.c)
 // The progress bar and, with --html, the run's timeline (hs NULL: none), as
-// nf__replay_opts.sample / nf__model_hooks.sample callbacks (ctx: nf_watch).
-typedef struct nf_watch_s {
-  nf_progress prog;
-  nf_html_series *hs;
-} nf_watch;
-void nf_watch_replay(void *ctx, size_t op, const nf_stats_t *s);
-void nf_watch_model(void *ctx, size_t op, uint64_t live, uint64_t reserved);
+// nf__replay_opts.sample / nf__model_hooks.sample callbacks (ctx: nfc_watch).
+typedef struct nfc_watch_s {
+  nfc_progress prog;
+  nfc_html_series *hs;
+} nfc_watch;
+void nfc_watch_replay(void *ctx, size_t op, const nf_stats_t *s);
+void nfc_watch_model(void *ctx, size_t op, uint64_t live, uint64_t reserved);
+void nfc_watch_probe(void *ctx, unsigned k, unsigned n, uint64_t limit);
 // Sampling period: the timeline's ~2000 points, else ~1000 progress checks.
-size_t nf_watch_every(const nf_watch *w, size_t n_ops);
+size_t nfc_watch_every(const nfc_watch *w, size_t n_ops);
 
 #endif

@@ -21,8 +21,8 @@
 #include <string.h>
 
 typedef struct inspect_s {
-  const nf_cli_sites *sites;
-  nf_hotspots *out;
+  const nfc_sites *sites;
+  nfc_hotspots *out;
   uint64_t *w;      // per site: requested bytes live in the current run
   uint32_t *touched; // sites with w > 0 in the current run
   size_t ntouched;
@@ -57,7 +57,7 @@ reset:
 
 static void inspect(void *ctx, const nf__model *m) {
   inspect_t *c = ctx;
-  nf_hotspots *h = c->out;
+  nfc_hotspots *h = c->out;
   h->done = 1;
   h->reserved = m->reserved;
   h->live = m->requested;
@@ -90,8 +90,8 @@ static void inspect(void *ctx, const nf__model *m) {
   }
 }
 
-int nf_hotspots_run(int kind, const nf__trace_ops *ops, uint64_t limit, const nf__model_result *first,
-                    const nf_cli_sites *sites, nf_hotspots *out) {
+int nfc_hotspots_run(int kind, const nf__trace_ops *ops, uint64_t limit, const nf__model_result *first,
+                    const nfc_sites *sites, nfc_hotspots *out) {
   memset(out, 0, sizeof *out);
   out->kind = kind;
   out->peak_op = first->peak_op;
@@ -130,12 +130,12 @@ done:
   return rc;
 }
 
-void nf_hotspots_free(nf_hotspots *h) {
+void nfc_hotspots_free(nfc_hotspots *h) {
   free(h->by_site);
   h->by_site = NULL;
 }
 
-void nf_hotspots_print(const nf_hotspots *h, const nf_cli_sites *sites) {
+void nfc_hotspots_print(const nfc_hotspots *h, const nfc_sites *sites) {
   printf("hotspots              %" PRIu64 " B reserved but unused at peak reserved (%.3f GiB of %.3f GiB, "
          "after call %zu): top call sites\n", h->unused, (double)h->unused / (double)NF_GiB,
          (double)h->reserved / (double)NF_GiB, h->peak_op);
@@ -146,27 +146,27 @@ void nf_hotspots_print(const nf_hotspots *h, const nf_cli_sites *sites) {
   }
 }
 
-void nf_hotspots_top_json(FILE *f, const nf_hotspots *h, const nf_cli_sites *sites) {
+void nfc_hotspots_top_json(FILE *f, const nfc_hotspots *h, const nfc_sites *sites) {
   for (size_t k = 0; k < h->n_top; k++) {
     fputs(k ? ",{\"site\":" : "{\"site\":", f);
-    nf_cli_json_str(f, sites->site[h->top[k]]);
+    nfc_json_str(f, sites->site[h->top[k]]);
     fputs(",\"func\":", f);
-    nf_cli_json_str(f, sites->func[h->top[k]]);
+    nfc_json_str(f, sites->func[h->top[k]]);
     fprintf(f, ",\"bytes\":%" PRIu64 "}", h->by_site[h->top[k]]);
   }
 }
 
-void nf_hotspots_json(FILE *f, const nf_hotspots *h, const nf_cli_sites *sites) {
+void nfc_hotspots_json(FILE *f, const nfc_hotspots *h, const nfc_sites *sites) {
   fprintf(f, "{\"peak_op\":%zu,\"reserved\":%" PRIu64 ",\"live\":%" PRIu64 ",\"unused\":%" PRIu64
           ",\"attributed\":%" PRIu64 ",\"top\":[", h->peak_op, h->reserved, h->live, h->unused, h->attributed);
-  nf_hotspots_top_json(f, h, sites);
+  nfc_hotspots_top_json(f, h, sites);
   // Every site with bytes, so that a reader can check the sum.
   fputs("],\"all\":{", f);
   const char *sep = "";
   for (size_t s = 0; s < h->n_sites; s++) {
     if (!h->by_site[s]) continue;
     fputs(sep, f);
-    nf_cli_json_str(f, sites->site[s]);
+    nfc_json_str(f, sites->site[s]);
     fprintf(f, ":%" PRIu64, h->by_site[s]);
     sep = ",";
   }

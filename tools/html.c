@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t nf_html_every(size_t n_ops) { return n_ops / 2000 + 1; }
+size_t nfc_html_every(size_t n_ops) { return n_ops / 2000 + 1; }
 
-static int push(nf_html_series *s, uint64_t x, uint64_t live, uint64_t reserved) {
+static int push(nfc_html_series *s, uint64_t x, uint64_t live, uint64_t reserved) {
   if (s->n == s->cap) {
     size_t nc = s->cap ? s->cap * 2 : 2048;
     uint64_t *nx = realloc(s->x, nc * sizeof *nx);
@@ -33,19 +33,19 @@ static int push(nf_html_series *s, uint64_t x, uint64_t live, uint64_t reserved)
   return 0;
 }
 
-void nf_html_sample(void *ctx, size_t op, const nf_stats_t *st) {
-  nf_html_series *s = ctx;
+void nfc_html_sample(void *ctx, size_t op, const nf_stats_t *st) {
+  nfc_html_series *s = ctx;
   // The pool's cumulative peak tells where the true peak fell even when it
   // lies between two samples: the first sample whose peak reached it.
   if (st->physical_peak > s->peak_reserved) { s->peak_reserved = st->physical_peak; s->peak_x = op; }
   (void)push(s, op, st->live, st->physical); // out of memory: the chart just gets fewer points
 }
 
-void nf_html_model_sample(void *ctx, size_t op, uint64_t live, uint64_t reserved) {
+void nfc_html_model_sample(void *ctx, size_t op, uint64_t live, uint64_t reserved) {
   (void)push(ctx, op, live, reserved); // out of memory: fewer points
 }
 
-int nf_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t every, nf_html_series *out) {
+int nfc_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t every, nfc_html_series *out) {
   memset(out, 0, sizeof *out);
   out->name = "PyTorch native, recorded in the trace";
   out->reserved_label = "reserved (segments)";
@@ -77,24 +77,11 @@ int nf_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t e
   return 0;
 }
 
-void nf_html_series_free(nf_html_series *s) {
+void nfc_html_series_free(nfc_html_series *s) {
   free(s->x);
   free(s->live);
   free(s->reserved);
   memset(s, 0, sizeof *s);
-}
-
-// A JSON string that is also safe inside <script> and HTML text: every JSON
-// string the CLI writes goes through here (--json, --html, hotspots).
-void nf_cli_json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 0x20 || c == '<' || c == '>' || c == '&') fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
-  }
-  fputc('"', f);
 }
 
 static void json_arr(FILE *f, const uint64_t *v, size_t n) {
@@ -128,14 +115,18 @@ static const char page_script[] =
     "(r.peak_reserved/r.peak_live).toFixed(4),r.min_capacity?(r.min_capacity/r.peak_live).toFixed(4):'',"
     "r.seconds.toFixed(3),r.status])tr.insertCell().textContent=v;}\n"
     "let drawn=0;const W=960,H=300,L=70,R=20,T=16,B=36;\n"
+    // One y-scale for every chart: the allocators' difference is seen, not
+    // read off differing axis labels.
+    "let YMAX=1;for(const s of DATA.series){YMAX=Math.max(YMAX,s.peak_reserved);"
+    "for(const v of s.reserved)YMAX=Math.max(YMAX,v);for(const v of s.live)YMAX=Math.max(YMAX,v);}YMAX*=1.05;\n"
     "for(const s of DATA.series){\n"
     " const box=document.getElementById('charts');const h=document.createElement('h2');h.textContent=s.name;box.appendChild(h);\n"
     " const key=document.createElement('div');key.className='key';"
     "key.innerHTML='<span style=\"background:#1f77b4\"></span>live<span style=\"background:#d62728\"></span>';"
     "key.appendChild(document.createTextNode(s.reserved_label));box.appendChild(key);\n"
-    " const svg=el('svg',{width:W,height:H,viewBox:'0 0 '+W+' '+H,'class':'chart'},box);\n"
+    " const svg=el('svg',{width:W,height:H,viewBox:'0 0 '+W+' '+H,'class':'chart','data-ymax':YMAX},box);\n"
     " const n=s.x.length;if(!n)continue;const xmax=Math.max(1,s.x[n-1]);\n"
-    " const ymax=Math.max(1,s.peak_reserved,...s.reserved,...s.live)*1.05;\n"
+    " const ymax=YMAX;\n"
     " const X=v=>L+(W-L-R)*v/xmax,Y=v=>H-B-(H-T-B)*v/ymax;\n"
     " el('line',{x1:L,y1:H-B,x2:W-R,y2:H-B,stroke:'#888'},svg);el('line',{x1:L,y1:T,x2:L,y2:H-B,stroke:'#888'},svg);\n"
     " for(let i=0;i<=4;i++){const v=ymax*i/4;const t=el('text',{x:L-6,y:Y(v)+4,'text-anchor':'end','font-size':11},svg);"
@@ -161,31 +152,31 @@ static const char page_script[] =
     "(100*r.bytes/Math.max(1,hs.unused)).toFixed(1)+' %'])tr.insertCell().textContent=v;}}\n"
     "document.body.setAttribute('data-drawn',String(drawn));\n";
 
-int nf_html_write(const char *path, const char *trace, const nf_html_series *series, size_t n_series,
-                  const nf_html_row *rows, size_t n_rows, const nf_hotspots *hot, size_t n_hot,
-                  const nf_cli_sites *sites) {
+int nfc_html_write(const char *path, const char *trace, const nfc_html_series *series, size_t n_series,
+                  const nfc_html_row *rows, size_t n_rows, const nfc_hotspots *hot, size_t n_hot,
+                  const nfc_sites *sites) {
   FILE *f = fopen(path, "w");
   if (!f) return -1;
   fputs(page_head, f);
   fputs("const DATA={\"trace\":", f);
-  nf_cli_json_str(f, trace);
+  nfc_json_str(f, trace);
   fputs(",\"rows\":[", f);
   for (size_t i = 0; i < n_rows; i++) {
-    const nf_html_row *r = &rows[i];
+    const nfc_html_row *r = &rows[i];
     fprintf(f, "%s{\"name\":", i ? "," : "");
-    nf_cli_json_str(f, r->name);
+    nfc_json_str(f, r->name);
     fprintf(f, ",\"peak_live\":%" PRIu64 ",\"peak_reserved\":%" PRIu64 ",\"min_capacity\":%" PRIu64
             ",\"seconds\":%.6f,\"status\":", r->peak_live, r->peak_reserved, r->min_capacity, r->seconds);
-    nf_cli_json_str(f, r->status);
+    nfc_json_str(f, r->status);
     fputc('}', f);
   }
   fputs("],\"series\":[", f);
   for (size_t i = 0; i < n_series; i++) {
-    const nf_html_series *s = &series[i];
+    const nfc_html_series *s = &series[i];
     fprintf(f, "%s{\"name\":", i ? "," : "");
-    nf_cli_json_str(f, s->name);
+    nfc_json_str(f, s->name);
     fputs(",\"reserved_label\":", f);
-    nf_cli_json_str(f, s->reserved_label);
+    nfc_json_str(f, s->reserved_label);
     fprintf(f, ",\"peak_reserved\":%" PRIu64 ",\"peak_x\":%" PRIu64 ",\"x\":", s->peak_reserved, s->peak_x);
     json_arr(f, s->x, s->n);
     fputs(",\"live\":", f);
@@ -196,10 +187,10 @@ int nf_html_write(const char *path, const char *trace, const nf_html_series *ser
   }
   fputs("],\"hot\":[", f);
   for (size_t i = 0; i < n_hot; i++) {
-    const nf_hotspots *h = &hot[i];
+    const nfc_hotspots *h = &hot[i];
     fprintf(f, "%s{\"model\":\"%s\",\"reserved\":%" PRIu64 ",\"unused\":%" PRIu64 ",\"peak_op\":%zu,\"top\":[",
             i ? "," : "", nf__model_name(h->kind), h->reserved, h->unused, h->peak_op);
-    nf_hotspots_top_json(f, h, sites);
+    nfc_hotspots_top_json(f, h, sites);
     fputs("]}", f);
   }
   fputs("]};\n", f);

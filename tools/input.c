@@ -66,7 +66,7 @@ static void copy_file_to_stderr(int fd) {
 
 // ------------------------------------------------------------ call sites
 
-void nf_cli_sites_free(nf_cli_sites *s) {
+void nfc_sites_free(nfc_sites *s) {
   for (size_t i = 0; i < s->n; i++) { free(s->site[i]); free(s->func[i]); }
   free(s->site);
   free(s->func);
@@ -92,7 +92,7 @@ static char *str_dup(const char *s) {
 
 // Id of (site, func), added if new; 0 on out of memory (the alloc then
 // counts as having no stack: a smaller report, not a wrong one).
-static uint32_t intern(nf_cli_sites *s, const char *site, const char *func) {
+static uint32_t intern(nfc_sites *s, const char *site, const char *func) {
   if (2 * (s->n + 1) > s->hcap) { // grow and rehash: load factor <= 1/2
     size_t hc = s->hcap ? s->hcap * 2 : 1024;
     uint32_t *h = calloc(hc, sizeof *h);
@@ -129,7 +129,7 @@ static uint32_t intern(nf_cli_sites *s, const char *site, const char *func) {
 // Read the '#site' lines of the text trace at `file`, which `t` was loaded
 // from (event lines are known, so a site line is matched to the event on the
 // line just before it). Returns 0, -1 on out of memory or read error.
-static int load_sites(const char *file, const nf_trace_t *t, nf_cli_sites *s) {
+static int load_sites(const char *file, const nf_trace_t *t, nfc_sites *s) {
   memset(s, 0, sizeof *s);
   s->cap = 64;
   s->n_events = t->n_events;
@@ -162,7 +162,7 @@ static int load_sites(const char *file, const nf_trace_t *t, nf_cli_sites *s) {
   return 0;
 }
 
-static nf_status_t load_pickle(const char *path, nf_trace_t *t, nf_cli_sites *sites, char *err, size_t errlen) {
+static nf_status_t load_pickle(const char *path, nf_trace_t *t, nfc_sites *sites, char *err, size_t errlen) {
   char pybuf[PATH_MAX];
   const char *pydir = python_dir(pybuf, sizeof pybuf);
   if (!pydir) {
@@ -210,7 +210,7 @@ static nf_status_t load_pickle(const char *path, nf_trace_t *t, nf_cli_sites *si
     st = nf__trace_load(t, tmp, err, errlen);
     if (st == NF_OK && sites && load_sites(tmp, t, sites) != 0) {
       snprintf(err, errlen, "%s: out of memory reading call sites", path);
-      nf_cli_sites_free(sites);
+      nfc_sites_free(sites);
       nf__trace_free(t);
       st = NF_ERR_NOMEM;
     }
@@ -224,11 +224,11 @@ static nf_status_t load_pickle(const char *path, nf_trace_t *t, nf_cli_sites *si
   return st;
 }
 
-nf_status_t nf_cli_load_trace(const char *path, nf_trace_t *t, const char **format, char *err, size_t errlen) {
-  return nf_cli_load_trace_sites(path, t, NULL, format, err, errlen);
+nf_status_t nfc_load_trace(const char *path, nf_trace_t *t, const char **format, char *err, size_t errlen) {
+  return nfc_load_trace_sites(path, t, NULL, format, err, errlen);
 }
 
-nf_status_t nf_cli_load_trace_sites(const char *path, nf_trace_t *t, nf_cli_sites *sites, const char **format,
+nf_status_t nfc_load_trace_sites(const char *path, nf_trace_t *t, nfc_sites *sites, const char **format,
                                     char *err, size_t errlen) {
   unsigned char head[64];
   if (sites) memset(sites, 0, sizeof *sites);
@@ -243,10 +243,19 @@ nf_status_t nf_cli_load_trace_sites(const char *path, nf_trace_t *t, nf_cli_site
     // A converted trace keeps its '#site' lines: the two-step route works too.
     if (st == NF_OK && sites && load_sites(path, t, sites) != 0) {
       snprintf(err, errlen, "%s: out of memory reading call sites", path);
-      nf_cli_sites_free(sites);
+      nfc_sites_free(sites);
       nf__trace_free(t);
       st = NF_ERR_NOMEM;
     }
+  }
+  if (st == NF_OK && t->n_events == 0) { // nothing to replay: say so rather than print a summary of zeros
+    snprintf(err, errlen, "%s: empty trace: no events (%s)", path,
+             strcmp(fmt, "rmm") == 0 ? "an RMM CSV log with its header but no rows"
+             : strcmp(fmt, "pickle") == 0 ? "the snapshot's device trace has no alloc/free entries"
+                                          : "expected lines 'ACTION ADDR SIZE STREAM TIME_US'");
+    if (sites) nfc_sites_free(sites);
+    nf__trace_free(t);
+    st = NF_ERR_INVALID;
   }
   if (format) *format = fmt;
   return st;

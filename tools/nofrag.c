@@ -5,6 +5,7 @@
 // lost, invariant broken), 2 usage or input error (bad option, unreadable or
 // malformed trace).
 #include "cli.h"
+#include "base/base.h"
 #include "model.h"
 #include "nofrag.h"
 #include "replay.h"
@@ -80,12 +81,6 @@ static int parse_bytes(const char *key, const char *val, uint64_t *out) {
   return 0;
 }
 
-static void human(char *buf, size_t n, uint64_t b) {
-  if (b >= NF_GiB) snprintf(buf, n, "%.3f GiB", (double)b / (double)NF_GiB);
-  else if (b >= NF_MiB) snprintf(buf, n, "%.3f MiB", (double)b / (double)NF_MiB);
-  else snprintf(buf, n, "%.3f KiB", (double)b / (double)NF_KiB);
-}
-
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
 
 #define CALLS(X) X(va_reserve) X(va_release) X(create) X(release) X(map) X(unmap) X(set_access) \
@@ -95,7 +90,7 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
                        const nf__replay_result *r, const nf__replay_bisect *b, int bisected, const char *end) {
   const nf_stats_t *s = &r->stats;
   printf("{\"trace\":");
-  nf_cli_json_str(stdout, cli->trace);
+  nfc_json_str(stdout, cli->trace);
   printf(",\"granule\":%" PRIu64 ",\"limit\":", r->granule);
   if (ro->cfg.limit) printf("%" PRIu64, r->limit); else printf("null");
   printf(",\"capacity\":%" PRIu64 ",\"events\":%zu,\"allocs\":%zu,\"frees\":%zu,\"free_requested\":%zu"
@@ -103,13 +98,15 @@ static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
          r->capacity, ops->n_events, ops->n_allocs, ops->n_frees, ops->n_free_requested, ops->n_segment_alloc,
          ops->n_segment_free, ops->n_streams, ops->n_ops, r->ops_done);
   printf(",\"status\":\"%s\",\"error\":", r->status == NF_OK ? "ok" : r->status == NF_ERR_OOM ? "oom" : "error");
-  if (r->error[0]) nf_cli_json_str(stdout, r->error); else printf("null");
+  if (r->error[0]) nfc_json_str(stdout, r->error); else printf("null");
   printf(",\"trace_peak_live\":%" PRIu64 ",\"peak_live\":%" PRIu64 ",\"peak_live_rounded\":%" PRIu64
          ",\"peak_mapped\":%" PRIu64 ",\"peak_physical\":%" PRIu64 ",\"peak_mapped_ratio\":%.6f"
-         ",\"peak_physical_ratio\":%.6f,\"native_peak_reserved\":%" PRIu64 ",\"native_peak_ratio\":%.6f",
-         ops->peak_live, s->live_peak, s->live_rounded_peak, s->mapped_peak, s->physical_peak,
-         ratio(s->mapped_peak, s->live_peak), ratio(s->physical_peak, s->live_peak), ops->native_peak_reserved,
-         ratio(ops->native_peak_reserved, ops->peak_live));
+         ",\"peak_physical_ratio\":%.6f", ops->peak_live, s->live_peak, s->live_rounded_peak, s->mapped_peak,
+         s->physical_peak, ratio(s->mapped_peak, s->live_peak), ratio(s->physical_peak, s->live_peak));
+  if (ops->n_segment_alloc) // null: the trace recorded no segments (not "0 bytes")
+    printf(",\"native_peak_reserved\":%" PRIu64 ",\"native_peak_ratio\":%.6f", ops->native_peak_reserved,
+           ratio(ops->native_peak_reserved, ops->peak_live));
+  else printf(",\"native_peak_reserved\":null,\"native_peak_ratio\":null");
   printf(",\"backend_calls\":%" PRIu64 ",\"calls_second_half\":%" PRIu64 ",\"calls\":{", s->backend_calls,
          r->calls_second_half);
   const char *sep = "";
@@ -150,7 +147,7 @@ static void print_model_json(const nf__trace_ops *ops, const nf__model_result *r
   printf("{\"allocator\":\"%s\",\"limit\":", nf__model_name(r->kind));
   if (r->limit) printf("%" PRIu64, r->limit); else printf("null");
   printf(",\"status\":\"%s\",\"error\":", r->status == NF_OK ? "ok" : r->status == NF_ERR_OOM ? "oom" : "error");
-  if (r->error[0]) nf_cli_json_str(stdout, r->error); else printf("null");
+  if (r->error[0]) nfc_json_str(stdout, r->error); else printf("null");
   printf(",\"ops_done\":%zu,\"peak_live\":%" PRIu64 ",\"peak_allocated\":%" PRIu64 ",\"peak_reserved\":%" PRIu64
          ",\"peak_reserved_ratio\":%.6f,\"native_peak_reserved\":%" PRIu64 ",\"device_allocs\":%" PRIu64
          ",\"device_frees\":%" PRIu64 ",\"alloc_retries\":%" PRIu64 ",\"ooms\":%" PRIu64 ",\"segments_peak\":%zu"
@@ -170,11 +167,11 @@ static void print_model_text(const nf__trace_ops *ops, const nf__model_result *r
   char h[32];
   printf("allocator             %s (model of PyTorch's caching allocator%s)\n", nf__model_name(r->kind),
          r->kind == NF_MODEL_EXPANDABLE ? ", expandable_segments:True" : ", default settings");
-  human(h, sizeof h, r->limit);
+  nf__fmt_bytes(h, sizeof h, r->limit);
   printf("limit                 %s\n", r->limit ? h : "none");
-  human(h, sizeof h, r->peak_allocated);
+  nf__fmt_bytes(h, sizeof h, r->peak_allocated);
   printf("peak allocated        %" PRIu64 " B (%s, block sizes)\n", r->peak_allocated, h);
-  human(h, sizeof h, r->peak_reserved);
+  nf__fmt_bytes(h, sizeof h, r->peak_reserved);
   printf("peak reserved         %" PRIu64 " B (%s, %.4f x live)\n", r->peak_reserved, h,
          ratio(r->peak_reserved, ops->peak_live));
   printf("device calls          %" PRIu64 " %s, %" PRIu64 " %s; %" PRIu64 " cache flushes and retries\n",
@@ -184,7 +181,7 @@ static void print_model_text(const nf__trace_ops *ops, const nf__model_result *r
   printf("replay                %.3f s (%zu of %zu ops)\n", r->seconds, r->ops_done, ops->n_ops);
   if (r->status != NF_OK) printf("stopped               %s\n", r->error);
   if (bisected) {
-    human(h, sizeof h, b->min_capacity);
+    nf__fmt_bytes(h, sizeof h, b->min_capacity);
     printf("min capacity          %" PRIu64 " B (%s) = %.4f x peak live (%u probes, %.2f s)\n", b->min_capacity, h,
            ratio(b->min_capacity, ops->peak_live), b->probes, b->seconds);
   }
@@ -198,21 +195,30 @@ static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   printf("events                %zu (%zu alloc, %zu free_completed, %zu free_requested, %zu segment_alloc, "
          "%zu segment_free), %zu stream%s\n", ops->n_events, ops->n_allocs, ops->n_frees, ops->n_free_requested,
          ops->n_segment_alloc, ops->n_segment_free, ops->n_streams, ops->n_streams == 1 ? "" : "s");
-  human(h1, sizeof h1, r->granule);
-  human(h2, sizeof h2, r->limit);
-  printf("granule               %s\nlimit                 %s\n", h1,
-         ro->cfg.limit ? h2 : "none (simulated capacity 2 TiB)");
-  human(h1, sizeof h1, s->live_peak);
+  nf__fmt_bytes(h1, sizeof h1, r->granule);
+  nf__fmt_bytes(h2, sizeof h2, r->limit);
+  printf("granule               %s\nlimit                 %s", h1, ro->cfg.limit ? h2 : "none (simulated capacity 2 TiB)");
+  if (ro->cfg.limit && r->limit != ro->cfg.limit) { // the pool keeps whole granules
+    char h3[32];
+    nf__fmt_bytes(h3, sizeof h3, ro->cfg.limit);
+    printf(" (rounded down to whole granules from %s)", h3);
+  }
+  printf("\n");
+  nf__fmt_bytes(h1, sizeof h1, s->live_peak);
   printf("peak live             %" PRIu64 " B (%s)\n", s->live_peak, h1);
-  human(h1, sizeof h1, s->mapped_peak);
+  nf__fmt_bytes(h1, sizeof h1, s->mapped_peak);
   printf("peak mapped           %" PRIu64 " B (%s, %.4f x live)\n", s->mapped_peak, h1,
          ratio(s->mapped_peak, s->live_peak));
-  human(h1, sizeof h1, s->physical_peak);
+  nf__fmt_bytes(h1, sizeof h1, s->physical_peak);
   printf("peak physical         %" PRIu64 " B (%s, %.4f x live)\n", s->physical_peak, h1,
          ratio(s->physical_peak, s->live_peak));
-  human(h1, sizeof h1, ops->native_peak_reserved);
-  printf("native peak reserved  %" PRIu64 " B (%s, %.4f x live; PyTorch's segments in the trace)\n",
-         ops->native_peak_reserved, h1, ratio(ops->native_peak_reserved, ops->peak_live));
+  nf__fmt_bytes(h1, sizeof h1, ops->native_peak_reserved);
+  if (ops->n_segment_alloc)
+    printf("native peak reserved  %" PRIu64 " B (%s, %.4f x live; PyTorch's segments in the trace)\n",
+           ops->native_peak_reserved, h1, ratio(ops->native_peak_reserved, ops->peak_live));
+  else // an RMM log or a hand-written trace: nothing to compare with but the model
+    printf("native peak reserved  n/a (the trace has no segment_alloc events, so PyTorch's reserved memory was not "
+           "recorded; --allocator native models it)\n");
   printf("backend calls         %" PRIu64 " (", s->backend_calls);
   const char *sep = "";
 #define X(f) if (s->calls.f) { printf("%s" #f " %" PRIu64, sep, s->calls.f); sep = ", "; }
@@ -224,7 +230,7 @@ static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   printf("views                 %" PRIu64 " granules taken back by a view, %" PRIu64 " moved to a new view, %" PRIu64
          " views evicted, %" PRIu64 " parked at the end\n", s->view_reuses, s->view_moves, s->view_evictions, s->views);
   if (s->spills) {
-    human(h1, sizeof h1, s->spilled_peak);
+    nf__fmt_bytes(h1, sizeof h1, s->spilled_peak);
     printf("spilled               peak %" PRIu64 " B (%s) on host granules, %" PRIu64 " allocations spilled\n",
            s->spilled_peak, h1, s->spills);
   }
@@ -236,7 +242,7 @@ static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__rep
   if (r->status == NF_OK) printf("pool check            OK\n");
   else printf("stopped               %s\n", r->error);
   if (bisected) {
-    human(h1, sizeof h1, b->min_capacity);
+    nf__fmt_bytes(h1, sizeof h1, b->min_capacity);
     printf("min capacity          %" PRIu64 " B (%s, %" PRIu64 " granules) = %.4f x peak live\n", b->min_capacity,
            h1, b->min_capacity / r->granule, ratio(b->min_capacity, ops->peak_live));
     printf("                      %u probes in %.2f s; at min capacity: %" PRIu64 " backend calls, %" PRIu64
@@ -297,23 +303,43 @@ static int cmd_replay(int argc, char **argv) {
     fprintf(stderr, "nofrag: --conf '%s': %s\n", cli.conf, err);
     return 2;
   }
+  // The replay builds its own simulated device (host backend): keys that
+  // choose or size a backend would be silently ignored, so refuse them.
+  if (ro.cfg.backend != NF_BACKEND_HOST || ro.cfg.device || ro.cfg.host_capacity) {
+    fprintf(stderr, "nofrag: --conf '%s': %s has no effect here: replay always runs on a simulated device (the "
+            "host backend, 2 TiB or the limit); drop it\n", cli.conf,
+            ro.cfg.backend != NF_BACKEND_HOST ? "backend:cuda" : ro.cfg.device ? "device" : "host_capacity");
+    return 2;
+  }
+  const char *env_conf = getenv("NOFRAG_CONF");
+  if (env_conf && *env_conf)
+    fprintf(stderr, "nofrag: note: NOFRAG_CONF='%s' is ignored by replay (it configures programs using the library); "
+            "pass it as --conf to replay with it\n", env_conf);
   if (cli.limit_str && parse_bytes("limit", cli.limit_str, &ro.cfg.limit) != 0) return 2;
   if (cli.granule_str && parse_bytes("granule", cli.granule_str, &ro.granule) != 0) return 2;
   if (ro.granule) ro.cfg.granule = ro.granule;
+  uint64_t g_eff = ro.cfg.granule ? ro.cfg.granule : NF_REPLAY_GRANULE;
+  if (ro.cfg.limit && ro.cfg.limit < g_eff) { // the pool would refuse it; say so before any work
+    char lb[32], gb[32];
+    nf__fmt_bytes(lb, sizeof lb, ro.cfg.limit);
+    nf__fmt_bytes(gb, sizeof gb, g_eff);
+    fprintf(stderr, "nofrag: limit %s is below one granule (%s): give a limit of at least one granule\n", lb, gb);
+    return 2;
+  }
 
   if (cli.hotspots && !cli.run_model[0] && !cli.run_model[1]) {
     fprintf(stderr, "nofrag: --hotspots needs --allocator native, expandable or all (the models' segments)\n");
     return 2;
   }
   nf_trace_t t;
-  nf_cli_sites sites;
+  nfc_sites sites;
   // Timelines: nofrag, native, expandable, the trace's recorded segments.
-  nf_html_series hs[2 + NF_MODEL_NKINDS];
-  nf_hotspots hot[NF_MODEL_NKINDS];
+  nfc_html_series hs[2 + NF_MODEL_NKINDS];
+  nfc_hotspots hot[NF_MODEL_NKINDS];
   size_t n_hot = 0;
   memset(hs, 0, sizeof hs);
   memset(hot, 0, sizeof hot);
-  if (nf_cli_load_trace_sites(cli.trace, &t, &sites, NULL, err, sizeof err) != NF_OK) {
+  if (nfc_load_trace_sites(cli.trace, &t, &sites, NULL, err, sizeof err) != NF_OK) {
     fprintf(stderr, "nofrag: %s\n", err);
     return 2;
   }
@@ -321,7 +347,7 @@ static int cmd_replay(int argc, char **argv) {
   if (nf__trace_ops_build(&ops, &t, err, sizeof err) != NF_OK) {
     fprintf(stderr, "nofrag: %s\n", err);
     nf__trace_free(&t);
-    nf_cli_sites_free(&sites);
+    nfc_sites_free(&sites);
     return 2;
   }
   if (cli.hotspots && sites.n <= 1)
@@ -337,25 +363,25 @@ static int cmd_replay(int argc, char **argv) {
   if (!r || !b || !mr || !mb) { fprintf(stderr, "nofrag: out of memory\n"); rc = 2; goto out; }
   if (cli.json && all) {
     printf("{\"trace\":");
-    nf_cli_json_str(stdout, cli.trace);
+    nfc_json_str(stdout, cli.trace);
     printf(",\"nofrag\":");
   }
   if (cli.run_nofrag) {
     nf__replay_opts ro_main = ro; // sampled for --html and the progress bar
-    nf_watch w = {.hs = NULL};
-    nf_progress_start(&w.prog, "nofrag", ops.n_ops);
+    nfc_watch w = {.hs = NULL};
+    nfc_progress_start(&w.prog, "nofrag", ops.n_ops);
     if (cli.html) {
       hs[0].name = "nofrag (replayed)";
       hs[0].reserved_label = "reserved (physical granules)";
       w.hs = &hs[0];
     }
     if (w.hs || w.prog.on) {
-      ro_main.sample = nf_watch_replay;
+      ro_main.sample = nfc_watch_replay;
       ro_main.sample_ctx = &w;
-      ro_main.sample_every = nf_watch_every(&w, ops.n_ops);
+      ro_main.sample_every = nfc_watch_every(&w, ops.n_ops);
     }
     nf_status_t st = nf__replay_run(&ops, &ro_main, r);
-    nf_progress_end(&w.prog);
+    nfc_progress_end(&w.prog);
     if (st != NF_OK) {
       uint32_t line = r->fail_event ? t.events[r->fail_event - 1].line : 0;
       if (line) fprintf(stderr, "nofrag: %s:%u: %s\n", cli.trace, line, r->error);
@@ -369,15 +395,16 @@ static int cmd_replay(int argc, char **argv) {
       if (!cli.json) fprintf(stderr, "nofrag: bisecting the limit between %" PRIu64 " and %" PRIu64 " granules...\n",
                              (ops.peak_live + r->granule - 1) / r->granule, (upper + r->granule - 1) / r->granule);
       nf__replay_opts ro_bis = ro; // each probe's progress, no timeline
-      nf_watch wb = {.hs = NULL};
-      nf_progress_start(&wb.prog, "bisecting", ops.n_ops);
+      nfc_watch wb = {.hs = NULL};
+      nfc_progress_start(&wb.prog, "bisecting", ops.n_ops);
       if (wb.prog.on) {
-        ro_bis.sample = nf_watch_replay;
+        ro_bis.sample = nfc_watch_replay;
         ro_bis.sample_ctx = &wb;
-        ro_bis.sample_every = nf_watch_every(&wb, ops.n_ops);
+        ro_bis.sample_every = nfc_watch_every(&wb, ops.n_ops);
+        ro_bis.probe = nfc_watch_probe;
       }
       nf_status_t bst = nf__replay_min_capacity(&ops, &ro_bis, upper, b, err, sizeof err);
-      nf_progress_end(&wb.prog);
+      nfc_progress_end(&wb.prog);
       if (bst == NF_OK) bisected = 1;
       else { fprintf(stderr, "nofrag: %s: min capacity: %s\n", cli.trace, err); rc = 1; }
     }
@@ -388,9 +415,9 @@ static int cmd_replay(int argc, char **argv) {
     if (!cli.run_model[k]) continue;
     // The models bisect in 2 MiB steps (CUDA's granularity) unless --granule says otherwise.
     uint64_t g = ro.granule ? ro.granule : NF_REPLAY_GRANULE;
-    nf_watch w = {.hs = NULL};
+    nfc_watch w = {.hs = NULL};
     nf__model_hooks hk = {0};
-    nf_progress_start(&w.prog, nf__model_name(k), ops.n_ops);
+    nfc_progress_start(&w.prog, nf__model_name(k), ops.n_ops);
     if (cli.html) {
       w.hs = &hs[1 + k];
       w.hs->name = k == NF_MODEL_NATIVE ? "native (model of PyTorch's caching allocator)"
@@ -398,16 +425,16 @@ static int cmd_replay(int argc, char **argv) {
       w.hs->reserved_label = "reserved (model's reserved_bytes)";
     }
     if (w.hs || w.prog.on) {
-      hk.sample = nf_watch_model;
-      hk.sample_every = nf_watch_every(&w, ops.n_ops);
+      hk.sample = nfc_watch_model;
+      hk.sample_every = nfc_watch_every(&w, ops.n_ops);
       hk.ctx = &w;
     }
     nf_status_t mst = nf__model_run_hooked(k, &ops, ro.cfg.limit, &hk, &mr[k]);
-    nf_progress_end(&w.prog);
+    nfc_progress_end(&w.prog);
     if (w.hs) { w.hs->peak_reserved = mr[k].peak_reserved; w.hs->peak_x = mr[k].peak_op; } // exact peak
     if ((cli.hotspots || cli.html) && sites.n > 1) {
-      if (nf_hotspots_run(k, &ops, ro.cfg.limit, &mr[k], &sites, &hot[n_hot]) == 0) n_hot++;
-      else { nf_hotspots_free(&hot[n_hot]); fprintf(stderr, "nofrag: out of memory for hotspots\n"); rc = 1; }
+      if (nfc_hotspots_run(k, &ops, ro.cfg.limit, &mr[k], &sites, &hot[n_hot]) == 0) n_hot++;
+      else { nfc_hotspots_free(&hot[n_hot]); fprintf(stderr, "nofrag: out of memory for hotspots\n"); rc = 1; }
     }
     if (mst != NF_OK) {
       uint32_t line = mr[k].fail_event ? t.events[mr[k].fail_event - 1].line : 0;
@@ -424,14 +451,14 @@ static int cmd_replay(int argc, char **argv) {
       print_model_json(&ops, &mr[k], &mb[k], mbisected[k]);
       if (cli.hotspots && n_hot && hot[n_hot - 1].kind == k) {
         printf(",\"hotspots\":");
-        nf_hotspots_json(stdout, &hot[n_hot - 1], &sites);
+        nfc_hotspots_json(stdout, &hot[n_hot - 1], &sites);
       }
       printf("}");
       if (!all) printf("\n");
     } else {
       printf("\n");
       print_model_text(&ops, &mr[k], &mb[k], mbisected[k]);
-      if (cli.hotspots && n_hot && hot[n_hot - 1].kind == k) nf_hotspots_print(&hot[n_hot - 1], &sites);
+      if (cli.hotspots && n_hot && hot[n_hot - 1].kind == k) nfc_hotspots_print(&hot[n_hot - 1], &sites);
     }
   }
   if (all && cli.json) printf("}\n");
@@ -461,32 +488,33 @@ static int cmd_replay(int argc, char **argv) {
              capc[1], mr[k].device_allocs + mr[k].device_frees, mr[k].seconds);
     }
 #undef CAPCOLS
-    printf("(nofrag: peak physical; models: PyTorch's reserved bytes; trace's native peak reserved %" PRIu64 ")\n",
-           ops.native_peak_reserved);
+    printf("(nofrag: peak physical; models: PyTorch's reserved bytes; ");
+    if (ops.n_segment_alloc) printf("trace's native peak reserved %" PRIu64 ")\n", ops.native_peak_reserved);
+    else printf("the trace has no segment events: no recorded native peak)\n");
   }
   if (cli.html) {
-    nf_html_row rows[2 + NF_MODEL_NKINDS];
+    nfc_html_row rows[2 + NF_MODEL_NKINDS];
     size_t nr = 0, ns = 0;
-    nf_html_series shown[2 + NF_MODEL_NKINDS]; // the runs made, in order (shallow copies)
+    nfc_html_series shown[2 + NF_MODEL_NKINDS]; // the runs made, in order (shallow copies)
     if (cli.run_nofrag) shown[ns++] = hs[0];
     for (int k = 0; k < NF_MODEL_NKINDS; k++)
       if (cli.run_model[k]) shown[ns++] = hs[1 + k];
     if (cli.run_nofrag)
-      rows[nr++] = (nf_html_row){"nofrag", r->stats.live_peak, r->stats.physical_peak,
+      rows[nr++] = (nfc_html_row){"nofrag", r->stats.live_peak, r->stats.physical_peak,
                                  cli.min_capacity ? b->min_capacity : 0, r->seconds,
                                  r->status == NF_OK ? "ok" : r->error};
     for (int k = 0; k < NF_MODEL_NKINDS; k++)
       if (cli.run_model[k])
-        rows[nr++] = (nf_html_row){nf__model_name(k), mr[k].peak_requested, mr[k].peak_reserved,
+        rows[nr++] = (nfc_html_row){nf__model_name(k), mr[k].peak_requested, mr[k].peak_reserved,
                                    mbisected[k] ? mb[k].min_capacity : 0, mr[k].seconds,
                                    mr[k].status == NF_OK ? "ok" : mr[k].error};
     if (ops.n_segment_alloc) {
-      rows[nr++] = (nf_html_row){"PyTorch native (recorded)", ops.peak_live, ops.native_peak_reserved, 0, 0.0,
+      rows[nr++] = (nfc_html_row){"PyTorch native (recorded)", ops.peak_live, ops.native_peak_reserved, 0, 0.0,
                                  "recorded"};
-      if (nf_html_trace_series(&t, &ops, nf_html_every(ops.n_ops), &hs[1 + NF_MODEL_NKINDS]) == 0)
+      if (nfc_html_trace_series(&t, &ops, nfc_html_every(ops.n_ops), &hs[1 + NF_MODEL_NKINDS]) == 0)
         shown[ns++] = hs[1 + NF_MODEL_NKINDS];
     }
-    if (nf_html_write(cli.html, cli.trace, shown, ns, rows, nr, hot, n_hot, &sites) != 0) {
+    if (nfc_html_write(cli.html, cli.trace, shown, ns, rows, nr, hot, n_hot, &sites) != 0) {
       fprintf(stderr, "nofrag: --html %s: %s\n", cli.html, strerror(errno));
       rc = 2;
     } else if (!cli.json) {
@@ -498,9 +526,9 @@ out:
   free(b);
   free(mr);
   free(mb);
-  for (size_t k = 0; k < sizeof hs / sizeof *hs; k++) nf_html_series_free(&hs[k]);
-  for (size_t k = 0; k < n_hot; k++) nf_hotspots_free(&hot[k]);
-  nf_cli_sites_free(&sites);
+  for (size_t k = 0; k < sizeof hs / sizeof *hs; k++) nfc_html_series_free(&hs[k]);
+  for (size_t k = 0; k < n_hot; k++) nfc_hotspots_free(&hot[k]);
+  nfc_sites_free(&sites);
   nf__trace_ops_free(&ops);
   nf__trace_free(&t);
   return rc;
@@ -531,7 +559,7 @@ static int cmd_convert(int argc, char **argv) {
   char err[512] = "";
   const char *fmt = NULL;
   nf_trace_t t;
-  if (nf_cli_load_trace(argv[0], &t, &fmt, err, sizeof err) != NF_OK) {
+  if (nfc_load_trace(argv[0], &t, &fmt, err, sizeof err) != NF_OK) {
     fprintf(stderr, "nofrag: %s\n", err);
     return 2;
   }
@@ -546,11 +574,11 @@ static int cmd_convert(int argc, char **argv) {
   FILE *f = fopen(argv[1], "w");
   size_t rows = 0;
   int rc = 0;
-  if (!f) { perror(argv[1]); rc = 2; }
+  if (!f) { fprintf(stderr, "nofrag: convert: cannot write '%s': %s\n", argv[1], strerror(errno)); rc = 2; }
   else {
     nf_status_t st = nf__trace_write_rmm(&t, f, &rows);
     if (fclose(f) != 0 || st != NF_OK) {
-      fprintf(stderr, "nofrag: %s: write error\n", argv[1]);
+      fprintf(stderr, "nofrag: convert: '%s': write error: %s\n", argv[1], strerror(errno));
       remove(argv[1]);
       rc = 2;
     }
@@ -578,7 +606,7 @@ int main(int argc, char **argv) {
     printf("nofrag %s\n", NF_VERSION);
     return 0;
   }
-  if (strcmp(argv[1], "top") == 0) { extern int nf_cli_top(int, char **); return nf_cli_top(argc - 2, argv + 2); }
+  if (strcmp(argv[1], "top") == 0) { extern int nfc_top(int, char **); return nfc_top(argc - 2, argv + 2); }
   // A replay's pools are simulations (one per bisection probe): they do not
   // belong in `nofrag top` unless the user asks (NOFRAG_MONITOR=1).
   setenv("NOFRAG_MONITOR", "0", 0);

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-int nf_cli_top(int argc, char **argv);
+int nfc_top(int argc, char **argv);
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { (void)sig; stop_flag = 1; }
@@ -203,7 +203,7 @@ static const char top_usage[] =
     "  --clean      remove the files left by processes that have exited\n"
     "  --dir DIR    read DIR instead of $NOFRAG_SHM_DIR, else /dev/shm\n";
 
-int nf_cli_top(int argc, char **argv) {
+int nfc_top(int argc, char **argv) {
   int once = 0, json = 0, clean = 0;
   const char *dir = NULL;
   for (int i = 0; i < argc; i++) {

@@ -1,10 +1,15 @@
 """What bench/gpu/train.py (one GPU), dist.py (torchrun) and spill.py share:
 the environment of a run per allocator, the settings that make losses
 comparable bit for bit across allocators, the GiB format of the tables, and
-the orchestrators' time budget with results saved after every run."""
+the orchestrators' machinery: the time budget with results saved after every
+run, launching a worker (its process group killed on timeout), reading its
+JSON back with the status fixed up, the uncapped runs and the min-capacity
+bisection loop."""
 
 import json
 import os
+import signal
+import subprocess
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -48,6 +53,19 @@ def deterministic(torch, seed):
     torch.backends.cudnn.allow_tf32 = False
 
 
+# --dry-run: the fakes' numbers are round and obviously synthetic (live 10 /
+# 20 / 30 GiB, needs 1.5 / 1.25 / 1.125 x, steps of 1 s), every result says
+# "dry_run": true, and the Markdown opens with this banner, so that nothing a
+# dry run writes can be taken for a measurement.
+DRY_BANNER = ("> **DRY RUN — not measured.** Every number below was made up by the script's --dry-run fakes "
+              "(no torch, no GPU) to test the orchestration.")
+
+
+def dry_banner(R):
+    """The banner lines to open a report with ([] for a real run)."""
+    return [DRY_BANNER, ""] if R.get("dry_run") else []
+
+
 def gib(x):
     """Bytes as GiB with 3 decimals for the tables ('' for none)."""
     return f"{x / GiB:.3f}" if isinstance(x, (int, float)) and x else ""
@@ -72,3 +90,99 @@ class BudgetedRunner:
             json.dump(self.results, f, indent=1)
         with open(os.path.join(self._out, "results.md"), "w") as f:
             f.write(self._markdown(self.results))
+
+    # ------------------------------------------------------------ one run
+
+    def timeout_for(self, timeout, floor):
+        """`timeout` cut to the budget left (5 s kept for saving); None when
+        under `floor` seconds remain (the caller records 'skipped')."""
+        t = min(timeout, self.left() - 5)
+        return t if t >= floor else None
+
+    def launch(self, cmd, env, logpath, timeout):
+        """Run `cmd` in its own process group, output to `logpath`. Returns its
+        exit status, or "timeout" after killing the whole group (a launcher's
+        ranks or a worker's children go with it)."""
+        with open(logpath, "w") as log:
+            p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                 start_new_session=True)
+            try:
+                return p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    try:
+                        os.killpg(p.pid, sig)
+                    except ProcessLookupError:
+                        break
+                    try:
+                        p.wait(timeout=10)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                return "timeout"
+
+    @staticmethod
+    def load_json(path, default):
+        """The worker's JSON, or `default` when it wrote none (or half of one)."""
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except Exception:
+            return dict(default)
+
+    @staticmethod
+    def settle(res, rc, timeout, logpath, running, tail):
+        """Status of a finished worker: a timeout, or a crash when its JSON still
+        says it was mid-way (a status in `running`); on any failure the last
+        `tail` characters of its log are kept."""
+        if rc == "timeout":
+            res["status"] = f"timeout ({timeout:.0f}s)"
+        elif res.get("status") in running:
+            res["status"] = f"crash (rc {rc})"
+        return BudgetedRunner.keep_log_tail(res, logpath, tail)
+
+    @staticmethod
+    def keep_log_tail(res, logpath, tail):
+        """On failure (status not "ok"), the last `tail` characters of the log."""
+        if res.get("status") != "ok":
+            try:
+                with open(logpath) as f:
+                    res["log_tail"] = f.read()[-tail:]
+            except OSError:
+                pass
+        return res
+
+    def report(self, tag, res):
+        print(f"[{time.strftime('%T')}] {tag}: {res['status']} in {res['elapsed_s']}s "
+              f"(budget left {self.left():.0f}s)", flush=True)
+
+    # ------------------------------------------------------ orchestration
+
+    def uncapped(self, models, allocs, steps_of, run):
+        """One run per (model, allocator), no cap, saved after each."""
+        for model in models:
+            for alloc in allocs:
+                self.results["runs"].append(run(model, alloc, steps_of(model)))
+                self.save()
+
+
+def bisect_caps(lo, hi, tol, max_probes, probe, first=0):
+    """Smallest feasible cap between `lo` (infeasible) and `hi` (feasible), to
+    `tol` bytes, at most `max_probes` probes. probe(cap) returns "ok", "oom",
+    "stop" (no verdict: end here) or "skip" (budget: end here); the first
+    probe goes to `first` when inside (lo, hi). Yields (cap, verdict, lo, hi)
+    after each probe, bounds updated."""
+    n = 0
+    while hi - lo > tol and n < max_probes:
+        cap = first if (n == 0 and lo < first < hi) else (lo + hi) // 2
+        v = probe(cap)
+        if v == "skip":
+            return
+        n += 1
+        if v == "ok":
+            hi = cap
+        elif v == "oom":
+            lo = cap
+        yield cap, v, lo, hi
+        if v == "stop":
+            return

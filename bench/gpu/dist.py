@@ -50,7 +50,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -58,7 +57,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import GiB, ROOT, BudgetedRunner, base_env, deterministic, gib  # noqa: E402
+from common import GiB, BudgetedRunner, base_env, bisect_caps, deterministic, dry_banner, gib  # noqa: E402
 ALLOCS = ("native", "expandable", "nofrag")
 MODELS = {  # batch per rank, seq range, default steps, launch timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150, wrap="ddp"),
@@ -301,13 +300,15 @@ def worker_main(argv):
 
 
 def dry_worker(a, rec):
-    """Fake rank: native needs 1.17x live, expandable 1.004x, nofrag 1.001x; rank 1 uses 2% more."""
+    """Fake rank, obviously synthetic numbers (not measurements): live 10/20 GiB
+    (rank r 1/8 r more), native needs 1.5x live, expandable 1.25x, nofrag 1.125x; 1 s steps."""
     rank, local, world = rank_info()
-    live = {"gpt2": 23.2, "llama": 14.8}[a.model] * GiB * (1 + 0.02 * rank)
-    need = live * {"native": 1.17, "expandable": 1.004}.get(a.alloc, 1.001)
-    rsv = live * {"native": 1.72, "expandable": 1.07}.get(a.alloc, 1.01)
+    live = {"gpt2": 10, "llama": 20}[a.model] * GiB * (1 + rank / 8)
+    need = live * {"native": 1.5, "expandable": 1.25}.get(a.alloc, 1.125)
+    rsv = live * {"native": 2.0, "expandable": 1.5}.get(a.alloc, 1.25)
     time.sleep(0.05)
     res = rec.res
+    res["dry_run"] = True
     # Test hooks for the orchestration: NOFRAG_DIST_DRY_HANG=<model>-<alloc> makes the last rank hang
     # (exercises the launch timeout and process-group kill), NOFRAG_DIST_DRY_ERROR=... makes it fail.
     tag = f"{a.model}-{a.alloc}"
@@ -326,7 +327,7 @@ def dry_worker(a, rec):
     chk = {"all_reduce_fill": True, "all_reduce_pattern_offset_view": True, "all_gather": True,
            "reduce_scatter": True, "all_ranks_ok": True, "ok": True}
     res.update(status="ok", world_size=world, losses=[(1.0 + i + rank / 8).hex() for i in range(a.steps)],
-               median_step_s=0.17 * (1.01 if a.alloc == "nofrag" else 1.0), peak_live=int(live),
+               median_step_s=1.0, peak_live=int(live),
                peak_reserved=int(min(rsv, a.cap or rsv)), peak_requested=int(live),
                live_peak_by_step=[int(live)] * a.steps, seq_lens=seq_lengths(a.model, a.steps),
                nccl_check_pre=chk, nccl_check_post=chk, nccl_ok=True,
@@ -370,10 +371,10 @@ class Runner(BudgetedRunner):
 
     def run(self, model, alloc, steps, cap=0, timeout=None):
         """One torchrun launch; returns {"model", "alloc", "cap", "status", "ranks": [per-rank dicts]}."""
-        timeout = min(timeout or MODELS[model]["timeout"], self.left() - 5)
+        timeout = self.timeout_for(timeout or MODELS[model]["timeout"], 25)
         tag = f"{model}-{alloc}" + (f"-cap{cap}" if cap else "")
         launch = {"model": model, "alloc": alloc, "cap": cap, "steps": steps, "ranks": []}
-        if timeout < 25:
+        if timeout is None:
             launch["status"] = "skipped (time budget)"
             return launch
         self.n += 1
@@ -387,32 +388,11 @@ class Runner(BudgetedRunner):
         launch["cmd"] = " ".join(cmd)
         t0 = time.time()
         logpath = os.path.join(rundir, "launch.log")
-        with open(logpath, "w") as log:
-            # Own process group: on timeout the launcher and every rank go together.
-            p = subprocess.Popen(cmd, env=launch_env(alloc), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                 start_new_session=True)
-            try:
-                rc = p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-                for sig in (signal.SIGTERM, signal.SIGKILL):
-                    try:
-                        os.killpg(p.pid, sig)
-                    except ProcessLookupError:
-                        break
-                    try:
-                        p.wait(timeout=10)
-                        break
-                    except subprocess.TimeoutExpired:
-                        pass
+        # Own process group: on timeout the launcher and every rank go together.
+        rc = self.launch(cmd, launch_env(alloc), logpath, timeout)
         ranks = []
         for r in range(self.a.nproc_per_node):
-            jp = os.path.join(rundir, f"rank{r}.json")
-            try:
-                with open(jp) as f:
-                    d = json.load(f)
-            except Exception as e:
-                d = {"rank": r, "status": f"no result ({type(e).__name__})"}
+            d = self.load_json(os.path.join(rundir, f"rank{r}.json"), {"rank": r, "status": "no result"})
             st = d.get("status", "")
             if st not in ("ok", "oom", "error") and not st.startswith("no result"):
                 # Still mid-way: killed by torchrun after a peer failed, or by the timeout.
@@ -429,23 +409,11 @@ class Runner(BudgetedRunner):
             launch["status"] = f"timeout ({timeout:.0f}s)"
         else:
             launch["status"] = f"failed (rc {rc}; ranks: {', '.join(sorted(set(sts)))})"
-        if launch["status"] != "ok":
-            try:
-                with open(logpath) as f:
-                    launch["log_tail"] = f.read()[-2000:]
-            except OSError:
-                pass
+        self.keep_log_tail(launch, logpath, 2000)
         launch["rc"] = rc
         launch["elapsed_s"] = round(time.time() - t0, 1)
-        print(f"[{time.strftime('%T')}] {tag} x{self.a.nproc_per_node}: {launch['status']} in "
-              f"{launch['elapsed_s']}s (budget left {self.left():.0f}s)", flush=True)
+        self.report(f"{tag} x{self.a.nproc_per_node}", launch)
         return launch
-
-    def uncapped(self, models):
-        for model in models:
-            for alloc in self.a.allocs.split(","):
-                self.results["runs"].append(self.run(model, alloc, self.a.steps or MODELS[model]["steps"]))
-                self.save()
 
     def bisect(self, model):
         """Min capacity per allocator, one cap for every rank. Bounds from the
@@ -462,28 +430,25 @@ class Runner(BudgetedRunner):
                 continue
             live = max(d["live_peak_by_step"][min(k, len(d["live_peak_by_step"])) - 1] for d in base["ranks"])
             hi = max((d.get("peak_physical") or d["peak_reserved"]) for d in base["ranks"]) + (4 << 20)
-            lo = live
             probes = []
-            tol = max(self.a.tol * live, 4 << 20)
             out[alloc] = {"live": live, "min_cap": hi, "infeasible_below": None, "min_cap_over_live": hi / live,
                           "probes": probes, "probe_steps": k, "note": "upper bound = uncapped peak reserved"}
-            while hi - lo > tol and len(probes) < self.a.probes:
-                cap = (lo + hi) // 2
+
+            def probe(cap):
                 r = self.run(model, alloc, k, cap=cap)
                 st = r.get("status", "")
                 if st.startswith("skipped"):
-                    break
+                    return "skip"
                 probes.append({"cap": cap, "status": st,
                                "rank_status": [d.get("status") for d in r.get("ranks", [])],
                                "median_step_s": [d.get("median_step_s") for d in r.get("ranks", [])],
                                "error": next((d.get("error", "")[:300] for d in r.get("ranks", [])
                                               if d.get("error")), "")})
-                if st == "ok":
-                    hi = cap
-                elif st == "oom":
-                    lo = cap
-                else:  # neither feasible nor a clean OOM (timeout, crash): stop, keep the bounds
-                    out[alloc]["note"] = f"stopped: probe at {cap} ended '{st}'"
+                return st if st in ("ok", "oom") else "stop"
+
+            for cap, v, lo, hi in bisect_caps(live, hi, max(self.a.tol * live, 4 << 20), self.a.probes, probe):
+                if v == "stop":  # neither feasible nor a clean OOM (timeout, crash): keep the bounds
+                    out[alloc]["note"] = f"stopped: probe at {cap} ended '{probes[-1]['status']}'"
                     break
                 out[alloc].update(min_cap=hi, infeasible_below=lo if lo != live else None,
                                   min_cap_over_live=hi / live, note="")
@@ -497,7 +462,7 @@ def markdown(R):
     runs = R["runs"]
     native = {r.get("model"): r for r in runs if r.get("alloc") == "native" and r.get("status") == "ok"}
     lines = [f"# Multi-GPU training benchmark (bench/gpu/dist.py, torchrun x{R.get('nproc_per_node')})"
-             + (" -- DRY RUN (fake numbers)" if R.get("dry_run") else ""), "",
+             + (" -- DRY RUN" if R.get("dry_run") else ""), "", *dry_banner(R),
              f"Started {R.get('started')}; budget {R.get('budget_s')} s; env "
              + ", ".join(f"{k}={v}" for k, v in R.get("env", {}).items())
              + ". One row per rank. Peak reserved for nofrag = physical (granules created). "
@@ -589,8 +554,9 @@ def main():
     # Models to bisect first (the bisection needs their uncapped launches),
     # then the others, then the bisection with whatever time is left.
     first = [m for m in models if m in a.bisect.split(",")]
-    R.uncapped(first)
-    R.uncapped([m for m in models if m not in first])
+    steps_of = lambda m: a.steps or MODELS[m]["steps"]  # noqa: E731
+    R.uncapped(first, a.allocs.split(","), steps_of, R.run)
+    R.uncapped([m for m in models if m not in first], a.allocs.split(","), steps_of, R.run)
     for m in first:
         R.bisect(m)
     R.results["finished"] = time.strftime("%F %T")

@@ -54,14 +54,13 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import train  # noqa: E402  (model builders, per-step data, SEED, WARMUP)
-from common import GiB, ROOT, BudgetedRunner, base_env, deterministic, gib  # noqa: E402
+from common import GiB, BudgetedRunner, base_env, deterministic, dry_banner, gib  # noqa: E402
 
 STEPS = {"gpt2": 12, "llama": 10}
 FSDP_STEPS = 8
@@ -203,26 +202,28 @@ def run_worker(a, res, dump):
 
 
 def dry_worker(a, res, dump):
-    """Plausible numbers without torch: native/expandable OOM under a cap,
-    nofrag spills, offload costs time and saves device memory."""
-    live = {"gpt2": 42.5, "llama": 16.4}[a.model] * GiB
-    t = {"gpt2": 0.10, "llama": 0.23}[a.model]
-    losses = [(10.0 - i / 7).hex() for i in range(a.steps)]
-    dev = live * (1.05 if a.alloc == "nofrag" else 1.32)
+    """Obviously synthetic numbers without torch (not measurements), shaped
+    like the real outcomes: native/expandable OOM under a cap, nofrag spills,
+    offload costs time and saves device memory."""
+    res["dry_run"] = True
+    live = {"gpt2": 40, "llama": 20}[a.model] * GiB
+    t = {"gpt2": 1.0, "llama": 2.0}[a.model]
+    losses = [(10.0 - i / 8).hex() for i in range(a.steps)]
+    dev = live * (1.125 if a.alloc == "nofrag" else 1.5)
     oom_at = None
     if a.cap and not ((a.alloc == "nofrag" and (a.spill or a.act_offload)) or a.act_offload == "save_on_cpu"):
         oom_at = 4
     if a.spill and a.cap:
         t, dev = t * 1.25, a.cap
-        res.update(spilled_peak=int(live - a.cap), spills=37)
+        res.update(spilled_peak=int(live - a.cap), spills=100)
     if a.fsdp:
-        t, dev, losses = t * 6.0, live * 0.35, [(10.0 - i / 7 + 1e-6).hex() for i in range(a.steps)]
+        t, dev, losses = t * 4.0, live * 0.5, [(10.0 - i / 8 + 1e-6).hex() for i in range(a.steps)]
     if a.opt_offload:
-        t, dev = t * 1.3, live * 0.86
-        res["opt_offload_stats"] = {"offloaded_bytes": int(a.steps * 6.4 * GiB)}
+        t, dev = t * 1.5, live * 0.75
+        res["opt_offload_stats"] = {"offloaded_bytes": int(a.steps * 4 * GiB)}
     if a.act_offload:
-        t, dev = t * 2.5, live * (0.4 if a.act_offload == "layers" else 1.04)
-        res["act_offload_stats"] = {"offloaded_bytes": int(18 * GiB)}
+        t, dev = t * 2.0, live * (0.5 if a.act_offload == "layers" else 1.125)
+        res["act_offload_stats"] = {"offloaded_bytes": int(10 * GiB)}
     times = [t * (1.0 + 0.1 * (i % 3)) for i in range(a.steps)]
     n = oom_at if oom_at is not None else a.steps
     lens = train.seq_lengths(a.model, a.steps)
@@ -308,8 +309,8 @@ class Runner(BudgetedRunner):
 
     def run(self, name, model, alloc, steps=None, timeout=None, **opts):
         steps = steps or STEPS[model]
-        timeout = min(timeout or TIMEOUT[model], self.left() - 5)
-        if timeout < 25:
+        timeout = self.timeout_for(timeout or TIMEOUT[model], 25)
+        if timeout is None:
             res = {"name": name, "model": model, "alloc": alloc, "status": "skipped (time budget)"}
             self.results["runs"][name] = res
             self.save()
@@ -332,32 +333,13 @@ class Runner(BudgetedRunner):
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
                        WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         t0 = time.time()
-        with open(base + ".log", "w") as log:
-            try:
-                rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-                                    cwd=ROOT).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-        try:
-            with open(base + ".json") as f:
-                res = json.load(f)
-        except Exception:
-            res = {"name": name, "model": model, "alloc": alloc}
-        if rc == "timeout":
-            res["status"] = f"timeout ({timeout:.0f}s)"
-        elif res.get("status") in ("started", "building", "running", None):
-            res["status"] = f"crash (rc {rc})"
-        if res.get("status") != "ok":
-            try:
-                with open(base + ".log") as f:
-                    res["log_tail"] = f.read()[-1500:]
-            except OSError:
-                pass
+        rc = self.launch(cmd, env, base + ".log", timeout)
+        res = self.settle(self.load_json(base + ".json", {"name": name, "model": model, "alloc": alloc}), rc,
+                          timeout, base + ".log", ("started", "building", "running", None), 1500)
         res.update(rc=rc, elapsed_s=round(time.time() - t0, 1), cmd=" ".join(cmd[1:]))
         self.results["runs"][name] = res
         self.save()
-        print(f"[{time.strftime('%T')}] {name}: {res['status']} in {res['elapsed_s']}s "
-              f"(budget left {self.left():.0f}s)", flush=True)
+        self.report(name, res)
         return res
 
 
@@ -440,7 +422,8 @@ def markdown(R):
     runs = R["runs"]
     g = runs.get
     L = [f"# Spill and same-address offload on the GPU (bench/gpu/spill.py){' -- DRY RUN' if R.get('dry_run') else ''}",
-         "", f"Started {R.get('started')}, budget {R.get('budget_s')} s. Peak device = max_memory_reserved "
+         "", *dry_banner(R),
+         f"Started {R.get('started')}, budget {R.get('budget_s')} s. Peak device = max_memory_reserved "
          "(PyTorch) or physical_peak (nofrag: device granules created; host granules not counted). Peak live = "
          "max_memory_allocated / live_rounded_peak (offloaded and spilled blocks still count as live). Step "
          "times: median over the steps after the warm-up; calls/step: nofrag backend calls or PyTorch "

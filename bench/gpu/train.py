@@ -42,7 +42,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import GiB, ROOT, BudgetedRunner, base_env, deterministic, gib  # noqa: E402
+from common import GiB, ROOT, BudgetedRunner, base_env, bisect_caps, deterministic, dry_banner, gib  # noqa: E402
 ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill")  # tight:1 / spill:host
 DEFAULT_ALLOCS = "native,expandable,nofrag,nofrag-tight"  # nofrag-spill on request (bench/gpu/spill.py)
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
@@ -230,13 +230,14 @@ def worker_main(argv):
 
 
 def dry_worker(a):
-    """Fake run: native needs 1.17x live, expandable 1.004x, nofrag 1.001x."""
-    live = {"gpt2": 23.2, "vit": 9.5, "llama": 16.2}[a.model] * GiB
-    need = live * {"native": 1.17, "expandable": 1.004}.get(a.alloc, 1.001)
-    rsv = live * {"native": 1.72, "expandable": 1.07}.get(a.alloc, 1.01)
+    """Fake run, obviously synthetic numbers (not measurements): live 10/20/30
+    GiB, native needs 1.5x live, expandable 1.25x, nofrag 1.125x; 1 s steps."""
+    live = {"gpt2": 10, "vit": 20, "llama": 30}[a.model] * GiB
+    need = live * {"native": 1.5, "expandable": 1.25}.get(a.alloc, 1.125)
+    rsv = live * {"native": 2.0, "expandable": 1.5}.get(a.alloc, 1.25)
     ok = not a.cap or a.cap >= need or a.alloc == "nofrag-spill"
     res = {"model": a.model, "alloc": a.alloc, "steps": a.steps, "cap": a.cap, "status": "ok" if ok else "oom",
-           "losses": [(1.0 + i).hex() for i in range(a.steps)], "median_step_s": 0.17,
+           "dry_run": True, "losses": [(1.0 + i).hex() for i in range(a.steps)], "median_step_s": 1.0,
            "peak_live": int(live), "peak_reserved": int(min(rsv, a.cap or rsv)),
            "peak_requested": int(live), "calls_per_steady_step": 0.0,
            "live_peak_by_step": [int(live)] * a.steps}
@@ -252,14 +253,14 @@ def dry_worker(a):
 class Runner(BudgetedRunner):
     def __init__(self, a):
         self.a = a
-        super().__init__(a.out, a.budget, {"runs": [], "bisect": {}, "limits": None,
+        super().__init__(a.out, a.budget, {"runs": [], "bisect": {}, "limits": None, "dry_run": a.dry_run,
                                            "started": time.strftime("%F %T"), "budget_s": a.budget}, markdown)
 
     def run(self, model, alloc, steps, cap=0, timeout=None):
         """One worker subprocess; returns its result dict (status set even on crash)."""
-        timeout = min(timeout or MODELS[model]["timeout"], self.left() - 5)
+        timeout = self.timeout_for(timeout or MODELS[model]["timeout"], 20)
         tag = f"{model}-{alloc}" + (f"-cap{cap}" if cap else "")
-        if timeout < 20:
+        if timeout is None:
             return {"model": model, "alloc": alloc, "cap": cap, "status": "skipped (time budget)"}
         self.n += 1
         jpath = os.path.join(self.a.out, "runs", f"{self.n:02d}-{tag}.json")
@@ -269,40 +270,13 @@ class Runner(BudgetedRunner):
         if self.a.dry_run:
             cmd.append("--dry-run")
         t0 = time.time()
-        log = open(jpath[:-5] + ".log", "w")
-        try:
-            rc = subprocess.run(cmd, env=worker_env(alloc), stdout=log, stderr=subprocess.STDOUT,
-                                timeout=timeout, cwd=ROOT).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        finally:
-            log.close()
-        try:
-            with open(jpath) as f:
-                res = json.load(f)
-        except Exception:
-            res = {"model": model, "alloc": alloc, "cap": cap}
-        if rc == "timeout":
-            res["status"] = f"timeout ({timeout:.0f}s)"
-        elif res.get("status") in ("started", "running", None):
-            res["status"] = f"crash (rc {rc})"
-            try:
-                with open(jpath[:-5] + ".log") as f:
-                    res["log_tail"] = f.read()[-1500:]
-            except OSError:
-                pass
+        rc = self.launch(cmd, worker_env(alloc), jpath[:-5] + ".log", timeout)
+        res = self.settle(self.load_json(jpath, {"model": model, "alloc": alloc, "cap": cap}), rc, timeout,
+                          jpath[:-5] + ".log", ("started", "running", None), 1500)
         res["rc"] = rc
         res["elapsed_s"] = round(time.time() - t0, 1)
-        print(f"[{time.strftime('%T')}] {tag}: {res['status']} in {res['elapsed_s']}s "
-              f"(budget left {self.left():.0f}s)", flush=True)
+        self.report(tag, res)
         return res
-
-    def uncapped(self, models):
-        for model in models:
-            for alloc in self.a.allocs.split(","):
-                r = self.run(model, alloc, self.a.steps or MODELS[model]["steps"])
-                self.results["runs"].append(r)
-                self.save()
 
     def capped(self, models):
         """nofrag at caps of --caps x live (live: the peak of its own uncapped
@@ -336,26 +310,23 @@ class Runner(BudgetedRunner):
                 continue
             live = base["live_peak_by_step"][min(k, len(base["live_peak_by_step"])) - 1]
             hi = (base.get("peak_physical") or base["peak_reserved"]) + (4 << 20)
-            lo = live
             probes = []
-            tol = max(self.a.tol * live, 4 << 20)
-            # The first probe sits at the target (--first-probe x live): one
-            # probe then proves or refutes it; bisection goes on from there.
-            first = int(live * self.a.first_probe) if self.a.first_probe else 0
-            while hi - lo > tol and len(probes) < self.a.probes:
-                cap = first if (not probes and lo < first < hi) else (lo + hi) // 2
+
+            def probe(cap):
                 r = self.run(model, alloc, k, cap=cap, timeout=MODELS[model]["timeout"])
                 st = r.get("status", "")
                 if st.startswith("skipped"):
-                    break
-                ok = st == "ok"
+                    return "skip"
                 probes.append({"cap": cap, "status": st, "median_step_s": r.get("median_step_s"),
                                "calls_per_steady_step": r.get("calls_per_steady_step"),
                                "loss_hex": r.get("losses"), "error": r.get("error", "")[:300]})
-                if ok:
-                    hi = cap
-                else:
-                    lo = cap
+                return "ok" if st == "ok" else "oom"  # any failure counts as infeasible here
+
+            # The first probe sits at the target (--first-probe x live): one
+            # probe then proves or refutes it; bisection goes on from there.
+            first = int(live * self.a.first_probe) if self.a.first_probe else 0
+            for _cap, _v, lo, hi in bisect_caps(live, hi, max(self.a.tol * live, 4 << 20), self.a.probes, probe,
+                                                first):
                 out[alloc] = {"live": live, "min_cap": hi, "infeasible_below": lo,
                               "min_cap_over_live": hi / live, "probes": probes, "probe_steps": k}
                 self.results["bisect"][model] = out
@@ -394,7 +365,8 @@ class Runner(BudgetedRunner):
 def markdown(R):
     runs = R["runs"]
     native = {r.get("model"): r for r in runs if r.get("alloc") == "native" and r.get("status") == "ok"}
-    lines = ["# GPU training benchmark (bench/gpu/train.py)", "",
+    lines = ["# GPU training benchmark (bench/gpu/train.py)" + (" -- DRY RUN" if R.get("dry_run") else ""), "",
+             *dry_banner(R),
              f"Started {R.get('started')}; budget {R.get('budget_s')} s. Peak reserved for nofrag = physical "
              "(granules created); mapped in its own column. Calls/step = backend calls per steady step "
              "(nofrag) or num_device_alloc+num_device_free (PyTorch).", "",
@@ -481,10 +453,11 @@ def main():
     # feature checks (short), then the other models, then the bisection with
     # whatever time is left.
     first = [m for m in models if m in a.bisect.split(",")]
-    R.uncapped(first)
+    steps_of = lambda m: a.steps or MODELS[m]["steps"]  # noqa: E731
+    R.uncapped(first, a.allocs.split(","), steps_of, R.run)
     if not a.no_limits:
         R.limits()
-    R.uncapped([m for m in models if m not in first])
+    R.uncapped([m for m in models if m not in first], a.allocs.split(","), steps_of, R.run)
     R.capped(models)
     for m in first:
         R.bisect(m)

@@ -63,6 +63,12 @@ def load(path):
             data = _PlainUnpickler(f).load()
     except (pickle.UnpicklingError, EOFError, OSError, ValueError, TypeError) as e:
         raise SnapshotError(f"{path}: not a readable snapshot pickle: {e}") from e
+    except MemoryError as e:  # a corrupt length field: the unpickler sized a buffer from it
+        raise SnapshotError(f"{path}: not a readable snapshot pickle: a length field asks for more memory "
+                            "than there is (corrupt file?)") from e
+    except Exception as e:  # noqa: BLE001 - pickle documents arbitrary exceptions for malformed
+        # input (OverflowError for a FRAME length, IndexError, KeyError, RecursionError...)
+        raise SnapshotError(f"{path}: not a readable snapshot pickle: {type(e).__name__}: {e}") from e
     if isinstance(data, list):  # very old snapshots were a bare segment list
         raise SnapshotError(f"{path}: snapshot has no device_traces (recorded without _record_memory_history?)")
     if not isinstance(data, dict) or not isinstance(data.get("device_traces"), list):

@@ -125,6 +125,21 @@ class TestPickleConvert(unittest.TestCase):
         with self.assertRaises(snapshot.SnapshotError):
             snapshot.load(p)
 
+    def test_corrupt_lengths_are_clean_errors(self):
+        # Found by fuzz/fuzz_pickle.py: a corrupt length field made the
+        # unpickler raise MemoryError (a huge buffer) or OverflowError (a FRAME
+        # length), which escaped as tracebacks instead of SnapshotError.
+        good = pickle.dumps({"device_traces": []}, protocol=4)
+        frame = b"\x80\x04\x95" + (1 << 63).to_bytes(8, "little") + good[11:]
+        huge = b"\x80\x04\x95\x16\x4b\x40\xae\x3a\xc1\x27\x72" + bytes(8) + good[19:]
+        for name, data in (("frame", frame), ("huge", huge)):
+            p = self.path(name)
+            with open(p, "wb") as f:
+                f.write(data)
+            with self.assertRaises(snapshot.SnapshotError, msg=name) as cm:
+                snapshot.load(p)
+            self.assertIn("not a readable snapshot pickle", str(cm.exception))
+
     def test_globals_refused(self):
         # A pickle that would call os.system on load must not run it.
         class Evil:

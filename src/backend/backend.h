@@ -6,7 +6,7 @@
 //   mem_create   cuMemCreate (with tier)  mem_release cuMemRelease
 //   map          cuMemMap (one handle)    unmap       cuMemUnmap (any mapped run)
 //   set_access   cuMemSetAccess (a run)   granularity cuMemGetAllocationGranularity
-//   capacity     cuMemGetInfo             copy        cuMemcpyAsync (offload, spill)
+//   capacity     cuMemGetInfo             copy        cuMemcpyAsync (offload, prefetch, spill)
 //   event_*      cuEventCreate/Record/Query/Synchronize/Destroy
 //   stream_wait  cuStreamWaitEvent
 //

@@ -304,6 +304,32 @@ static nf_status_t mem_release_locked(host_backend *h, nf_handle_t hd) {
 
 // ---------------------------------------------------------------- mapping
 
+// mmap/mprotect failed with ENOMEM, which on Linux is mostly the per-process
+// limit on memory mappings (vm.max_map_count): every mapped granule run of
+// the host backend is a mapping of its own, so small granules hit it. Names
+// the limit, how many mappings are held, and what to do.
+static nf_status_t fail_enomem(host_backend *h, const char *op) {
+  unsigned long long lim = 0, held = 0;
+  const char *what = "vm.max_map_count";
+  if (h->max_maps) {
+    lim = h->max_maps;
+    what = "NOFRAG_HOST_MAX_MAPS";
+  } else {
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+    if (f) { if (fscanf(f, "%llu", &lim) != 1) lim = 0; fclose(f); }
+  }
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (f) { for (int c; (c = fgetc(f)) != EOF;) held += c == '\n'; fclose(f); }
+  if (!lim)
+    return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: %s: Cannot allocate memory", op);
+  // be->err is 256 bytes: short words, the numbers and the remedy first.
+  return nf__backend_fail(&h->base, NF_ERR_BACKEND,
+                          "host backend: %s: out of memory mappings: %llu held (%llu granule runs of %llu B), %s=%llu; use a "
+                          "larger granule, fewer views (views:N), or sysctl vm.max_map_count=%llu",
+                          op, h->max_maps ? (unsigned long long)h->n_maps : held, (unsigned long long)h->n_maps,
+                          (unsigned long long)h->granule, what, lim, lim * 4);
+}
+
 static nf_status_t map_locked(host_backend *h, uintptr_t va, size_t size, nf_handle_t hd) {
   uint32_t idx;
   mem_rec *rec = rec_of(h, hd, &idx);
@@ -320,19 +346,17 @@ static nf_status_t map_locked(host_backend *h, uintptr_t va, size_t size, nf_han
     if (r->slot[i])
       return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: map(%#lx, %zu): granule %#lx already mapped",
                               (unsigned long)va, size, (unsigned long)(r->base + i * h->granule));
+  if (h->max_maps && h->n_maps >= h->max_maps) return fail_enomem(h, "map: mmap");
   int fd = rec->ext_fd >= 0 ? rec->ext_fd : h->tiers[rec->tier].fd;
   void *p = mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, (off_t)rec->off);
   if (p == MAP_FAILED) {
     int e = errno;
     // A failed MAP_FIXED may have dropped the reservation: put it back.
     mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    if (e == ENOMEM) // most likely the process's mapping count (each granule mapped is one, views too)
-      return nf__backend_fail(&h->base, NF_ERR_BACKEND,
-                              "host backend: map: mmap: %s (%llu granules mapped: the process may be at "
-                              "vm.max_map_count, /proc/sys/vm/max_map_count; fewer views (config views:N) or "
-                              "a larger granule map fewer)", strerror(e), (unsigned long long)h->mapped_granules);
+    if (e == ENOMEM) return fail_enomem(h, "map: mmap");
     return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: map: mmap: %s", strerror(e));
   }
+  h->n_maps++;
   uint32_t s = (idx + 1) << 2;
   r->slot[i0] = s | SLOT_START;
   for (size_t i = i0 + 1; i < i0 + n; i++) r->slot[i] = s;
@@ -364,7 +388,9 @@ static nf_status_t unmap_locked(host_backend *h, uintptr_t va, size_t size) {
   }
   if (!ext_reserve(h, nmaps)) return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
   if (mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
-    return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: unmap: mmap: %s", strerror(errno));
+    return errno == ENOMEM ? fail_enomem(h, "unmap: mmap")
+                           : nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: unmap: mmap: %s", strerror(errno));
+  h->n_maps -= nmaps;
   for (size_t i = i0; i < end;) {
     uint32_t idx = SLOT_REC(r->slot[i]);
     mem_rec *rec = &h->recs[idx];
@@ -388,7 +414,7 @@ static nf_status_t set_access_locked(host_backend *h, uintptr_t va, size_t size)
       return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: set_access(%#lx, %zu): granule %#lx is not mapped",
                               (unsigned long)va, size, (unsigned long)(r->base + i * h->granule));
   if (mprotect((void *)va, size, PROT_READ | PROT_WRITE) != 0)
-    return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: set_access: mprotect: %s", strerror(errno));
+    return errno == ENOMEM ? fail_enomem(h, "set_access: mprotect") : nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: set_access: mprotect: %s", strerror(errno));
   for (size_t i = i0; i < end; i++) r->slot[i] |= SLOT_ACCESS;
   return NF_OK;
 }
@@ -574,6 +600,8 @@ NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity,
   h->base.ops = &host_ops;
   h->capacity = capacity;
   h->granule = granule;
+  const char *mm = getenv("NOFRAG_HOST_MAX_MAPS"); // tests: a small stand-in for vm.max_map_count
+  if (mm && *mm) h->max_maps = strtoull(mm, NULL, 10);
   for (int t = 0; t < NTIERS; t++) h->tiers[t].fd = -1; // memfds are made on first use
   *out = &h->base;
   return NF_OK;

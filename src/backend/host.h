@@ -70,6 +70,8 @@ typedef struct {
   uint64_t event_gen;
   int manual;
   uint64_t live_granules, mapped_granules;
+  uint64_t n_maps;   // mappings (map calls) held: each is at least one kernel memory mapping
+  uint64_t max_maps; // NOFRAG_HOST_MAX_MAPS: stands in for vm.max_map_count (tests); 0 = none
 } host_backend;
 
 static inline host_backend *hb(nf_backend_t *be) { return (host_backend *)be; }

@@ -27,7 +27,7 @@ nf_status_t nf__error(nf_status_t st, const char *fmt, ...) NF_PRINTF(2, 3);
 // Clears this thread's status (a call that succeeded).
 void nf__error_clear(void);
 
-// "1.500 GiB", "3.000 MiB", "512 B": the one byte formatter of the library,
+// "2.000 TiB", "1.500 GiB", "3.000 MiB", "512 B": the one byte formatter of the library,
 // the plug-in and the tools.
 void nf__fmt_bytes(char *buf, size_t n, uint64_t bytes);
 

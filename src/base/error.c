@@ -5,15 +5,20 @@
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local nf_status_t tl_status;
 static _Thread_local char tl_msg[768];
 
 nf_status_t nf__error(nf_status_t st, const char *fmt, ...) {
+  // Formatted aside first: callers may pass nf_last_error() (tl_msg itself)
+  // as an argument, and vsnprintf into its own source garbles it.
+  char buf[sizeof tl_msg];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
+  vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  memcpy(tl_msg, buf, sizeof tl_msg);
   tl_status = st;
   return st;
 }
@@ -38,7 +43,8 @@ const char *nf_status_str(nf_status_t st) {
 }
 
 void nf__fmt_bytes(char *buf, size_t n, uint64_t v) {
-  if (v >= NF_GiB) snprintf(buf, n, "%.3f GiB", (double)v / (double)NF_GiB);
+  if (v >= NF_GiB << 10) snprintf(buf, n, "%.3f TiB", (double)v / (double)(NF_GiB << 10));
+  else if (v >= NF_GiB) snprintf(buf, n, "%.3f GiB", (double)v / (double)NF_GiB);
   else if (v >= NF_MiB) snprintf(buf, n, "%.3f MiB", (double)v / (double)NF_MiB);
   else snprintf(buf, n, "%llu B", (unsigned long long)v);
 }

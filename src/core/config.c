@@ -25,6 +25,11 @@
 #define NF_CONFIG_MIN_GRANULE ((uint64_t)4096)
 #define NF_CONFIG_MAX_SMALL (64 * NF_MiB)
 #define NF_CONFIG_MAX_DEVICE 1023
+// Every byte-size key is at most 1 PiB: far above any device or host (an H200
+// has 141 GiB, x86-64 user space is 128 TiB), and low enough that sizes derived
+// from it (granule counts, metadata arrays, limit + granule) cannot overflow or
+// ask calloc for exabytes.
+#define NF_CONFIG_MAX_BYTES ((uint64_t)1 << 50)
 
 // At most this many characters of user input are quoted back in a message, so
 // that a megabyte of garbage yields a short, readable error.
@@ -208,6 +213,21 @@ static nf_status_t parse_size(tok_t v, const char *what, uint64_t *out, char *er
   return NF_OK;
 }
 
+// parse_size, then the 1 PiB bound (NF_CONFIG_MAX_BYTES), naming the key.
+static nf_status_t parse_bytes(tok_t v, const char *what, uint64_t *out, char *err, size_t errlen) {
+  uint64_t x = 0;
+  nf_status_t st = parse_size(v, what, &x, err, errlen);
+  if (st != NF_OK) return st;
+  if (x > NF_CONFIG_MAX_BYTES) {
+    char q[QUOTE_MAX + 4];
+    quote(q, v);
+    return fail(err, errlen, "%s: '%s' (%" PRIu64 " B) exceeds the maximum of 1 PiB (%" PRIu64 " B)", what, q, x,
+                NF_CONFIG_MAX_BYTES);
+  }
+  *out = x;
+  return NF_OK;
+}
+
 // Plain non-negative decimal integer in [0, max] (no suffixes).
 static nf_status_t parse_int(tok_t v, const char *what, int max, int *out, char *err, size_t errlen) {
   char q[QUOTE_MAX + 4];
@@ -247,7 +267,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
   };
   for (size_t i = 0; i < sizeof SIZE_KEYS / sizeof SIZE_KEYS[0]; i++) {
     if (!tok_eq(k, SIZE_KEYS[i].key)) continue;
-    if ((st = parse_size(v, SIZE_KEYS[i].key, &x, err, errlen)) != NF_OK) return st;
+    if ((st = parse_bytes(v, SIZE_KEYS[i].key, &x, err, errlen)) != NF_OK) return st;
     memcpy((char *)c + SIZE_KEYS[i].off, &x, sizeof x);
     return NF_OK;
   }
@@ -258,13 +278,13 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
     } else if (tok_ieq(v, "never") || tok_ieq(v, "inf")) {
       c->release_threshold = NF_RELEASE_NEVER;
     } else {
-      if ((st = parse_size(v, "release_threshold", &x, err, errlen)) != NF_OK) return st;
+      if ((st = parse_bytes(v, "release_threshold", &x, err, errlen)) != NF_OK) return st;
       c->release_threshold = x;
     }
     return NF_OK;
   }
   if (tok_eq(k, "granule")) {
-    if ((st = parse_size(v, "granule", &x, err, errlen)) != NF_OK) return st;
+    if ((st = parse_bytes(v, "granule", &x, err, errlen)) != NF_OK) return st;
     if (x != 0 && (x < NF_CONFIG_MIN_GRANULE || (x & (x - 1)) != 0))
       return fail(err, errlen,
                   "granule: %" PRIu64 " must be 0 (backend's) or a power of two >= 4096", x);
@@ -272,7 +292,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
     return NF_OK;
   }
   if (tok_eq(k, "small_max")) {
-    if ((st = parse_size(v, "small_max", &x, err, errlen)) != NF_OK) return st;
+    if ((st = parse_bytes(v, "small_max", &x, err, errlen)) != NF_OK) return st;
     if (x > NF_CONFIG_MAX_SMALL)
       return fail(err, errlen, "small_max: %" PRIu64 " exceeds the maximum of 64MiB", x);
     c->small_max = x;

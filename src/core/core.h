@@ -24,6 +24,9 @@
 
 #define NF_ALIGN_SHIFT 9 // blocks are 512-byte aligned, sizes multiples of 512
 #define NF_ALIGN ((uint64_t)1 << NF_ALIGN_SHIFT)
+// Most granules in one address range (chunk): its per-granule metadata
+// (4.25 B each) stays within a few GiB of host memory.
+#define NF_CHUNK_MAX_GRANULES ((uint64_t)1 << 30)
 #define NF_MAX_STREAMS 64 // streams are tracked in a 64-bit mask
 #define NF_RELEASE_AUTO (UINT64_MAX - 1)
 #define NF_RELEASE_NEVER UINT64_MAX
@@ -211,6 +214,8 @@ struct nf_pool_s {
   nf_pub_t *pub;
   uint64_t pub_mapped, pub_created; // gran_mapped / gran_created last published in full
   uint64_t pub_lf_ns;               // monotonic time largest_free was last walked
+  bool pub_lf_stale;                // a walk was skipped (rate limit): the published value may be old
+  uint32_t pub_lf_burst;            // walks in the current 100 ms window
 
   // ---- views (view.c)
   nf_block_t *vw_blk;     // the block nf__map_block is mapping (NULL: a tier maps a live block)

@@ -61,6 +61,16 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
     p->cfg.va_chunk = v < NF_GiB ? NF_GiB : v;
   }
   p->cfg.va_chunk = (p->cfg.va_chunk + g - 1) & ~(g - 1);
+  if ((p->cfg.va_chunk >> p->gshift) > NF_CHUNK_MAX_GRANULES) {
+    char vb[32], gb[32];
+    nf__fmt_bytes(vb, sizeof vb, p->cfg.va_chunk);
+    nf__fmt_bytes(gb, sizeof gb, g);
+    free(p);
+    return nf__error(NF_ERR_CONFIG, "nofrag: va_chunk %s is %llu granules of %s, above the %llu one address range "
+                     "may hold: use a smaller va_chunk or a larger granule", vb,
+                     (unsigned long long)(cfg->va_chunk >> __builtin_ctzll(g)), gb,
+                     (unsigned long long)NF_CHUNK_MAX_GRANULES);
+  }
   p->cfg.small_max = (p->cfg.small_max + NF_ALIGN - 1) & ~(NF_ALIGN - 1);
   p->gran_free = p->gran_unused = p->host_free = -1;
   p->disk_fd = -1;
@@ -78,6 +88,15 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
     free(p);
     return nf__error(NF_ERR_CONFIG, "nofrag: limit %llu B is below one granule (%llu B)",
                      (unsigned long long)limit, (unsigned long long)g);
+  }
+  if (cfg->reserve > p->cfg.limit) { // name the key and both sizes before creating anything
+    char rb[32], lb[32];
+    nf__fmt_bytes(rb, sizeof rb, cfg->reserve);
+    nf__fmt_bytes(lb, sizeof lb, p->cfg.limit);
+    free(p);
+    return nf__error(NF_ERR_CONFIG, "nofrag: reserve %s (%llu B) exceeds the pool's limit %s (%llu B, %s)", rb,
+                     (unsigned long long)cfg->reserve, lb, (unsigned long long)limit & ~(g - 1),
+                     cfg->limit ? "the limit key rounded to whole granules" : "no limit given: the backend's capacity");
   }
   if (cfg->reserve && (st = nf__granules_create(p, (cfg->reserve + g - 1) >> p->gshift)) != NF_OK) {
     if (st == NF_ERR_OOM) nf__error(st, "nofrag: reserve %llu B exceeds the limit %llu B",

@@ -25,14 +25,24 @@ void nf__pub_full(nf_pool_t *p) {
   v[NF_PUB_PHYSICAL] = p->gran_created << p->gshift;
   v[NF_PUB_LIMIT] = p->cfg.limit;
   v[NF_PUB_GRANULE] = p->granule;
-  // The walk is O(blocks): at most every 100 ms, else the last value stands
-  // (a workload that maps often must not pay a walk per mapping change).
+  // The walk is O(blocks + granules): one per 100 ms window, plus up to 3
+  // more when the mapping changed, else the last value stands (a workload
+  // that maps often must not pay a walk per mapping change; periodic ticks
+  // walk as before). The allowance covers the burst of mappings after a pool
+  // opens, so an idle pool does not keep the value from before its last
+  // mappings (top showed LARGEST 0B); a skipped walk marks the value stale
+  // until the next one (every 4096th op, or nf_stats_get, which publishes).
   uint64_t now = mono_ns();
-  if (!p->pub_lf_ns || now - p->pub_lf_ns >= 100000000ull) {
+  bool window = p->pub_lf_ns && now - p->pub_lf_ns < 100000000ull;
+  bool remapped = p->gran_mapped != p->pub_mapped || p->gran_created != p->pub_created; // not a periodic tick
+  if (!window || (remapped && p->pub_lf_burst < 4)) {
     v[NF_PUB_LARGEST_FREE] = nf__largest_free_mapped(p, NULL);
-    p->pub_lf_ns = now;
+    if (!window) { p->pub_lf_ns = now; p->pub_lf_burst = 0; }
+    p->pub_lf_burst++;
+    p->pub_lf_stale = false;
   } else {
     v[NF_PUB_LARGEST_FREE] = atomic_load_explicit(&m->v[NF_PUB_LARGEST_FREE], memory_order_relaxed);
+    p->pub_lf_stale = true;
   }
   v[NF_PUB_SPILLED] = (p->host_mapped - p->offl_granules) << p->gshift;
   v[NF_PUB_OFFLOADED] = (p->offl_granules + p->detached_granules) << p->gshift;

@@ -61,6 +61,7 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   s.granule = p->granule;
   s.cached = nf__cached(p);
   s.largest_free_mapped = nf__largest_free_mapped(p, &s.live_granules);
+  if (p->pub_lf_stale) { p->pub_lf_ns = 0; nf__pub_full(p); } // the monitor gets a fresh walk too
   const nf_calls_t *c = &s.calls;
   s.backend_calls = c->va_reserve + c->va_release + c->create + c->release + c->map + c->unmap +
                     c->set_access + c->event_create + c->event_record + c->event_query + c->event_sync +

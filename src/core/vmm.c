@@ -80,6 +80,10 @@ nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
   uint64_t size = p->cfg.va_chunk > min_size ? p->cfg.va_chunk : min_size;
   if (size > UINT64_MAX - g) return nf__error(NF_ERR_INVALID, "nofrag: size overflows");
   size = (size + g - 1) & ~(g - 1);
+  if ((size >> p->gshift) > NF_CHUNK_MAX_GRANULES) // its metadata alone would be gigabytes of host memory
+    return nf__error(NF_ERR_OOM, "nofrag: a %llu B address range is %llu granules of %llu B, above the %llu a range "
+                     "may hold", (unsigned long long)size, (unsigned long long)(size >> p->gshift),
+                     (unsigned long long)g, (unsigned long long)NF_CHUNK_MAX_GRANULES);
   nf_chunk_t *c = calloc(1, sizeof *c);
   nf_block_t *b = nf__block_new(p);
   uint64_t ngran = size >> p->gshift, words = (ngran + 63) >> 6;

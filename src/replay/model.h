@@ -146,11 +146,15 @@ typedef struct nf__model_s {
   nf__model_result *res;
 } nf__model;
 
-// Pools are indexed 0 = large, 1 = small (get_pool: size <= kSmallSize).
+// Shared helpers (model_common.c). Pools are indexed 0 = large, 1 = small
+// (get_pool: size <= kSmallSize).
 int32_t nf__m_new_block(nf__model *m);
 void nf__m_drop_block(nf__model *m, int32_t id);
 int nf__m_set_insert(nf__model *m, nf__mvec *s, int32_t id, int by_size);
 void nf__m_set_erase(nf__model *m, nf__mvec *s, int32_t id, int by_size);
+// First index in `s` whose block is not below (stream, size, addr) (std::set::lower_bound).
+size_t nf__m_lower_bound(const nf__model *m, const nf__mvec *s, uint64_t stream, uint64_t size, uint64_t addr,
+                         int by_size);
 uint64_t nf__m_try_merge(nf__model *m, int32_t dst, int32_t src);
 void nf__m_add_reserved(nf__model *m, uint64_t bytes);
 

@@ -56,6 +56,9 @@ static void fail_at(nf__replay_result *res, const nf__trace_ops *ops, size_t i, 
   res->fail_event = i < ops->n_ops ? (size_t)ops->ops[i].event + 1 : 0;
 }
 
+// The library's messages start with "nofrag: ", which the CLI prints once itself.
+static const char *unprefixed(const char *m) { return strncmp(m, "nofrag: ", 8) == 0 ? m + 8 : m; }
+
 nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts, nf__replay_result *res) {
   memset(res, 0, sizeof *res);
   nf_config_t cfg = opts->cfg;
@@ -82,16 +85,15 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
   nf_status_t st = nf_backend_host_create(&be, cap, g);
   if (st != NF_OK) {
     res->status = st;
-    snprintf(res->error, sizeof res->error, "host backend (capacity %llu, granule %llu): %s",
-             (unsigned long long)cap, (unsigned long long)g, nf_last_error());
+    snprintf(res->error, sizeof res->error, "simulated host backend (capacity %llu B, granule %llu B): %s",
+             (unsigned long long)cap, (unsigned long long)g, unprefixed(nf_last_error()));
     be = NULL;
     goto out;
   }
   st = nf_pool_create(&pool, be, &cfg);
   if (st != NF_OK) {
     res->status = st;
-    snprintf(res->error, sizeof res->error, "pool (limit %llu, granule %llu): %s", (unsigned long long)cfg.limit,
-             (unsigned long long)g, nf_last_error());
+    snprintf(res->error, sizeof res->error, "pool: %s", unprefixed(nf_last_error()));
     pool = NULL;
     goto out;
   }
@@ -188,6 +190,17 @@ out:
   return res->status;
 }
 
+// Probes a bisection over [lo, hi] (hi known to complete) takes at most.
+static unsigned ceil_log2(uint64_t m) {
+  unsigned k = 0;
+  while (((uint64_t)1 << k) < m && k < 63) k++;
+  return k;
+}
+
+static void announce(const nf__replay_opts *o, unsigned k, unsigned n, uint64_t limit) {
+  if (o->probe) o->probe(o->sample_ctx, k, n, limit);
+}
+
 nf_status_t nf__replay_min_capacity(const nf__trace_ops *ops, const nf__replay_opts *opts, uint64_t upper,
                                     nf__replay_bisect *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
@@ -200,6 +213,7 @@ nf_status_t nf__replay_min_capacity(const nf__trace_ops *ops, const nf__replay_o
   nf_status_t st = NF_OK;
   if (!upper) { // an unlimited run gives the upper bound
     o.cfg.limit = 0;
+    announce(&o, out->probes + 1, 0, 0);
     st = nf__replay_run(ops, &o, r);
     out->probes++;
     if (st != NF_OK) { snprintf(err, errlen, "unlimited replay: %s", r->error); goto done; }
@@ -212,8 +226,10 @@ nf_status_t nf__replay_min_capacity(const nf__trace_ops *ops, const nf__replay_o
   // The upper bound must be proven: the limit changes the pool's policy
   // (release threshold, stitching), so "peak physical unlimited" is not by
   // itself a limit that works. Double until a probe completes.
+  uint64_t lo0 = lo;
   for (;;) {
     o.cfg.limit = hi * g;
+    announce(&o, out->probes + 1, out->probes + 1 + ceil_log2(hi - lo0 + 1), hi * g); // if this one completes
     st = nf__replay_run(ops, &o, r);
     out->probes++;
     if (st == NF_OK) { out->at_min = *r; break; }
@@ -228,9 +244,11 @@ nf_status_t nf__replay_min_capacity(const nf__trace_ops *ops, const nf__replay_o
   }
   out->upper = hi * g;
   // Smallest completing limit in [lo, hi]; hi is known to complete.
+  unsigned n = out->probes + (lo < hi ? ceil_log2(hi - lo + 1) : 0);
   while (lo < hi) {
     uint64_t mid = lo + (hi - lo) / 2;
     o.cfg.limit = mid * g;
+    announce(&o, out->probes + 1, n, mid * g);
     st = nf__replay_run(ops, &o, r);
     out->probes++;
     if (st == NF_OK) { hi = mid; out->at_min = *r; }

@@ -33,6 +33,10 @@ typedef struct nf__replay_opts_s {
   void (*sample)(void *ctx, size_t op, const nf_stats_t *s);
   void *sample_ctx;
   size_t sample_every;
+  // Optional bisection hook (nf__replay_min_capacity): called with sample_ctx
+  // before probe k (1-based) of at most n (n 0: not known yet, the unlimited
+  // run that finds the upper bound), at `limit` bytes (0: unlimited).
+  void (*probe)(void *ctx, unsigned k, unsigned n, uint64_t limit);
 } nf__replay_opts;
 
 typedef struct nf__replay_result_s {

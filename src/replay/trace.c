@@ -17,10 +17,6 @@ static const char *const action_names[NF_TRACE_NACTIONS] = {
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free"};
 static const char *const field_names[5] = {"ACTION", "ADDR", "SIZE", "STREAM", "TIME_US"};
 
-const char *nf__trace_action_name(int action) {
-  return action >= 0 && action < NF_TRACE_NACTIONS ? action_names[action] : "?";
-}
-
 void nf__trace_set_err(char *err, size_t errlen, const char *fmt, ...) {
   if (!err || !errlen) return;
   va_list ap;

@@ -1,6 +1,6 @@
 // Allocation traces: reader and replay preprocessing (internal).
 //
-// A trace is text, optionally gzip-compressed (see shared/traces/README.md):
+// A trace is text, optionally gzip-compressed (format: docs/replay.md):
 //
 //     # comment
 //     ACTION ADDR SIZE STREAM TIME_US
@@ -63,9 +63,6 @@ nf_status_t nf__trace_parse_buffer(nf_trace_t *t, const char *name, const char *
 
 // Free a loaded trace (safe on a zeroed or already freed trace).
 void nf__trace_free(nf_trace_t *t);
-
-// Name of an action ("alloc"), or "?" if out of range.
-const char *nf__trace_action_name(int action);
 
 // ---------------------------------------------------------------- replay ops
 
