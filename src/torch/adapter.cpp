@@ -62,6 +62,10 @@ void NofragAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
 }
 
 void NofragAllocator::cacheInfo(c10::DeviceIndex device, size_t* largestBlock) {
+  if (!largestBlock) return;
+  // cuDNN asks before this device's first allocation too: make the pool (its
+  // limit bounds the answer); if it cannot be made, leave the guess as given.
+  if (!nf_torch_pool_get(device, 1)) return;
   nf_stats_t s;
   if (nf_torch_stats(device, &s) != 0) return;
   size_t best = *largestBlock;
