@@ -7,6 +7,10 @@
 # log printed on failure), then runs bench/gpu/torch_features.py with what is
 # left of NOFRAG_BENCH_BUDGET (default 500 s). Results: $OUT/torch_features.{json,md},
 # cells/*.{json,log}, snapshot-*.pickle, llama1b_ga4_ckpt.pickle.gz, run_torch.log.
+# At the end $OUT is packed for the device tool (at most 8 files come back):
+# torch_features.md, torch_features.json, run_torch.log stay as they are;
+# everything (those too, the adapter's build.log, the per-case logs, the
+# snapshots and the llama trace) is in $OUT/all.tar.gz.
 set -u
 T0=$(date +%s)
 ROOT=$(pwd)
@@ -37,11 +41,12 @@ say "build libnofrag"
 if [ -n "$DRY" ] && [ -f build/libnofrag.so ] && [ -x build/nofrag ]; then
   echo "DRY RUN: using the existing build/"
 elif ! nf_build_lib; then
-  echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1
+  echo "BUILD FAILED"; tail -40 "$OUT/build.log"; nf_pack_out run_torch.log; exit 1
 fi
 export NOFRAG_LIB="$ROOT/build/libnofrag.so"
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 
 say "adapter + cases (budget $(( BUDGET - $(elapsed) )) s)"
 python3 bench/gpu/torch_features.py --out "$OUT" --budget $(( BUDGET - $(elapsed) )) "$@"
-say "done; results in $OUT"
+say "done; results in $OUT (packing: all.tar.gz)"
+nf_pack_out torch_features.md torch_features.json run_torch.log

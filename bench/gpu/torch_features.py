@@ -36,6 +36,7 @@ Cases:
 --dry-run: no torch, no GPU: the orchestration only, every cell marked DRY RUN.
 """
 import argparse
+import faulthandler
 import gzip
 import json
 import os
@@ -201,8 +202,19 @@ def case_history(torch, alloc, out_dir):
         res["replay_status"] = rep.get("status")
     except ValueError:
         res["replay_error"] = (p.stdout + p.stderr)[-800:]
-    res["pass"] = bool(res["trace_plot_bytes"] and res["segment_plot_bytes"] and
-                       res.get("replay_peak_live") == res["run_live_peak_net"])
+    exact = bool(res["trace_plot_bytes"] and res["segment_plot_bytes"] and
+                 res.get("replay_peak_live") == res["run_live_peak_net"])
+    if alloc == "native":
+        # Informational: PyTorch's trace carries 512 B-rounded block sizes while its
+        # max_memory_allocated counts what was live at its own peak moment, so the two
+        # can differ by a few rounding units (508 B on the H200). The claim checked
+        # (issue 12, case 4) is about nofrag's dump: requested sizes, exact.
+        res["replay_exact"] = exact
+        res["replay_diff_bytes"] = (res["run_live_peak_net"] - res["replay_peak_live"]
+                                    if isinstance(res.get("replay_peak_live"), int) else None)
+        res["pass"] = bool(res["trace_plot_bytes"] and res["segment_plot_bytes"] and res.get("replay_status") == "ok")
+    else:
+        res["pass"] = exact
     del m, opt
     return res
 
@@ -256,7 +268,17 @@ def case_ipc(torch, alloc):
     p = ctx.Process(target=_ipc_child, args=(q_in, q_out, alloc))
     p.start()
     q_in.put(t)
-    theirs = q_out.get(timeout=60)
+    theirs = None
+    for _ in range(120):  # a child that died (e.g. its import of the handle failed) ends the wait
+        try:
+            theirs = q_out.get(timeout=0.5)
+            break
+        except Exception:  # noqa: BLE001 - queue.Empty
+            if not p.is_alive():
+                break
+    if theirs is None:
+        p.join(5)
+        return {"pass": False, "child_rc": p.exitcode, "error": "the child sent nothing back (its log is above)"}
     torch.cuda.synchronize()
     seen_child_write = bool((t == 1).all())
     seen_child_tensor = bool((theirs == 7).all())
@@ -341,6 +363,7 @@ CASES = {"graph": case_graph, "graphed": case_graphed, "compile": case_compile, 
 
 
 def worker(a):
+    faulthandler.enable()  # a crash prints the Python stack (and the adapter's native frames) into the log
     res = {"case": a.case, "alloc": a.alloc, "status": "started"}
 
     def dump():
@@ -398,6 +421,8 @@ class Orchestrator:
         if alloc == "nofrag-ctypes":
             env["NOFRAG_ADAPTER"] = "0"
         env["NOFRAG_ADAPTER_DIR"] = os.path.join(self.a.out, "adapter-build")
+        env["PYTHONFAULTHANDLER"] = "1"  # also in spawned children (ipc)
+        env["NOFRAG_SEGV_BACKTRACE"] = "1"  # the adapter prints native frames on a fatal signal
         return env
 
     def build_adapter(self):

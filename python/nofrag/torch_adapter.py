@@ -121,7 +121,11 @@ def build_adapter(out_dir=None, verbose=False):
     libdir = os.path.dirname(libpath)
     log = os.path.join(out, "build.log")
     common = dict(name="nofrag_adapter", sources=[os.path.join(src, f) for f in _COMPILED],
-                  extra_cflags=["-O2"], is_python_module=False, build_directory=out, verbose=True)
+                  # Hidden visibility: only the extern "C" entry points (marked default) are exported, so
+                  # the adapter's copies of inline/template code (c10, std, CUDA headers) can never
+                  # interpose on another library's (see install()).
+                  extra_cflags=["-O2", "-fvisibility=hidden", "-fvisibility-inlines-hidden"],
+                  is_python_module=False, build_directory=out, verbose=True)
     ld = [f"-L{libdir}", f"-l:{os.path.basename(libpath)}", f"-Wl,-rpath,{libdir}"]
     attempts = [dict(extra_include_paths=[inc, src], extra_ldflags=ld, with_cuda=True)]
     rt = _pip_cuda_runtime()
@@ -175,7 +179,11 @@ def install(out_dir=None):
     if not path:
         return False, why
     try:
-        lib = _lib.declare(ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
+        # RTLD_LOCAL, never RTLD_GLOBAL: a global load would put the adapter and its dependencies
+        # (libtorch_python's pybind11, libtorch_cpu's bundled libraries) ahead of every library loaded
+        # afterwards in symbol lookup; triton's own pybind11/LLVM then bound to torch's copies and
+        # torch.compile failed inside make_llir ("returned NULL without setting an exception").
+        lib = _lib.declare(ctypes.CDLL(path, mode=os.RTLD_LOCAL))
     except OSError as e:
         return False, f"loading {path} failed: {e}"
     err = ctypes.create_string_buffer(1024)

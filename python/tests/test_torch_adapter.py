@@ -2,10 +2,16 @@
 finds the sources and says plainly why it cannot build here; enable()'s
 fallback list is there. With torch importable these checks are skipped (the
 GPU script bench/gpu/torch_features.py builds and exercises the adapter)."""
+import ctypes
 import importlib.util
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import types
 import unittest
+from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -38,6 +44,53 @@ class AdapterWithoutTorch(unittest.TestCase):
         joined = " ".join(torch_adapter.FALLBACK_MISSING)
         for feature in ("CUDA graphs", "cacheInfo", "OutOfMemoryError", "MemPool"):
             self.assertIn(feature, joined)
+
+
+class AdapterLoading(unittest.TestCase):
+    """How the adapter is compiled and loaded (no torch needed: fakes)."""
+
+    @unittest.skipIf(shutil.which("cc") is None, "no C compiler")
+    def test_loaded_local(self):
+        # A stand-in adapter exporting a probe symbol: after install() the
+        # probe must not be visible process-wide (RTLD_LOCAL). Loaded
+        # RTLD_GLOBAL, the adapter and its dependencies interposed on
+        # libraries loaded later (triton's pybind11 failed under torch.compile).
+        d = tempfile.mkdtemp(prefix="nofrag-fake-adapter-")
+        c, so = os.path.join(d, "a.c"), os.path.join(d, "nofrag_adapter.so")
+        with open(c, "w") as f:
+            f.write("#include <stddef.h>\nint nofrag_probe_global_7f3a(void) { return 7; }\n"
+                    "int nf_adapter_install(char *e, size_t n) { (void)e; (void)n; return 0; }\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", so, c], check=True)
+        with mock.patch.object(torch_adapter, "build_adapter", return_value=(so, "")):
+            ok, path = torch_adapter.install(out_dir=d)
+        self.assertTrue(ok, path)
+        with self.assertRaises(AttributeError):
+            ctypes.CDLL(None).nofrag_probe_global_7f3a  # noqa: B018 - the look-up is the test
+        shutil.rmtree(d, ignore_errors=True)
+
+    @unittest.skipIf(HAVE_TORCH, "torch is importable here: the fakes would shadow it")
+    def test_compiled_hidden(self):
+        seen = {}
+
+        def load(**kw):
+            seen.update(kw)
+            raise RuntimeError("fake compiler")
+        cpp = types.ModuleType("torch.utils.cpp_extension")
+        cpp.load = load
+        torch = types.ModuleType("torch")
+        torch.__version__ = "2.11.0+fake"
+        torch.version = types.SimpleNamespace(cuda="13.0")
+        utils = types.ModuleType("torch.utils")
+        utils.cpp_extension = cpp
+        torch.utils = utils
+        d = tempfile.mkdtemp(prefix="nofrag-fake-build-")
+        with mock.patch.dict(sys.modules, {"torch": torch, "torch.utils": utils, "torch.utils.cpp_extension": cpp}):
+            path, why = torch_adapter.build_adapter(out_dir=d)
+        shutil.rmtree(d, ignore_errors=True)
+        self.assertIsNone(path)
+        self.assertIn("fake compiler", why)
+        self.assertIn("-fvisibility=hidden", seen.get("extra_cflags", []))
+        self.assertIn("-fvisibility-inlines-hidden", seen.get("extra_cflags", []))
 
 
 if __name__ == "__main__":

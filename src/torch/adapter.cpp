@@ -3,6 +3,9 @@
 // nf_adapter_install(), which nofrag.torch.enable() calls through ctypes.
 #include "adapter.h"
 
+#include <execinfo.h>
+#include <signal.h>
+
 namespace nfa {
 
 void NofragAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
@@ -59,6 +62,10 @@ void NofragAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
 }
 
 void NofragAllocator::cacheInfo(c10::DeviceIndex device, size_t* largestBlock) {
+  if (!largestBlock) return;
+  // cuDNN asks before this device's first allocation too: make the pool (its
+  // limit bounds the answer); if it cannot be made, leave the guess as given.
+  if (!nf_torch_pool_get(device, 1)) return;
   nf_stats_t s;
   if (nf_torch_stats(device, &s) != 0) return;
   size_t best = *largestBlock;
@@ -84,9 +91,10 @@ void NofragAllocator::emptyCache(MempoolId_t mempool_id) {
   for (int d = 0; d < kMaxDev; d++) {
     nf_pool_t* p = nf_torch_pool_get(d, 0);
     if (!p || !nf_private_use_count(p, it->second)) continue;
-    nf_status_t st = nf_private_trim(p, it->second);
-    TORCH_CHECK(st == NF_OK, "nofrag: emptyCache of pool (", mempool_id.first, ", ", mempool_id.second, "): ",
-                nf_last_error());
+    // Warn, never throw: MemPool's destructor calls this (a throw there terminates).
+    if (nf_private_trim(p, it->second) != NF_OK)
+      fprintf(stderr, "nofrag: emptyCache of pool (%llu, %llu): %s\n", (unsigned long long)mempool_id.first,
+              (unsigned long long)mempool_id.second, lib_error());
   }
 }
 
@@ -202,7 +210,7 @@ cca::CheckpointDelta NofragAllocator::setCheckpointPoolState(c10::DeviceIndex de
   for (size_t i = 0; i < st->live.size(); i++) {
     void* q = st->live[i].first;
     void* r = nf_alloc_at(p, key, q, st->live[i].second, (nf_stream_t)st->streams[i]);
-    TORCH_CHECK(r == q, "nofrag: setCheckpointPoolState: cannot re-create the block at ", q, ": ", nf_last_error());
+    TORCH_CHECK(r == q, "nofrag: setCheckpointPoolState: cannot re-create the block at ", q, ": ", lib_error());
     delta.dataptrs_allocd.emplace_back(r, r, &delete_fn, c10::Device(c10::DeviceType::CUDA, device));
   }
   return delta;
@@ -217,6 +225,48 @@ void delete_fn(void* ptr) {
   if (a) a->free_ptr(ptr);
 }
 
+// NOFRAG_SEGV_BACKTRACE=1 (the GPU bench sets it): on SIGSEGV/SIGBUS/SIGABRT
+// print the native frames (execinfo), then hand the signal to the handler
+// that was there before (Python's faulthandler prints the Python stack and
+// re-raises). Diagnostics only: a crash inside PyTorch or a CUDA library
+// otherwise leaves an empty log.
+struct sigaction g_prev[3];
+const int kSigs[3] = {SIGSEGV, SIGBUS, SIGABRT};
+
+void on_fatal(int sig, siginfo_t* info, void* uc) {
+  void* frames[64];
+  int n = backtrace(frames, 64);
+  const char m[] = "nofrag: fatal signal; native frames (most recent first):\n";
+  if (write(2, m, sizeof m - 1) < 0) {
+  }
+  backtrace_symbols_fd(frames, n, 2);
+  for (int i = 0; i < 3; i++) {
+    if (kSigs[i] != sig) continue;
+    sigaction(sig, &g_prev[i], nullptr);
+    if ((g_prev[i].sa_flags & SA_SIGINFO) && g_prev[i].sa_sigaction) {
+      g_prev[i].sa_sigaction(sig, info, uc);
+    } else if (g_prev[i].sa_handler != SIG_DFL && g_prev[i].sa_handler != SIG_IGN) {
+      g_prev[i].sa_handler(sig);
+    }
+  }
+  raise(sig); // previous handler returned or was the default: die with the signal
+}
+
+void install_backtrace() {
+  const char* v = getenv("NOFRAG_SEGV_BACKTRACE");
+  static bool done = false;
+  if (!v || !*v || strcmp(v, "0") == 0 || done) return;
+  done = true;
+  void* warm[1];
+  backtrace(warm, 1); // loads libgcc_s now, not inside the handler
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fatal;
+  sa.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_NODEFER; // NODEFER: a raise() in there acts at once
+  sigemptyset(&sa.sa_mask);
+  for (int i = 0; i < 3; i++) sigaction(kSigs[i], &sa, &g_prev[i]);
+}
+
 } // namespace nfa
 
 // Install the adapter as PyTorch's CUDA allocator (before CUDA is
@@ -224,6 +274,7 @@ void delete_fn(void* ptr) {
 // with the reason in `err`.
 extern "C" __attribute__((visibility("default"))) int nf_adapter_install(char* err, size_t n) {
   try {
+    nfa::install_backtrace();
     if (!nfa::g_hold) {
       nfa::g_hold = new std::shared_ptr<nfa::NofragAllocator>(std::make_shared<nfa::NofragAllocator>());
       nfa::g_alloc.store(nfa::g_hold->get(), std::memory_order_release);

@@ -87,6 +87,13 @@ inline std::string fmt_bytes(uint64_t n) {
   return b;
 }
 
+// The library's last error without its own "nofrag: " prefix (the adapter's
+// messages add "nofrag: <method>: " themselves).
+inline const char* lib_error() {
+  const char* e = nf_last_error();
+  return strncmp(e, "nofrag: ", 8) == 0 ? e + 8 : e;
+}
+
 inline bool is_capturing(cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
@@ -212,6 +219,13 @@ class NofragAllocator final : public Pluggable {
 
   void emptyCache(MempoolId_t mempool_id) override;
 
+  // Per-stream expandable-segment sizes (the pluggable base throws): nofrag's
+  // granules belong to no stream's segment, so there is nothing to list.
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override {
+    (void)device;
+    return {};
+  }
+
   // ------------------------------------------------------------ private pools
 
   void beginAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id, std::function<bool(cudaStream_t)> filter) override;
@@ -224,6 +238,20 @@ class NofragAllocator final : public Pluggable {
   void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t mempool_id, std::shared_ptr<cca::CUDAAllocator> allocator) override;
 
   int getPoolUseCount(c10::DeviceIndex device, MempoolId_t mempool_id) override;
+
+  // MemPool(use_on_oom=...) and its destructor call this (the base throws,
+  // which terminated the process from ~MemPool). nofrag never serves a
+  // general-pool request from a private pool's memory while it is in use; at
+  // its last release the pool's memory goes back to the general pool anyway,
+  // so the flag changes nothing here: accepted and ignored.
+  void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
+    (void)device, (void)mempool_id, (void)use_on_oom;
+  }
+
+  // MemPool(no_split=True): PyTorch's blocks of such a pool are never split.
+  // nofrag blocks are never split into pieces served to others either (a free
+  // range is placed by best fit; no block carries a remainder), so no-op.
+  void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) override { (void)device, (void)mempool_id; }
 
   bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId_t mempool_id, const std::unordered_set<void*>& expected_live_allocations) override;
 
@@ -298,7 +326,7 @@ class NofragAllocator final : public Pluggable {
   };
 
   static void check(nf_status_t st, const char* what) {
-    TORCH_CHECK(st == NF_OK, "nofrag: ", what, ": ", nf_last_error());
+    TORCH_CHECK(st == NF_OK, "nofrag: ", what, ": ", lib_error());
   }
 
   nf_pool_t* pool(c10::DeviceIndex device) {
@@ -349,9 +377,9 @@ class NofragAllocator final : public Pluggable {
     if (!p) return;
     if (nf_private_use_count(p, key) == 1) {
       if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
-      if (nf_private_trim(p, key) != NF_OK) fprintf(stderr, "nofrag: releasePool: %s\n", nf_last_error());
+      if (nf_private_trim(p, key) != NF_OK) fprintf(stderr, "nofrag: releasePool: %s\n", lib_error());
     }
-    if (nf_private_release(p, key) != NF_OK) fprintf(stderr, "nofrag: releasePool: %s\n", nf_last_error());
+    if (nf_private_release(p, key) != NF_OK) fprintf(stderr, "nofrag: releasePool: %s\n", lib_error());
   }
 
   std::vector<void*> live_of(c10::DeviceIndex device, MempoolId_t id) {

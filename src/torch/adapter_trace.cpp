@@ -159,7 +159,7 @@ cca::ShareableHandle NofragAllocator::shareIpcHandle(void* ptr) {
   size_t nfds = 0;
   uint64_t off = 0;
   nf_status_t st = nf_ipc_export(p, ptr, &buf[0], buf.size(), fds.data(), fds.size(), &nfds, &off);
-  TORCH_CHECK(st == NF_OK, "nofrag: shareIpcHandle: ", nf_last_error());
+  TORCH_CHECK(st == NF_OK, "nofrag: shareIpcHandle: ", lib_error());
   fds.resize(nfds);
   {
     std::lock_guard<std::mutex> g(ipc_mu_);
@@ -176,7 +176,7 @@ std::shared_ptr<void> NofragAllocator::getIpcDevPtr(std::string handle) {
   void* base = nullptr;
   nf_ipc_map_t* m = nullptr;
   nf_status_t st = nf_ipc_import(nf_pool_backend(pool(dev)), handle.c_str(), &base, &m);
-  TORCH_CHECK(st == NF_OK, "nofrag: getIpcDevPtr: ", nf_last_error());
+  TORCH_CHECK(st == NF_OK, "nofrag: getIpcDevPtr: ", lib_error());
   return std::shared_ptr<void>(base, [m](void*) { nf_ipc_close(m); });
 }
 

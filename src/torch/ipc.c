@@ -15,6 +15,7 @@
 #include "torch/torch.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,8 +125,18 @@ NF_API nf_status_t nf_ipc_import(nf_backend_t *be, const char *handle, void **ba
   m->n = n;
   nf_status_t st = NF_OK;
   int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-  if (pidfd < 0) st = errno == ESRCH ? nf__error(NF_ERR_INVALID, "nofrag: IPC: the sending process %ld is gone", pid)
-                                     : getfd_fail(errno, pid);
+  if (pidfd < 0) {
+    int e = errno;
+    // ESRCH: no such pid in this process's PID namespace. Say what we see,
+    // so an exited sender can be told from one in another PID namespace.
+    if (e == ESRCH)
+      st = nf__error(NF_ERR_INVALID,
+                     "nofrag: IPC: pidfd_open(%ld) failed with ESRCH in process %ld (parent %ld; kill(%ld, 0): %s): "
+                     "the sending process has exited, or it is in another PID namespace",
+                     pid, (long)getpid(), (long)getppid(), pid, kill((pid_t)pid, 0) == 0 ? "exists" : strerror(errno));
+    else
+      st = getfd_fail(e, pid);
+  }
   const char *s = handle + used;
   for (uint64_t i = 0; st == NF_OK && i < n; i++) {
     int fd, k = 0;
