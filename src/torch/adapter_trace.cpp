@@ -23,8 +23,14 @@ void NofragAllocator::oom(c10::DeviceIndex dev, size_t size, cudaStream_t stream
   }
   if (tracing_.load()) record(dev, cda::TraceEntry::OOM, dfree, size, stream, pool_id, nullptr);
   for (auto& o : obs) o(dev, size, (size_t)s.limit, dfree);
-  TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (nofrag). Tried to allocate ", fmt_bytes(size),
-                   " on device ", (int)dev, ". ", why, report.empty() ? "" : "\n", report);
+  // The message is built with snprintf and std::string only: on the H200 the
+  // process crashed inside the ostream formatting of TORCH_CHECK_WITH's
+  // arguments (an int) on this path (GPU run 16), so no iostream is used here.
+  char head[128];
+  snprintf(head, sizeof head, "CUDA out of memory (nofrag). Tried to allocate %s on device %d. ", fmt_bytes(size).c_str(),
+           (int)dev);
+  std::string msg = head + why + (report.empty() ? "" : "\n") + report;
+  throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, std::move(msg)); // C10_THROW_ERROR
 }
 
 void NofragAllocator::recordHistory(bool enabled, cca::CreateContextFn context_recorder, size_t alloc_trace_max_entries, cca::RecordContext when, bool clearHistory, const std::vector<std::string>& skip_actions) {
