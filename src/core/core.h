@@ -1,7 +1,8 @@
 // The core layer's private header: the pool, blocks, chunks, granules and
 // streams, and the functions the core's files share:
 //   pool.c       nf_alloc / nf_free / record_stream / trim / limits (the hot path)
-//   placement.c  TLSF index of free blocks and the placement policy
+//   freelist.c   TLSF index of free blocks, split and coalesce
+//   placement.c  the placement policy (which free block, which end)
 //   vmm.c        granules, address-range chunks, mapping, stitching, spill, release
 //   stream.c     stream table, lazy events, cross-stream ordering
 //   blockmap.c   pointer -> block hash and the block slab
@@ -221,6 +222,7 @@ struct nf_pool_s {
   nf_block_t *vw_blk;     // the block nf__map_block is mapping (NULL: a tier maps a live block)
   uint32_t vw_s;          // its stream
   bool vw_on;             // granules have moved: frees record their streams in the granules
+  void (*vw_dead)(nf_pool_t *p, const nf_block_t *b, bool merge); // nf__view_dead, set when vw_on (stream.c calls it)
   uint64_t vw_count;      // parked views (at most about cfg.views)
   nf_chunk_t *vw_cur_c;   // where the search for a cached granule resumes
   uint64_t vw_cur_g;
@@ -237,6 +239,31 @@ struct nf_pool_s {
   uint64_t capture_mask;         // stream indexes being captured: no event calls, no host waits
   // ---- end private pools: fields
 };
+
+// Stream state predicates (pure: no backend call), used by every file of the
+// core. A record on X after `need` covers the block's work on X. The block's
+// tick may come from another stream's later free (merged blocks keep the
+// latest tick), so X's own newest free bounds it: X's work on it is no later.
+static inline uint64_t nf__need_tick(const nf_stream_rec_t *r, uint64_t tick) {
+  return tick < r->last_free ? tick : r->last_free;
+}
+
+static inline bool nf__block_retired(const nf_pool_t *p, const nf_block_t *b) {
+  for (uint64_t m = b->smask; m; m &= m - 1) {
+    const nf_stream_rec_t *r = &p->streams[__builtin_ctzll(m)];
+    if (r->done_tick <= nf__need_tick(r, b->tick)) return false;
+  }
+  return true;
+}
+
+static inline bool nf__block_usable(const nf_pool_t *p, const nf_block_t *b, uint32_t s) {
+  for (uint64_t m = b->smask & ~(1ull << s); m; m &= m - 1) {
+    uint32_t x = (uint32_t)__builtin_ctzll(m);
+    uint64_t need = nf__need_tick(&p->streams[x], b->tick);
+    if (p->streams[x].done_tick <= need && p->waited[s][x] <= need) return false;
+  }
+  return true;
+}
 
 // ---- private pools (private_pool.c)
 // A private pool owns whole address-range chunks (chunk->priv) and their own
@@ -271,7 +298,6 @@ nf_priv_t *nf__priv_route(const nf_pool_t *p, uint32_t s); // route for an alloc
 nf_status_t nf__priv_chunk_new(nf_pool_t *p, nf_priv_t *pv, int arena, uint64_t min_size);
 uint64_t nf__priv_check(nf_pool_t *p, nf_status_t *st); // nf_pool_check: free blocks indexed in private pools
 void nf__privs_destroy(nf_pool_t *p);
-bool nf__block_usable(const nf_pool_t *p, const nf_block_t *b, uint32_t s); // stream.c
 // Whether a free block may be used on stream s with no event call (always
 // true outside captures; during one, placement takes only such blocks).
 static inline bool nf__capture_ok(const nf_pool_t *p, const nf_block_t *b, uint32_t s) {
@@ -296,14 +322,30 @@ nf_block_t *nf__map_find(nf_pool_t *p, uintptr_t key);
 void nf__map_remove(nf_pool_t *p, uintptr_t key);
 void nf__blocks_destroy(nf_pool_t *p);
 
-// placement.c
+// freelist.c: the free-block index (TLSF) and block surgery. A size of
+// `units` x 512 B falls in first-level class *fl, second-level *sl.
+static inline int nf__fls64(uint64_t x) { return 63 - __builtin_clzll(x); }
+
+static inline void nf__tlsf_mapping(uint64_t units, int *fl, int *sl) {
+  if (units < NF_SL_COUNT) {
+    *fl = 0;
+    *sl = (int)units;
+  } else {
+    int f = nf__fls64(units);
+    *fl = f - NF_SL_LOG2 + 1;
+    *sl = (int)((units >> (f - NF_SL_LOG2)) - NF_SL_COUNT);
+  }
+}
+
 void nf__tlsf_insert(nf_tlsf_t *t, nf_block_t *b);
 void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b);
+nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
+void nf__release_block(nf_pool_t *p, nf_block_t *b);
+
+// placement.c: the placement policy
 // tl: the free index to place in (the general pool's p->tlsf or a private pool's), one per arena.
 nf_block_t *nf__place(nf_pool_t *p, nf_tlsf_t *tl, int arena, uint64_t size, uint32_t s, uint64_t *off, bool *mapped);
 nf_block_t *nf__place_min(nf_pool_t *p, nf_tlsf_t *tl, uint64_t size, uint32_t s, uint64_t *off, bool *mapped);
-nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
-void nf__release_block(nf_pool_t *p, nf_block_t *b);
 
 // vmm.c
 nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size);
@@ -335,9 +377,7 @@ static inline uint64_t nf__cached(const nf_pool_t *p) {
 
 // stream.c
 nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out);
-bool nf__block_usable(const nf_pool_t *p, const nf_block_t *b, uint32_t s);
 nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s);
-bool nf__block_retired(const nf_pool_t *p, const nf_block_t *b);
 nf_status_t nf__streams_sync(nf_pool_t *p);
 nf_status_t nf__streams_poll(nf_pool_t *p);
 nf_status_t nf__stream_record(nf_pool_t *p, uint32_t x);

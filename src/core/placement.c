@@ -23,44 +23,6 @@
 #define NF_WALK 8  // blocks inspected in the exact class on the fast path
 #define NF_SCAN 48 // blocks inspected on the slow path
 
-static inline int fls64(uint64_t x) { return 63 - __builtin_clzll(x); }
-
-static inline void mapping(uint64_t units, int *fl, int *sl) {
-  if (units < NF_SL_COUNT) {
-    *fl = 0;
-    *sl = (int)units;
-  } else {
-    int f = fls64(units);
-    *fl = f - NF_SL_LOG2 + 1;
-    *sl = (int)((units >> (f - NF_SL_LOG2)) - NF_SL_COUNT);
-  }
-}
-
-void nf__tlsf_insert(nf_tlsf_t *t, nf_block_t *b) {
-  int fl, sl;
-  mapping(b->size >> NF_ALIGN_SHIFT, &fl, &sl);
-  nf_block_t *h = t->heads[fl][sl];
-  b->fprev = NULL;
-  b->fnext = h;
-  if (h) h->fprev = b;
-  t->heads[fl][sl] = b;
-  t->fl_bitmap |= 1ull << fl;
-  t->sl_bitmap[fl] |= 1u << sl;
-}
-
-void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b) {
-  int fl, sl;
-  mapping(b->size >> NF_ALIGN_SHIFT, &fl, &sl);
-  if (b->fprev) b->fprev->fnext = b->fnext;
-  else t->heads[fl][sl] = b->fnext;
-  if (b->fnext) b->fnext->fprev = b->fprev;
-  if (!t->heads[fl][sl]) {
-    t->sl_bitmap[fl] &= ~(1u << sl);
-    if (!t->sl_bitmap[fl]) t->fl_bitmap &= ~(1ull << fl);
-  }
-  b->fprev = b->fnext = NULL;
-}
-
 // Views (view.c): of k granules not ready, those a parked view takes back
 // cost no backend call (1 each: they move a granule); the rest map (64).
 static inline uint64_t view_cost(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n, uint64_t k) {
@@ -91,7 +53,7 @@ nf_block_t *nf__place(nf_pool_t *p, nf_tlsf_t *tl, int arena, uint64_t size, uin
   nf_tlsf_t *t = &tl[arena];
   uint64_t units = size >> NF_ALIGN_SHIFT;
   int fl, sl;
-  mapping(units, &fl, &sl);
+  nf__tlsf_mapping(units, &fl, &sl);
   *off = 0;
   *mapped = true;
   // 1. The exact class may hold blocks that fit (TLSF's rounding skips them):
@@ -125,8 +87,8 @@ nf_block_t *nf__place(nf_pool_t *p, nf_tlsf_t *tl, int arena, uint64_t size, uin
   }
   if (best && (tight || budget <= 0)) goto done;
   if (budget <= 0) budget = 1; // a larger class's first block always fits
-  if (units >= NF_SL_COUNT) units += (1ull << (fls64(units) - NF_SL_LOG2)) - 1;
-  mapping(units, &fl, &sl);
+  if (units >= NF_SL_COUNT) units += (1ull << (nf__fls64(units) - NF_SL_LOG2)) - 1;
+  nf__tlsf_mapping(units, &fl, &sl);
   for (; fl < NF_FL_COUNT && budget > 0; fl++, sl = 0) {
     uint32_t slm = t->sl_bitmap[fl] & (~0u << sl);
     if (!slm) {
@@ -151,24 +113,6 @@ done:
   *off = best_off;
   *mapped = !tight && !best_cost; // cost 0: every granule of the placement is ready
   return best;
-}
-
-static nf_block_t *split_front(nf_pool_t *p, nf_block_t *b, uint64_t size) {
-  nf_block_t *r = nf__block_new(p);
-  if (!r) return NULL;
-  r->addr = b->addr + size;
-  r->size = b->size - size;
-  r->chunk = b->chunk;
-  r->arena = b->arena;
-  r->state = NF_BLK_FREE;
-  r->smask = b->smask;
-  r->tick = b->tick;
-  r->prev = b;
-  r->next = b->next;
-  if (b->next) b->next->prev = r;
-  b->next = r;
-  b->size = size;
-  return r;
 }
 
 // Last resort before an allocation fails: every free block of both arenas is
@@ -196,58 +140,4 @@ nf_block_t *nf__place_min(nf_pool_t *p, nf_tlsf_t *tl, uint64_t size, uint32_t s
   if (best) nf__tlsf_remove(&tl[best->arena], best);
   *mapped = best && !best_cost;
   return best;
-}
-
-// Carve [b->addr + off, + size) out of the detached free block b; the rest
-// goes back to the free index. Returns the carved block, or NULL (no host
-// memory for a header) with everything back in the free index.
-nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size) {
-  if (off) {
-    nf_block_t *r = split_front(p, b, off);
-    if (!r) { nf__tlsf_insert(nf__tlsf_of(p, b), b); return NULL; }
-    nf__tlsf_insert(nf__tlsf_of(p, b), b);
-    b = r;
-  }
-  if (b->size > size) {
-    nf_block_t *r = split_front(p, b, size);
-    if (!r) { nf__release_block(p, b); return NULL; }
-    nf__tlsf_insert(nf__tlsf_of(p, r), r);
-  }
-  return b;
-}
-
-// Free neighbours always merge: the merged block must be ordered after the
-// work of both (union of streams, the later free tick: conservative, never
-// unsafe); a neighbour whose work is known complete adds nothing.
-static void merge_order(const nf_pool_t *p, nf_block_t *keep, const nf_block_t *gone) {
-  if (keep->smask && nf__block_retired(p, keep)) keep->smask = 0;
-  if (!gone->smask || nf__block_retired(p, gone)) return;
-  if (!keep->smask || gone->tick > keep->tick) keep->tick = gone->tick;
-  keep->smask |= gone->smask;
-}
-
-// Insert a freed block into its arena's index, coalescing with free
-// neighbours. `b` must be detached (state FREE, smask/tick set).
-void nf__release_block(nf_pool_t *p, nf_block_t *b) {
-  nf_tlsf_t *t = nf__tlsf_of(p, b);
-  nf_block_t *n = b->next;
-  if (n && n->state == NF_BLK_FREE) {
-    merge_order(p, b, n);
-    nf__tlsf_remove(t, n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next) n->next->prev = b;
-    nf__block_delete(p, n);
-  }
-  nf_block_t *q = b->prev;
-  if (q && q->state == NF_BLK_FREE) {
-    merge_order(p, q, b);
-    nf__tlsf_remove(t, q);
-    q->size += b->size;
-    q->next = b->next;
-    if (b->next) b->next->prev = q;
-    nf__block_delete(p, b);
-    b = q;
-  }
-  nf__tlsf_insert(t, b);
 }

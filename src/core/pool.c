@@ -448,3 +448,15 @@ void nf_pool_config(nf_pool_t *p, nf_config_t *cfg) {
   *cfg = p->cfg;
   nf__unlock(&p->lock);
 }
+
+// Entry points of private pools (private_pool.c) and of re-creating a block
+// at an address: the same path as nf_alloc.
+void *nf_alloc_private(nf_pool_t *p, uint64_t id, size_t size, nf_stream_t stream) {
+  if (p && !id) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_private: private pool id 0 is the general pool"); return NULL; }
+  return nf__alloc(p, size, stream, true, id, 0);
+}
+
+void *nf_alloc_at(nf_pool_t *p, uint64_t id, void *addr, size_t size, nf_stream_t stream) {
+  if (p && !addr) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_at: NULL address"); return NULL; }
+  return nf__alloc(p, size, stream, id != 0, id, (uintptr_t)addr);
+}

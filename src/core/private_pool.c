@@ -244,16 +244,6 @@ nf_status_t nf_private_end(nf_pool_t *p, uint64_t id) {
   return st;
 }
 
-void *nf_alloc_private(nf_pool_t *p, uint64_t id, size_t size, nf_stream_t stream) {
-  if (p && !id) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_private: private pool id 0 is the general pool"); return NULL; }
-  return nf__alloc(p, size, stream, true, id, 0);
-}
-
-void *nf_alloc_at(nf_pool_t *p, uint64_t id, void *addr, size_t size, nf_stream_t stream) {
-  if (p && !addr) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_at: NULL address"); return NULL; }
-  return nf__alloc(p, size, stream, id != 0, id, (uintptr_t)addr);
-}
-
 nf_status_t nf_private_trim(nf_pool_t *p, uint64_t id) {
   NEED_ID("nf_private_trim");
   nf__lock(&p->lock);

@@ -4,53 +4,6 @@
 
 #include <stdlib.h>
 
-// Largest free run that is fully mapped, and the number of granules that
-// live (or pending) blocks overlap. One walk over all blocks.
-uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules) {
-  uint64_t best = 0, lg = 0;
-  for (const nf_chunk_t *c = p->chunks; c; c = c->next) {
-    const uint64_t *ready = c->mapped + ((c->ngran + 63) >> 6);
-    uint64_t last_g = UINT64_MAX; // last granule counted as live (blocks are address-ordered)
-    for (const nf_block_t *b = c->first; b;) {
-      if (b->state != NF_BLK_FREE) {
-        uint64_t g0 = (b->addr - c->base) >> p->gshift;
-        uint64_t g1 = (b->addr + b->size - c->base + p->granule - 1) >> p->gshift;
-        lg += g1 - g0 - (g0 == last_g);
-        last_g = g1 - 1;
-        b = b->next;
-        continue;
-      }
-      uintptr_t ra = b->addr - c->base, rb = ra;
-      for (; b && b->state == NF_BLK_FREE; b = b->next) rb = b->addr + b->size - c->base;
-      // Maximal sequences of ready granules over the run, clipped to it.
-      uint64_t g = ra >> p->gshift, gb = (rb + p->granule - 1) >> p->gshift;
-      while (g < gb) {
-        // A word at a time where it can (a large free run is mostly one
-        // kind of bit): the walk runs every 100 ms from the published
-        // counters, on the alloc/free path.
-        uint64_t w = ready[g >> 6] >> (g & 63);
-        if (!w) { g = (g | 63) + 1; continue; }
-        g += (uint64_t)__builtin_ctzll(w);
-        if (g >= gb) break;
-        uint64_t e = g;
-        for (;;) {
-          uint64_t x = ~ready[e >> 6] >> (e & 63); // zeros from e on
-          if (x) { e += (uint64_t)__builtin_ctzll(x); break; }
-          e = (e | 63) + 1;
-          if (e >= gb) break;
-        }
-        if (e > gb) e = gb;
-        uint64_t lo = g << p->gshift, hi = e << p->gshift;
-        lo = lo > ra ? lo : ra;
-        hi = hi < rb ? hi : rb;
-        if (hi > lo && hi - lo > best) best = hi - lo;
-        g = e;
-      }
-    }
-  }
-  if (live_granules) *live_granules = lg;
-  return best;
-}
 
 void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   nf__lock(&p->lock);

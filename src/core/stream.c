@@ -36,30 +36,6 @@ nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out) {
   return NF_OK;
 }
 
-// A record on X after `need` covers the block's work on X. The block's tick
-// may come from another stream's later free (merged blocks keep the latest
-// tick), so X's own newest free bounds it: X's work on the block is no later.
-static inline uint64_t need_tick(const nf_stream_rec_t *r, uint64_t tick) {
-  return tick < r->last_free ? tick : r->last_free;
-}
-
-bool nf__block_retired(const nf_pool_t *p, const nf_block_t *b) {
-  for (uint64_t m = b->smask; m; m &= m - 1) {
-    const nf_stream_rec_t *r = &p->streams[__builtin_ctzll(m)];
-    if (r->done_tick <= need_tick(r, b->tick)) return false;
-  }
-  return true;
-}
-
-bool nf__block_usable(const nf_pool_t *p, const nf_block_t *b, uint32_t s) {
-  for (uint64_t m = b->smask & ~(1ull << s); m; m &= m - 1) {
-    uint32_t x = (uint32_t)__builtin_ctzll(m);
-    uint64_t need = need_tick(&p->streams[x], b->tick);
-    if (p->streams[x].done_tick <= need && p->waited[s][x] <= need) return false;
-  }
-  return true;
-}
-
 nf_status_t nf__stream_record(nf_pool_t *p, uint32_t x) {
   nf_stream_rec_t *r = &p->streams[x];
   nf_status_t st;
@@ -94,7 +70,7 @@ nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s) {
   for (uint64_t m = b->smask & ~(1ull << s); m; m &= m - 1) {
     uint32_t x = (uint32_t)__builtin_ctzll(m);
     nf_stream_rec_t *r = &p->streams[x];
-    uint64_t need = need_tick(r, b->tick);
+    uint64_t need = nf__need_tick(r, b->tick);
     if (r->done_tick > need || p->waited[s][x] > need) continue;
     nf_status_t st;
     if (r->rec_tick <= need && (st = nf__stream_record(p, x)) != NF_OK) return st;
@@ -169,7 +145,7 @@ nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
     if (b->fnext) b->fnext->fprev = b->fprev;
     b->extra = 0;
     b->state = NF_BLK_FREE;
-    if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, true);
+    if (NF_UNLIKELY(p->vw_on)) p->vw_dead(p, b, true); // a hook: views lie above the streams
     nf__release_block(p, b);
   }
   return NF_OK;

@@ -80,7 +80,7 @@ static nf_status_t copy_window(nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, c
   uint64_t G = p->granule;
   nf_status_t st = NF_OK;
   for (uint64_t j = 0, e; j < n; j = e) {
-    uintptr_t w, we;
+    uintptr_t w = 0, we = 0; // set by win_map (initialised for the compiler's flow analysis)
     if ((st = win_map(p, hg[j], &w)) != NF_OK) return st;
     for (e = j + 1; e < n; e++) {
       if ((st = win_map(p, hg[e], &we)) != NF_OK) return st;

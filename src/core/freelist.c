@@ -1,0 +1,150 @@
+// The free-block index: each arena's free blocks in a two-level segregated
+// fit (TLSF) index, and the block surgery around it (split, coalesce on
+// release). Below the placement policy (placement.c), which searches this
+// index, and below the streams and the vmm, which hand blocks back to it.
+#include "core/core.h"
+
+void nf__tlsf_insert(nf_tlsf_t *t, nf_block_t *b) {
+  int fl, sl;
+  nf__tlsf_mapping(b->size >> NF_ALIGN_SHIFT, &fl, &sl);
+  nf_block_t *h = t->heads[fl][sl];
+  b->fprev = NULL;
+  b->fnext = h;
+  if (h) h->fprev = b;
+  t->heads[fl][sl] = b;
+  t->fl_bitmap |= 1ull << fl;
+  t->sl_bitmap[fl] |= 1u << sl;
+}
+
+void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b) {
+  int fl, sl;
+  nf__tlsf_mapping(b->size >> NF_ALIGN_SHIFT, &fl, &sl);
+  if (b->fprev) b->fprev->fnext = b->fnext;
+  else t->heads[fl][sl] = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev;
+  if (!t->heads[fl][sl]) {
+    t->sl_bitmap[fl] &= ~(1u << sl);
+    if (!t->sl_bitmap[fl]) t->fl_bitmap &= ~(1ull << fl);
+  }
+  b->fprev = b->fnext = NULL;
+}
+
+static nf_block_t *split_front(nf_pool_t *p, nf_block_t *b, uint64_t size) {
+  nf_block_t *r = nf__block_new(p);
+  if (!r) return NULL;
+  r->addr = b->addr + size;
+  r->size = b->size - size;
+  r->chunk = b->chunk;
+  r->arena = b->arena;
+  r->state = NF_BLK_FREE;
+  r->smask = b->smask;
+  r->tick = b->tick;
+  r->prev = b;
+  r->next = b->next;
+  if (b->next) b->next->prev = r;
+  b->next = r;
+  b->size = size;
+  return r;
+}
+
+// Carve [b->addr + off, + size) out of the detached free block b; the rest
+// goes back to the free index. Returns the carved block, or NULL (no host
+// memory for a header) with everything back in the free index.
+nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size) {
+  if (off) {
+    nf_block_t *r = split_front(p, b, off);
+    if (!r) { nf__tlsf_insert(nf__tlsf_of(p, b), b); return NULL; }
+    nf__tlsf_insert(nf__tlsf_of(p, b), b);
+    b = r;
+  }
+  if (b->size > size) {
+    nf_block_t *r = split_front(p, b, size);
+    if (!r) { nf__release_block(p, b); return NULL; }
+    nf__tlsf_insert(nf__tlsf_of(p, r), r);
+  }
+  return b;
+}
+
+// Free neighbours always merge: the merged block must be ordered after the
+// work of both (union of streams, the later free tick: conservative, never
+// unsafe); a neighbour whose work is known complete adds nothing.
+static void merge_order(const nf_pool_t *p, nf_block_t *keep, const nf_block_t *gone) {
+  if (keep->smask && nf__block_retired(p, keep)) keep->smask = 0;
+  if (!gone->smask || nf__block_retired(p, gone)) return;
+  if (!keep->smask || gone->tick > keep->tick) keep->tick = gone->tick;
+  keep->smask |= gone->smask;
+}
+
+// Insert a freed block into its arena's index, coalescing with free
+// neighbours. `b` must be detached (state FREE, smask/tick set).
+void nf__release_block(nf_pool_t *p, nf_block_t *b) {
+  nf_tlsf_t *t = nf__tlsf_of(p, b);
+  nf_block_t *n = b->next;
+  if (n && n->state == NF_BLK_FREE) {
+    merge_order(p, b, n);
+    nf__tlsf_remove(t, n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    nf__block_delete(p, n);
+  }
+  nf_block_t *q = b->prev;
+  if (q && q->state == NF_BLK_FREE) {
+    merge_order(p, q, b);
+    nf__tlsf_remove(t, q);
+    q->size += b->size;
+    q->next = b->next;
+    if (b->next) b->next->prev = q;
+    nf__block_delete(p, b);
+    b = q;
+  }
+  nf__tlsf_insert(t, b);
+}
+
+// Largest free run that is fully mapped, and the number of granules that
+// live (or pending) blocks overlap. One walk over all blocks.
+uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules) {
+  uint64_t best = 0, lg = 0;
+  for (const nf_chunk_t *c = p->chunks; c; c = c->next) {
+    const uint64_t *ready = c->mapped + ((c->ngran + 63) >> 6);
+    uint64_t last_g = UINT64_MAX; // last granule counted as live (blocks are address-ordered)
+    for (const nf_block_t *b = c->first; b;) {
+      if (b->state != NF_BLK_FREE) {
+        uint64_t g0 = (b->addr - c->base) >> p->gshift;
+        uint64_t g1 = (b->addr + b->size - c->base + p->granule - 1) >> p->gshift;
+        lg += g1 - g0 - (g0 == last_g);
+        last_g = g1 - 1;
+        b = b->next;
+        continue;
+      }
+      uintptr_t ra = b->addr - c->base, rb = ra;
+      for (; b && b->state == NF_BLK_FREE; b = b->next) rb = b->addr + b->size - c->base;
+      // Maximal sequences of ready granules over the run, clipped to it.
+      uint64_t g = ra >> p->gshift, gb = (rb + p->granule - 1) >> p->gshift;
+      while (g < gb) {
+        // A word at a time where it can (a large free run is mostly one
+        // kind of bit): the walk runs every 100 ms from the published
+        // counters, on the alloc/free path.
+        uint64_t w = ready[g >> 6] >> (g & 63);
+        if (!w) { g = (g | 63) + 1; continue; }
+        g += (uint64_t)__builtin_ctzll(w);
+        if (g >= gb) break;
+        uint64_t e = g;
+        for (;;) {
+          uint64_t x = ~ready[e >> 6] >> (e & 63); // zeros from e on
+          if (x) { e += (uint64_t)__builtin_ctzll(x); break; }
+          e = (e | 63) + 1;
+          if (e >= gb) break;
+        }
+        if (e > gb) e = gb;
+        uint64_t lo = g << p->gshift, hi = e << p->gshift;
+        lo = lo > ra ? lo : ra;
+        hi = hi < rb ? hi : rb;
+        if (hi > lo && hi - lo > best) best = hi - lo;
+        g = e;
+      }
+    }
+  }
+  if (live_granules) *live_granules = lg;
+  return best;
+}
