@@ -241,6 +241,21 @@ static nf_status_t va_release_locked(host_backend *h, uintptr_t va, size_t size)
 
 // ---------------------------------------------------------------- physical memory
 
+// A free slot in recs[] (reused or appended), or NULL (out of host memory or
+// at MAX_RECS). Under h->mu.
+static mem_rec *rec_new(host_backend *h, uint32_t *idx) {
+  if (!h->free_rec && (h->nrecs >= MAX_RECS || !grow((void **)&h->recs, &h->caprecs, h->nrecs + 1, sizeof(mem_rec))))
+    return NULL;
+  if (h->free_rec) {
+    *idx = h->free_rec - 1;
+    h->free_rec = h->recs[*idx].next_free;
+  } else {
+    *idx = (uint32_t)h->nrecs++;
+    h->recs[*idx].gen = 1;
+  }
+  return &h->recs[*idx];
+}
+
 static nf_status_t mem_create_locked(host_backend *h, nf_tier_t tier, size_t size, nf_handle_t *out) {
   nf_status_t st = check_tier(&h->base, tier);
   if (st != NF_OK) return st;
@@ -260,14 +275,7 @@ static nf_status_t mem_create_locked(host_backend *h, nf_tier_t tier, size_t siz
   if (!ext_alloc(t, size, &off))
     return nf__backend_fail(&h->base, NF_ERR_OOM, "host backend: out of memory: no contiguous %zu bytes free", size);
   uint32_t idx;
-  if (h->free_rec) {
-    idx = h->free_rec - 1;
-    h->free_rec = h->recs[idx].next_free;
-  } else {
-    idx = (uint32_t)h->nrecs++;
-    h->recs[idx].gen = 1;
-  }
-  mem_rec *r = &h->recs[idx];
+  mem_rec *r = rec_new(h, &idx); // cannot fail: a slot was made above
   r->off = off;
   r->size = size;
   r->maps = 0;
@@ -529,18 +537,11 @@ static nf_status_t h_mem_import(nf_backend_t *be, int fd, uint64_t off, size_t s
   if (mine < 0) return nf__backend_fail(be, NF_ERR_BACKEND, "host backend: mem_import: dup: %s", strerror(errno));
   pthread_mutex_lock(&h->mu);
   nf_status_t st = NF_OK;
-  if (!h->free_rec && (h->nrecs >= MAX_RECS || !grow((void **)&h->recs, &h->caprecs, h->nrecs + 1, sizeof(mem_rec)))) {
+  uint32_t idx;
+  mem_rec *r = rec_new(h, &idx);
+  if (!r) {
     st = nf__backend_fail(be, NF_ERR_NOMEM, "host backend: out of host memory");
   } else {
-    uint32_t idx;
-    if (h->free_rec) {
-      idx = h->free_rec - 1;
-      h->free_rec = h->recs[idx].next_free;
-    } else {
-      idx = (uint32_t)h->nrecs++;
-      h->recs[idx].gen = 1;
-    }
-    mem_rec *r = &h->recs[idx];
     *r = (mem_rec){.off = off, .size = size, .gen = r->gen, .ext_fd = mine, .tier = NF_TIER_DEVICE, .state = REC_LIVE};
     *out = (uint64_t)r->gen << 32 | (idx + 1);
   }

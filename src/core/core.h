@@ -341,6 +341,10 @@ void nf__tlsf_insert(nf_tlsf_t *t, nf_block_t *b);
 void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b);
 nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
 void nf__release_block(nf_pool_t *p, nf_block_t *b);
+// The next run of free blocks of c whose work is known complete, from *bp on
+// (*bp advances past it): the granules wholly inside it, [*g0, *g1) (maybe
+// empty). False at the end of the chunk. For unmapping and view eviction.
+bool nf__next_retired_run(const nf_pool_t *p, const nf_chunk_t *c, nf_block_t **bp, uint64_t *g0, uint64_t *g1);
 
 // placement.c: the placement policy
 // tl: the free index to place in (the general pool's p->tlsf or a private pool's), one per arena.

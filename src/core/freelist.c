@@ -148,3 +148,15 @@ uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules) {
   if (live_granules) *live_granules = lg;
   return best;
 }
+
+bool nf__next_retired_run(const nf_pool_t *p, const nf_chunk_t *c, nf_block_t **bp, uint64_t *g0, uint64_t *g1) {
+  nf_block_t *b = *bp;
+  while (b && (b->state != NF_BLK_FREE || !nf__block_retired(p, b))) b = b->next;
+  if (!b) { *bp = NULL; return false; }
+  uintptr_t ra = b->addr, rb = ra;
+  while (b && b->state == NF_BLK_FREE && nf__block_retired(p, b)) { rb = b->addr + b->size; b = b->next; }
+  *bp = b;
+  *g0 = (ra - c->base + p->granule - 1) >> p->gshift;
+  *g1 = (rb - c->base) >> p->gshift;
+  return true;
+}

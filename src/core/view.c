@@ -319,11 +319,8 @@ uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t 
   uint64_t got = 0;
   for (nf_chunk_t *c = p->chunks; c && got < want; c = c->next) {
     nf_block_t *b = c->first;
-    while (b && got < want) {
-      if (b->state != NF_BLK_FREE || !nf__block_retired(p, b)) { b = b->next; continue; }
-      uintptr_t ra = b->addr, rb = ra;
-      while (b && b->state == NF_BLK_FREE && nf__block_retired(p, b)) { rb = b->addr + b->size; b = b->next; }
-      uint64_t gi0 = (ra - c->base + p->granule - 1) >> p->gshift, gi1 = (rb - c->base) >> p->gshift;
+    uint64_t gi0, gi1;
+    while (got < want && nf__next_retired_run(p, c, &b, &gi0, &gi1)) {
       for (uint64_t g = gi0; g < gi1 && got < want; g++) {
         if (!bit_get(c->stale, g)) continue;
         uint64_t e = g;

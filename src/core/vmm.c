@@ -229,11 +229,8 @@ static uint64_t unmap_cached(nf_pool_t *p, const nf_priv_t *owner, uint64_t want
   for (nf_chunk_t *c = p->chunks; c && got < want; c = c->next) {
     if (c->priv != owner) continue;
     nf_block_t *b = c->first;
-    while (b && got < want) {
-      if (b->state != NF_BLK_FREE || !nf__block_retired(p, b)) { b = b->next; continue; }
-      uintptr_t ra = b->addr, rb = ra;
-      while (b && b->state == NF_BLK_FREE && nf__block_retired(p, b)) { rb = b->addr + b->size; b = b->next; }
-      uint64_t gi0 = (ra - c->base + p->granule - 1) >> p->gshift, gi1 = (rb - c->base) >> p->gshift;
+    uint64_t gi0, gi1;
+    while (got < want && nf__next_retired_run(p, c, &b, &gi0, &gi1)) {
 #define TAKE(x) (bit_get(c->mapped, x) && !(c == keep_c && (x) >= keep_g0 && (x) < keep_g1) && \
                  (tier < 0 || p->gran[c->phys[x]].tier == tier))
       for (uint64_t g = next_set(c->mapped, gi0, gi1); g < gi1 && got < want; g = next_set(c->mapped, g, gi1)) {
