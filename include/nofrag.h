@@ -324,6 +324,9 @@ NF_API nf_status_t nf_last_status(void);
 NF_API const char *nf_last_error(void);
 //! Human-readable name of a status ("NF_ERR_OOM").
 NF_API const char *nf_status_str(nf_status_t st);
+//! Human-readable bytes into buf ("1.500 GiB", "3.000 MiB", "512 B"): the
+//! formatter of nofrag's own messages, for code that prints next to them.
+NF_API void nf_format_bytes(char *buf, size_t n, uint64_t bytes);
 
 //! Walk every internal invariant (blocks tile address ranges, no overlap,
 //! mapping covers live blocks, counters match). Returns NF_OK or

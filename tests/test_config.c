@@ -519,9 +519,26 @@ static void test_format_buffers(void **state) {
   assert_int_equal(small[0], '\0');
 }
 
+// The public byte formatter (the one nofrag's messages use).
+static void test_format_bytes(void **state) {
+  (void)state;
+  char b[32];
+  nf_format_bytes(b, sizeof b, 512);
+  assert_string_equal(b, "512 B");
+  nf_format_bytes(b, sizeof b, 3 * NF_MiB);
+  assert_string_equal(b, "3.000 MiB");
+  nf_format_bytes(b, sizeof b, 3 * NF_GiB / 2);
+  assert_string_equal(b, "1.500 GiB");
+  nf_format_bytes(b, sizeof b, 2 * (NF_GiB << 10));
+  assert_string_equal(b, "2.000 TiB");
+  nf_format_bytes(b, 4, 3 * NF_MiB); // truncated, still terminated
+  assert_int_equal(strlen(b), 3);
+  nf_format_bytes(NULL, 0, 1); // nothing to write to: nothing happens
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_defaults),       cmocka_unit_test(test_each_key),
+      cmocka_unit_test(test_format_bytes), cmocka_unit_test(test_defaults),       cmocka_unit_test(test_each_key),
       cmocka_unit_test(test_release_names),  cmocka_unit_test(test_suffixes),
       cmocka_unit_test(test_decimals),       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_null_and_empty), cmocka_unit_test(test_small_err_buffers),

@@ -61,3 +61,6 @@ void nf__lock_slow(nf_lock_t *l) {
   }
 }
 
+void nf_format_bytes(char *buf, size_t n, uint64_t bytes) {
+  if (buf && n) nf__fmt_bytes(buf, n, bytes);
+}

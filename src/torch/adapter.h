@@ -79,11 +79,9 @@ using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 constexpr int kMaxDev = 64;
 
-inline std::string fmt_bytes(uint64_t n) {
+inline std::string fmt_bytes(uint64_t n) { // the library's formatter (one for C, the plug-in and the CLI)
   char b[64];
-  if (n >= (1ull << 30)) snprintf(b, sizeof b, "%.2f GiB", (double)n / (double)(1ull << 30));
-  else if (n >= (1ull << 20)) snprintf(b, sizeof b, "%.2f MiB", (double)n / (double)(1ull << 20));
-  else snprintf(b, sizeof b, "%llu B", (unsigned long long)n);
+  nf_format_bytes(b, sizeof b, n);
   return b;
 }
 
