@@ -51,6 +51,8 @@ terms:
   in 2nd half      the backend calls made during the trace's second half: steady state, once warm
   reclaims         times nofrag freed cached granules and remapped them to serve a request the cap would
                    otherwise refuse; "granules stitched" counts the granules those moved
+  views            at a cap, a granule moved to serve a request stays mapped where it was (a parked
+                   view); a later block there takes it back with no backend call (docs/design.md)
   device calls     the models' cudaMalloc + cudaFree (native) or map + unmap (expandable) calls
 EOF_TERMS
 exit "$rc"
