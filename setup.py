@@ -1,7 +1,9 @@
-"""pip install for nofrag: the Python package with libnofrag.so and the
+"""pip install for nofrag (no pyproject.toml on purpose: its [build-system]
+table makes pip fetch setuptools into an isolated build, which fails offline): the Python package with libnofrag.so and the
 `nofrag` command inside it.
 
-    pip install --no-build-isolation --no-index .      # offline, this checkout
+    pip install --no-index .                            # offline, this checkout (Debian 12's pip 23)
+    pip install --no-build-isolation --no-index .      # the same with a pip that isolates builds by default
     pip wheel --no-build-isolation --no-index -w dist . # a wheel for machines with the same (or newer) glibc
 
 Needs setuptools and wheel (Debian: python3-setuptools python3-wheel; use

@@ -10,7 +10,7 @@
 #      loader's path, so the pkg-config build runs with LD_LIBRARY_PATH=P/lib,
 #      as a user of a non-system prefix would (CMake's build has an RPATH);
 #   3. P/bin/nofrag version, and a PyTorch pickle read through P's share/;
-#   4. pip: `pip install --no-index --no-build-isolation CHECKOUT` into a fresh
+#   4. pip: `pip install --no-index CHECKOUT` (the plain offline command) into a fresh
 #      `python3 -m venv --system-site-packages` venv, then from another
 #      directory without PYTHONPATH / NOFRAG_LIB: nofrag.Pool allocates, frees,
 #      refuses a double free with NofragError; the venv's `nofrag version`;
@@ -127,8 +127,8 @@ venv_make() {
   "$PY" -m venv --system-site-packages "$VENV"
 }
 check "python3 -m venv --system-site-packages ($PY)" venv_make
-check "pip install --no-index --no-build-isolation $ROOT" \
-  "$VENV/bin/pip" install --no-index --no-build-isolation "$ROOT"
+check "pip install --no-index $ROOT" \
+  "$VENV/bin/pip" install --no-index "$ROOT"
 
 # Everything below runs from $TMP/elsewhere with PYTHONPATH/NOFRAG_LIB unset.
 in_venv() { (cd "$TMP/elsewhere" && env -u PYTHONPATH -u NOFRAG_LIB -u NOFRAG_PYTHON_DIR "$@"); }
