@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import os
 import shutil
+import sys
 
 
 ADAPTER_SOURCES = ("adapter.h", "adapter.cpp", "adapter_trace.cpp", "torch.h")
@@ -39,14 +40,14 @@ def build_torch_adapter(root, pkg_dir, build_temp, lib_path):
     if importlib.util.find_spec("torch") is None:
         return None, ("torch is not importable here (sources shipped: the adapter is built on first "
                       "nofrag.torch.enable(); to build it now install torch first and use --no-build-isolation)")
-    env = dict(os.environ)
+    env, saved_path = dict(os.environ), list(sys.path)
     os.environ["NOFRAG_SRC"], os.environ["NOFRAG_LIB"] = csrc, lib_path
     try:
-        import sys
         sys.path.insert(0, os.path.dirname(pkg_dir))
         mod = importlib.import_module("nofrag.torch_adapter")
         path, why = mod.build_adapter(os.path.join(pkg_dir, "adapter"))
     finally:
         os.environ.clear()
         os.environ.update(env)
+        sys.path[:] = saved_path
     return (path, None) if path else (None, why)

@@ -41,6 +41,9 @@ static inline void nf__lock(nf_lock_t *l) {
 }
 static inline void nf__unlock(nf_lock_t *l) { atomic_store_explicit(&l->v, 0, memory_order_release); }
 
+// Bitmaps of 64-bit words (granule i is bit i & 63 of word i >> 6).
 static inline bool nf__bit(const uint64_t *bm, uint64_t i) { return bm[i >> 6] >> (i & 63) & 1; }
+static inline void nf__bit_set(uint64_t *bm, uint64_t i) { bm[i >> 6] |= 1ull << (i & 63); }
+static inline void nf__bit_clr(uint64_t *bm, uint64_t i) { bm[i >> 6] &= ~(1ull << (i & 63)); }
 
 #endif

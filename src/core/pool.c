@@ -142,6 +142,14 @@ static bool fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, n
 
 // Order, carve and map the detached free block *bp for a request. On error
 // the block is back in the free index and nothing else changed.
+// A block becomes free: the views learn its granules are no longer busy
+// (`used`: its streams worked on them, so they order the next user), then
+// it joins its free index.
+static void block_release(nf_pool_t *p, nf_block_t *b, bool used) {
+  if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, used);
+  nf__release_block(p, b);
+}
+
 static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint64_t rsize, uint32_t s,
                                bool mapped) {
   nf_block_t *b = *bp;
@@ -158,8 +166,7 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   if (NF_UNLIKELY(p->vw_on)) nf__view_live(p, b);
   if (!mapped && !nf__range_mapped(p, b->chunk, b->addr, rsize) && (st = nf__map_block(p, b)) != NF_OK) {
     b->state = NF_BLK_FREE;
-    if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, false);
-    nf__release_block(p, b);
+    block_release(p, b, false);
     return st;
   }
   *bp = b;
@@ -251,8 +258,7 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
 placed:
   if (NF_UNLIKELY(nf__map_insert(p, b) != NF_OK)) {
     b->state = NF_BLK_FREE;
-    if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, false);
-    nf__release_block(p, b);
+    block_release(p, b, false);
     st = nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
     goto fail;
   }
@@ -263,7 +269,7 @@ placed:
   p->st.live_rounded += rsize;
   p->st.live_blocks++;
   p->st.allocs++;
-  if (NF_UNLIKELY(pv != NULL)) { pv->live += size; pv->live_blocks++; }
+  if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live += size; b->chunk->priv->live_blocks++; } // as nf_free
   nf__peak(&p->st.live_peak, p->st.live);
   nf__peak(&p->st.live_rounded_peak, p->st.live_rounded);
   if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, true, b->addr, size, stream);
@@ -333,10 +339,7 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   p->st.live_blocks--;
   p->st.frees++;
   if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live -= b->req; b->chunk->priv->live_blocks--; }
-  if (b->state == NF_BLK_FREE) {
-    if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, true);
-    nf__release_block(p, b);
-  }
+  if (b->state == NF_BLK_FREE) block_release(p, b, true);
   // Release policy with decay: only cached memory that stays above the
   // threshold for release_after frees in a row goes back (a training step's
   // swing drops below it every step and stays cached).

@@ -23,9 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define bit_get nf__bit
-static inline void bit_set(uint64_t *bm, uint64_t i) { bm[i >> 6] |= 1ull << (i & 63); }
-static inline void bit_clr(uint64_t *bm, uint64_t i) { bm[i >> 6] &= ~(1ull << (i & 63)); }
 
 // A cached granule to move is chosen among this many (each one whose last
 // users the stream already follows): the one freed most recently. In a
@@ -117,7 +114,7 @@ void nf__view_dead(nf_pool_t *p, const nf_block_t *b, bool merge) {
   if (c0 < c1) bits_put(c->busy, c0, c1, false);
   if (!merge) return;
   for (uint64_t g = g0; g < g1; g++) {
-    if (!bit_get(c->mapped, g)) continue;
+    if (!nf__bit(c->mapped, g)) continue;
     nf_granule_t *x = &p->gran[c->phys[g]];
     // Other streams' older work, known complete, drops out (one stream: never asked).
     if ((x->vmask & ~b->smask) && mask_retired(p, x->vmask, x->vtick)) x->vmask = 0;
@@ -134,13 +131,13 @@ static bool takeable(const nf_pool_t *p, uint32_t i) {
   if (x->state == NF_GR_FREE) return true;
   const nf_chunk_t *o = x->at_c;
   // A private pool's granules are never moved away while it exists (private_pool.c).
-  return x->state == NF_GR_MAPPED && o && !o->priv && x->at_g < o->ngran && bit_get(o->mapped, x->at_g) &&
-         o->phys[x->at_g] == i && bit_get(NF_READY(o), x->at_g) && !bit_get(o->busy, x->at_g);
+  return x->state == NF_GR_MAPPED && o && !o->priv && x->at_g < o->ngran && nf__bit(o->mapped, x->at_g) &&
+         o->phys[x->at_g] == i && nf__bit(NF_READY(o), x->at_g) && !nf__bit(o->busy, x->at_g);
 }
 
 uint64_t nf__view_adoptable(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n) {
   uint64_t g0 = (a - c->base) >> p->gshift, g1 = (a + n - c->base + p->granule - 1) >> p->gshift, k = 0;
-  for (uint64_t g = g0; g < g1; g++) k += bit_get(c->stale, g) && takeable(p, c->phys[g]);
+  for (uint64_t g = g0; g < g1; g++) k += nf__bit(c->stale, g) && takeable(p, c->phys[g]);
   return k;
 }
 
@@ -165,9 +162,9 @@ static bool orderless(const nf_pool_t *p, uint32_t i, uint32_t s) {
 static void park(nf_pool_t *p, uint32_t i) {
   nf_granule_t *x = &p->gran[i];
   nf_chunk_t *o = x->at_c;
-  bit_clr(o->mapped, x->at_g);
-  bit_clr(NF_READY(o), x->at_g);
-  bit_set(o->stale, x->at_g);
+  nf__bit_clr(o->mapped, x->at_g);
+  nf__bit_clr(NF_READY(o), x->at_g);
+  nf__bit_set(o->stale, x->at_g);
   x->nviews++;
   p->vw_count++;
   p->gran_mapped--;
@@ -180,13 +177,13 @@ static void own(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t i, bool ready)
   x->at_c = c;
   x->at_g = (uint32_t)g;
   c->phys[g] = i;
-  bit_set(c->mapped, g);
-  if (ready) bit_set(NF_READY(c), g);
+  nf__bit_set(c->mapped, g);
+  if (ready) nf__bit_set(NF_READY(c), g);
   p->gran_mapped++;
 }
 
 static void unview(nf_pool_t *p, nf_chunk_t *c, uint64_t g) {
-  bit_clr(c->stale, g);
+  nf__bit_clr(c->stale, g);
   p->gran[c->phys[g]].nviews--;
   p->vw_count--;
 }
@@ -224,7 +221,7 @@ static uint32_t find_cached(nf_pool_t *p, uint32_t s, bool capture) {
       g += (uint64_t)__builtin_ctzll(w);
       if (g >= c->ngran) break;
       uint32_t i = c->phys[g];
-      if (bit_get(c->busy, g) || !takeable(p, i)) continue;
+      if (nf__bit(c->busy, g) || !takeable(p, i)) continue;
       nf_block_t t = {.smask = p->gran[i].vmask, .tick = p->gran[i].vtick};
       if (!t.smask || nf__block_usable(p, &t, s)) {
         seen++;
@@ -247,7 +244,7 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
   bool busy = false, cap = p->capture_mask != 0; // during a capture: no event calls, no host waits
   // 1. Parked views here whose granule is free or cached: taken back, no call.
   for (uint64_t g = g0; g < g1; g++) {
-    if (!bit_get(c->stale, g)) continue;
+    if (!nf__bit(c->stale, g)) continue;
     uint32_t i = c->phys[g];
     if (!takeable(p, i) || (cap && !orderless(p, i, s))) { busy = true; continue; }
     if ((st = order(p, i, s)) != NF_OK) return st;
@@ -266,9 +263,9 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
                                    "and a stream is being captured (no host wait possible)");
     if ((st = retire(p, b->smask, b->tick)) != NF_OK) return st;
     for (uint64_t g = g0; g < g1; g++) {
-      if (!bit_get(c->stale, g)) continue;
+      if (!nf__bit(c->stale, g)) continue;
       uint64_t e = g;
-      while (e < g1 && bit_get(c->stale, e)) e++;
+      while (e < g1 && nf__bit(c->stale, e)) e++;
       st = NF_BE(p, unmap, unmap, c->base + (g << p->gshift), (e - g) << p->gshift);
       if (st != NF_OK) return nf__error(st, "nofrag: views: unmap failed: %s", p->be->err);
       p->vw_evicted += e - g;
@@ -278,9 +275,9 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
   // 3. Where stitching would run: cached granules are mapped here as well
   //    (map + set access), their old places parked, not unmapped.
   uint64_t need = 0;
-  for (uint64_t g = g0; g < g1; g++) need += !bit_get(c->mapped, g);
+  for (uint64_t g = g0; g < g1; g++) need += !nf__bit(c->mapped, g);
   for (uint64_t g = g0; g < g1 && need > room; g++) {
-    if (bit_get(c->mapped, g)) continue;
+    if (nf__bit(c->mapped, g)) continue;
     if (!p->vw_on) {
       if (cap) break; // views_on records every stream: not during a capture
       views_on(p);
@@ -322,9 +319,9 @@ uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t 
     uint64_t gi0, gi1;
     while (got < want && nf__next_retired_run(p, c, &b, &gi0, &gi1)) {
       for (uint64_t g = gi0; g < gi1 && got < want; g++) {
-        if (!bit_get(c->stale, g)) continue;
+        if (!nf__bit(c->stale, g)) continue;
         uint64_t e = g;
-        while (e < gi1 && e - g < want - got && bit_get(c->stale, e)) e++;
+        while (e < gi1 && e - g < want - got && nf__bit(c->stale, e)) e++;
         *stp = NF_BE(p, unmap, unmap, c->base + (g << p->gshift), (e - g) << p->gshift);
         if (*stp != NF_OK) { nf__error(*stp, "nofrag: views: unmap failed: %s", p->be->err); return got; }
         got += e - g;
@@ -354,9 +351,9 @@ void nf__view_chunk_unmap(nf_pool_t *p, nf_chunk_t *c) {
   if (!c->stale) return;
   for (uint64_t g = 0; g < c->ngran; g++) {
     if (!c->stale[g >> 6]) { g |= 63; continue; }
-    if (!bit_get(c->stale, g)) continue;
+    if (!nf__bit(c->stale, g)) continue;
     uint64_t e = g;
-    while (e < c->ngran && bit_get(c->stale, e)) e++;
+    while (e < c->ngran && nf__bit(c->stale, e)) e++;
     p->st.calls.unmap++;
     p->be->ops->unmap(p->be, c->base + (g << p->gshift), (e - g) << p->gshift);
     for (; g < e; g++) unview(p, c, g);
@@ -383,12 +380,12 @@ nf_status_t nf__view_check(nf_pool_t *p) {
       for (uint64_t g = g0; g < g1; g++) u[g]++;
     }
     for (uint64_t g = 0; g < c->ngran && st == NF_OK; g++) {
-      if (p->vw_on && (u[g] > 0) != bit_get(c->busy, g))
+      if (p->vw_on && (u[g] > 0) != nf__bit(c->busy, g))
         st = nf__error(NF_ERR_INVALID, "check: granule %llu of chunk %p: %u blocks overlap it, busy says %d",
-                       (unsigned long long)g, (void *)c->base, u[g], (int)bit_get(c->busy, g));
-      else if (bit_get(c->stale, g)) {
+                       (unsigned long long)g, (void *)c->base, u[g], (int)nf__bit(c->busy, g));
+      else if (nf__bit(c->stale, g)) {
         uint32_t i = c->phys[g];
-        if (bit_get(c->mapped, g) || u[g] || i >= p->gran_cap || p->gran[i].state == NF_GR_UNUSED ||
+        if (nf__bit(c->mapped, g) || u[g] || i >= p->gran_cap || p->gran[i].state == NF_GR_UNUSED ||
             p->gran[i].tier != NF_TIER_DEVICE)
           st = nf__error(NF_ERR_INVALID, "check: parked view at %p (granule %u) is %s", (void *)(c->base + (g << p->gshift)),
                          i, u[g] ? "under a live block" : "in a bad state");

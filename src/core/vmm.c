@@ -21,9 +21,6 @@
 #define NF_SLACK_GRANULES 8
 
 
-#define bit_get nf__bit
-static inline void bit_set(uint64_t *bm, uint64_t i) { bm[i >> 6] |= 1ull << (i & 63); }
-static inline void bit_clr(uint64_t *bm, uint64_t i) { bm[i >> 6] &= ~(1ull << (i & 63)); }
 
 // First set bit at or after g, below end (end if none): a word at a time,
 // so walking a large, mostly unmapped free range costs ngran/64 loads.
@@ -205,8 +202,8 @@ nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
   nf_status_t st = NF_BE(p, unmap, unmap, c->base + (g0 << p->gshift), (g1 - g0) << p->gshift);
   if (st != NF_OK) return nf__error(st, "nofrag: unmap failed: %s", p->be->err);
   for (uint64_t g = g0; g < g1; g++) {
-    bit_clr(c->mapped, g);
-    bit_clr(NF_READY(c), g);
+    nf__bit_clr(c->mapped, g);
+    nf__bit_clr(NF_READY(c), g);
     p->host_mapped -= p->gran[c->phys[g]].tier == NF_TIER_HOST;
     nf__gran_push_free(p, c->phys[g]);
   }
@@ -231,7 +228,7 @@ static uint64_t unmap_cached(nf_pool_t *p, const nf_priv_t *owner, uint64_t want
     nf_block_t *b = c->first;
     uint64_t gi0, gi1;
     while (got < want && nf__next_retired_run(p, c, &b, &gi0, &gi1)) {
-#define TAKE(x) (bit_get(c->mapped, x) && !(c == keep_c && (x) >= keep_g0 && (x) < keep_g1) && \
+#define TAKE(x) (nf__bit(c->mapped, x) && !(c == keep_c && (x) >= keep_g0 && (x) < keep_g1) && \
                  (tier < 0 || p->gran[c->phys[x]].tier == tier))
       for (uint64_t g = next_set(c->mapped, gi0, gi1); g < gi1 && got < want; g = next_set(c->mapped, g, gi1)) {
         if (!TAKE(g)) { g++; continue; }
@@ -376,7 +373,7 @@ static void spill_warn(nf_pool_t *p, uint64_t size, uint64_t host) {
 // fails stays mapped (the backend says so) but not ready.
 static void map_rollback(nf_pool_t *p, nf_chunk_t *c, const uint64_t *mine, uint64_t g0, uint64_t g1) {
   for (uint64_t g = g0; g < g1; g++) {
-    if (!bit_get(mine, g - g0)) continue;
+    if (!nf__bit(mine, g - g0)) continue;
     nf__unmap_run(p, c, g, g + 1); // error already recorded; state mirrors the backend
   }
 }
@@ -384,12 +381,12 @@ static void map_rollback(nf_pool_t *p, nf_chunk_t *c, const uint64_t *mine, uint
 // Set access on every not-ready granule of [g0, g1), once per run.
 nf_status_t nf__set_ready(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
   for (uint64_t g = g0; g < g1;) {
-    if (bit_get(NF_READY(c), g) || !bit_get(c->mapped, g)) { g++; continue; }
+    if (nf__bit(NF_READY(c), g) || !nf__bit(c->mapped, g)) { g++; continue; }
     uint64_t e = g;
-    while (e < g1 && !bit_get(NF_READY(c), e) && bit_get(c->mapped, e)) e++;
+    while (e < g1 && !nf__bit(NF_READY(c), e) && nf__bit(c->mapped, e)) e++;
     nf_status_t st = NF_BE(p, set_access, set_access, c->base + (g << p->gshift), (e - g) << p->gshift);
     if (st != NF_OK) return nf__error(st, "nofrag: set access failed: %s", p->be->err);
-    for (uint64_t x = g; x < e; x++) bit_set(NF_READY(c), x);
+    for (uint64_t x = g; x < e; x++) nf__bit_set(NF_READY(c), x);
     g = e;
   }
   return NF_OK;
@@ -403,14 +400,14 @@ nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
   // Views first (view.c): parked views there are taken back, cached granules
   // moved here without unmapping them where stitching would run.
   if (p->vw_blk && (st = nf__view_fill(p, c, g0, g1, nf__gran_room(p, size))) != NF_OK) return st;
-  for (uint64_t g = g0; g < g1; g++) k += !bit_get(c->mapped, g);
+  for (uint64_t g = g0; g < g1; g++) k += !nf__bit(c->mapped, g);
   st = gran_acquire(p, k, c, g0, g1, size, spill, &host);
   if (st != NF_OK) return st;
   uint64_t small[4] = {0}, *mine = small; // granules mapped by this call
   if (g1 - g0 > 256 && !(mine = calloc(((g1 - g0) + 63) >> 6, sizeof *mine)))
     return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
   for (uint64_t g = g0; g < g1 && st == NF_OK; g++) {
-    if (bit_get(c->mapped, g)) continue;
+    if (nf__bit(c->mapped, g)) continue;
     bool h = p->gran_free_count == 0;
     uint32_t i = nf__gran_pop(p, h ? NF_TIER_HOST : NF_TIER_DEVICE);
     st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
@@ -425,8 +422,8 @@ nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     p->gran[i].at_c = c;
     p->gran[i].at_g = (uint32_t)g;
     c->phys[g] = i;
-    bit_set(c->mapped, g);
-    bit_set(mine, g - g0);
+    nf__bit_set(c->mapped, g);
+    nf__bit_set(mine, g - g0);
     p->gran_mapped++;
     p->host_mapped += h;
   }
@@ -502,9 +499,9 @@ void nf__chunks_destroy(nf_pool_t *p) {
   for (nf_chunk_t *c = p->chunks, *n; c; c = n) {
     n = c->next;
     for (uint64_t g = 0; g < c->ngran;) {
-      if (!bit_get(c->mapped, g)) { g++; continue; }
+      if (!nf__bit(c->mapped, g)) { g++; continue; }
       uint64_t e = g;
-      while (e < c->ngran && bit_get(c->mapped, e)) e++;
+      while (e < c->ngran && nf__bit(c->mapped, e)) e++;
       nf__unmap_run(p, c, g, e);
       g = e;
     }

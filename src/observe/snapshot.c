@@ -48,7 +48,6 @@ static const char *state_name(unsigned s) {
   return s == NF_BLK_LIVE ? "live" : s == NF_BLK_PENDING ? "pending" : "free";
 }
 
-static inline bool bit(const uint64_t *bm, uint64_t i) { return bm[i >> 6] >> (i & 63) & 1; }
 
 // ------------------------------------------------------------------ snapshot
 
@@ -78,11 +77,11 @@ static void snap_mapped(sbuf_t *b, const nf_pool_t *p, const nf_chunk_t *c) {
   sb_printf(b, "\"mapped\":[");
   for (uint64_t g = 0; g < c->ngran;) {
     if (!c->mapped[g >> 6] && !(g & 63)) { g += 64; continue; }
-    if (!bit(c->mapped, g)) { g++; continue; }
-    bool r = bit(ready, g);
+    if (!nf__bit(c->mapped, g)) { g++; continue; }
+    bool r = nf__bit(ready, g);
     uint8_t tier = p->gran[c->phys[g]].tier;
     uint64_t e = g + 1;
-    while (e < c->ngran && bit(c->mapped, e) && bit(ready, e) == r && p->gran[c->phys[e]].tier == tier) e++;
+    while (e < c->ngran && nf__bit(c->mapped, e) && nf__bit(ready, e) == r && p->gran[c->phys[e]].tier == tier) e++;
     sb_printf(b, "%s\n{\"addr\":\"0x%llx\",\"granule\":%llu,\"count\":%llu,\"tier\":\"%s\",\"ready\":%s,\"phys\":[",
               first ? "" : ",", (unsigned long long)(c->base + (g << p->gshift)), (unsigned long long)g,
               (unsigned long long)(e - g), tier_name(tier), r ? "true" : "false");
