@@ -131,7 +131,7 @@ def run_worker(a):
     lens = seq_lengths(a.model, a.steps)
     batch = MODELS[a.model]["batch"]
     gen = torch.Generator(device="cuda")
-    losses, times, calls, live_peaks, drv = [], [], [], [], []
+    losses, times, calls, live_peaks, drv, kinds = [], [], [], [], [], []
     res["status"] = "running"
     for step in range(a.steps):
         gen.manual_seed(SEED * 1000 + step)
@@ -155,7 +155,9 @@ def run_worker(a):
         losses.append(float(loss.item()).hex())
         live_peaks.append(torch.cuda.max_memory_allocated())
         if nf is not None:
-            calls.append(nf.stats(0)["backend_calls"])
+            st = nf.stats(0)
+            calls.append(st["backend_calls"])
+            kinds.append(dict(st["calls"], reclaims=st["reclaims"], spilled=st.get("spilled", 0)))
         else:
             ms = torch.cuda.memory_stats()
             drv.append(ms.get("num_device_alloc", 0) + ms.get("num_device_free", 0))
@@ -181,6 +183,10 @@ def run_worker(a):
         res["peak_physical"] = s["physical_peak"]
         res["calls_by_step"] = calls
         res["calls_per_steady_step"] = per_steady(calls)
+        # Per step, the calls by kind (map, unmap, set_access, event_sync, ...):
+        # what a slow step at the limit spends its calls on (host waits vs maps).
+        res["calls_by_kind_by_step"] = [{k: v - (kinds[i - 1].get(k, 0) if i else 0) for k, v in d.items()
+                                         if v - (kinds[i - 1].get(k, 0) if i else 0)} for i, d in enumerate(kinds)]
     else:
         res["peak_requested"] = ms.get("requested_bytes.all.peak", 0)
         res["driver_calls_by_step"] = drv
