@@ -397,14 +397,14 @@ def worker(a):
 # (case, allocators, timeout s), in priority order.
 PLAN = [("graph", ("native", "nofrag", "nofrag-ctypes"), 90),
         ("oom", ("native", "nofrag"), 90),
+        ("ipc", ("native", "nofrag"), 90),
         ("mempool", ("native", "nofrag"), 60),
         ("history", ("native", "nofrag"), 120),
         ("graphed", ("native", "nofrag"), 90),
         ("train", ("native", "nofrag", "nofrag-ctypes"), 150),
         ("cudnn", ("native", "nofrag", "native@2", "nofrag@2"), 120),
         ("compile", ("native", "nofrag"), 200),
-        ("llama", ("native",), 150),
-        ("ipc", ("native", "nofrag"), 90)]
+        ("llama", ("native",), 150)]
 
 
 class Orchestrator:
@@ -510,6 +510,8 @@ class Orchestrator:
             if only and case not in only:
                 continue
             for alloc in allocs:
+                if self.a.allocs and alloc.split("@")[0] not in self.a.allocs.split(","):
+                    continue
                 self.cell(case, alloc, timeout)
         self.compare()
         self.save()
@@ -586,6 +588,7 @@ def main():
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     p.add_argument("--budget", type=float, default=420)
     p.add_argument("--cases", default="", help="comma-separated subset (default: all)")
+    p.add_argument("--allocs", default="", help="comma-separated allocators to run (default: every one a case has)")
     p.add_argument("--dry-run", action="store_true")
     a = p.parse_args()
     Orchestrator(a).run()
