@@ -29,6 +29,7 @@ Cases:
             access between the processes)
  7 mempool  MemPool + use_mem_pool: allocations in the pool, freed with it
  8 train    bench/gpu/train.py gpt2 (issue 3): native / nofrag / nofrag-ctypes
+ pair       CPU cost of torch.empty + del (ns per pair), native vs nofrag
  llama      a trace of a Llama-style 1.1B with 4-micro-batch gradient
             accumulation and activation checkpointing under the native
             allocator, gzipped into $OUT (for `nofrag replay --allocator native`)
@@ -175,6 +176,31 @@ def case_cudnn(torch, alloc):
     if calls:
         res["calls_per_steady_step"] = calls
     return res
+
+
+def case_pair(torch, alloc):
+    """CPU cost of PyTorch's allocation path: torch.empty + del of one size,
+    repeated (the block comes back from the cache each time), and a mixed
+    pattern of 8 live tensors. Median ns per pair over 21 batches."""
+    res = {}
+    for size in (512, 65536, 1 << 20, 16 << 20, "mixed"):
+        times = []
+        for b in range(22):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            if size == "mixed":
+                for i in range(500):
+                    ts = [torch.empty((j + 1) * 4096 * (1 + i % 3), dtype=torch.uint8, device="cuda") for j in range(8)]
+                    del ts
+                n = 500 * 8
+            else:
+                for _ in range(4000):
+                    t = torch.empty(size, dtype=torch.uint8, device="cuda")
+                    del t
+                n = 4000
+            times.append((time.perf_counter_ns() - t0) / n)
+        res[str(size)] = round(statistics.median(times[1:]), 1)
+    return {"ns_per_pair": res}
 
 
 def case_history(torch, alloc, out_dir):
@@ -366,7 +392,7 @@ def case_llama(torch, alloc, out_dir):
             "pass": os.path.getsize(path + ".gz") < (16 << 20)}
 
 
-CASES = {"graph": case_graph, "graphed": case_graphed, "compile": case_compile, "cudnn": case_cudnn,
+CASES = {"pair": case_pair, "graph": case_graph, "graphed": case_graphed, "compile": case_compile, "cudnn": case_cudnn,
          "history": case_history, "oom": case_oom, "ipc": case_ipc, "mempool": case_mempool, "llama": case_llama}
 
 
@@ -404,7 +430,8 @@ PLAN = [("graph", ("native", "nofrag", "nofrag-ctypes"), 90),
         ("train", ("native", "nofrag", "nofrag-ctypes"), 150),
         ("cudnn", ("native", "nofrag", "native@2", "nofrag@2"), 120),
         ("compile", ("native", "nofrag"), 200),
-        ("llama", ("native",), 150)]
+        ("llama", ("native",), 150),
+        ("pair", ("native", "nofrag", "nofrag-ctypes"), 60)]
 
 
 class Orchestrator:
@@ -555,6 +582,9 @@ class Orchestrator:
                           "calls_per_steady_step": f.get("calls_per_steady_step")}
             if c.get("median_step_s"):
                 v["train"]["step_ratio_vs_ctypes"] = round(f["median_step_s"] / c["median_step_s"], 4)
+        n, f = get("pair", "native").get("ns_per_pair"), get("pair", "nofrag").get("ns_per_pair")
+        if n and f:
+            v["pair"] = {k: round(f[k] / n[k], 3) for k in n if k in f}
         self.results["verdicts"] = v
 
 

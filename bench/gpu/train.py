@@ -375,10 +375,12 @@ def markdown(R):
              *dry_banner(R),
              f"Started {R.get('started')}; budget {R.get('budget_s')} s. Peak reserved for nofrag = physical "
              "(granules created); mapped in its own column. Calls/step = backend calls per steady step "
-             "(nofrag) or num_device_alloc+num_device_free (PyTorch).", "",
+             "(nofrag) or num_device_alloc+num_device_free (PyTorch). Paired = median over steps after warm-up of "
+             "(this run's step i / native's step i): the same sequence lengths, so with dynamic shapes it compares "
+             "like with like, where the ratio of medians can pick different steps.", "",
              "| workload | allocator | status | peak live GiB | peak reserved GiB | mapped GiB | reserved/live "
-             "| min cap/live | median step s | vs native | calls/step | loss = native |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| min cap/live | median step s | vs native | paired vs native | calls/step | loss = native |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         m, al = r.get("model"), r.get("alloc")
         if r.get("cap_factor"):
@@ -389,6 +391,10 @@ def markdown(R):
         speed = ""
         if nat and r.get("median_step_s") and nat.get("median_step_s"):
             speed = f"{r['median_step_s'] / nat['median_step_s']:.3f}"
+        paired = ""
+        if nat and r.get("step_times") and nat.get("step_times") and al != "native":
+            pr = [b / a for a, b in zip(nat["step_times"][WARMUP:], r["step_times"][WARMUP:]) if a > 0]
+            paired = f"{statistics.median(pr):.3f}" if pr else ""
         same = ""
         if nat and r.get("losses") and al != "native":
             a, b = r["losses"], nat["losses"]
@@ -400,7 +406,7 @@ def markdown(R):
         ratio = f"{rsv / live:.4f}" if live else ""
         step = f"{r['median_step_s']:.4f}" if r.get("median_step_s") else ""
         lines.append(f"| {m} | {al} | {r.get('status')} | {gib(live)} | {gib(rsv)} | {gib(r.get('peak_mapped'))} | "
-                     f"{ratio} | {mcs} | {step} | {speed} | {'' if cps is None else f'{cps:.2f}'} | {same} |")
+                     f"{ratio} | {mcs} | {step} | {speed} | {paired} | {'' if cps is None else f'{cps:.2f}'} | {same} |")
     for model, per in (R.get("bisect") or {}).items():
         lines += ["", f"## Min capacity bisection: {model}", "",
                   "| allocator | live (first k steps) GiB | min feasible cap GiB | infeasible at GiB | cap/live "

@@ -26,10 +26,18 @@ void NofragAllocator::oom(c10::DeviceIndex dev, size_t size, cudaStream_t stream
   // The message is built with snprintf and std::string only: on the H200 the
   // process crashed inside the ostream formatting of TORCH_CHECK_WITH's
   // arguments (an int) on this path (GPU run 16), so no iostream is used here.
-  char head[128];
-  snprintf(head, sizeof head, "CUDA out of memory (nofrag). Tried to allocate %s on device %d. ", fmt_bytes(size).c_str(),
-           (int)dev);
-  std::string msg = head + why + (report.empty() ? "" : "\n") + report;
+  // The plug-in's message (nf_torch_last_error) already starts with PyTorch's
+  // "CUDA out of memory" line for this request; only a message from elsewhere
+  // gets that line in front (GPU run 17 showed it doubled).
+  std::string msg;
+  if (why.rfind("CUDA out of memory", 0) != 0) {
+    char head[128];
+    snprintf(head, sizeof head, "CUDA out of memory (nofrag). Tried to allocate %s on device %d. ",
+             fmt_bytes(size).c_str(), (int)dev);
+    msg = head;
+  }
+  msg += why;
+  if (!report.empty()) msg += "\n" + report;
   throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, std::move(msg)); // C10_THROW_ERROR
 }
 
