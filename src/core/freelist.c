@@ -82,7 +82,8 @@ void nf__release_block(nf_pool_t *p, nf_block_t *b) {
   nf_block_t *n = b->next;
   if (n && n->state == NF_BLK_FREE) {
     merge_order(p, b, n);
-    nf__tlsf_remove(t, n);
+    if (NF_UNLIKELY(n->parked)) nf__bin_unlink(p, n);
+    else nf__tlsf_remove(t, n);
     b->size += n->size;
     b->next = n->next;
     if (n->next) n->next->prev = b;
@@ -91,7 +92,8 @@ void nf__release_block(nf_pool_t *p, nf_block_t *b) {
   nf_block_t *q = b->prev;
   if (q && q->state == NF_BLK_FREE) {
     merge_order(p, q, b);
-    nf__tlsf_remove(t, q);
+    if (NF_UNLIKELY(q->parked)) nf__bin_unlink(p, q);
+    else nf__tlsf_remove(t, q);
     q->size += b->size;
     q->next = b->next;
     if (b->next) b->next->prev = q;
@@ -99,6 +101,33 @@ void nf__release_block(nf_pool_t *p, nf_block_t *b) {
     b = q;
   }
   nf__tlsf_insert(t, b);
+}
+
+void nf__bin_unlink(nf_pool_t *p, nf_block_t *b) {
+  nf_bin_t *bin = &p->bins[nf__bin_of(b->size >> NF_ALIGN_SHIFT)];
+  if (b->fprev) b->fprev->fnext = b->fnext;
+  else bin->head = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev;
+  b->fprev = b->fnext = NULL;
+  b->parked = 0;
+  bin->n--;
+  p->bin_blocks--;
+  p->bin_bytes -= b->size;
+}
+
+// Oldest first, so that the newest freed ends up first in its TLSF class (as
+// when it is released at its free). A release may merge (and unlink) another
+// parked neighbour: the walk restarts from the bin's head each time.
+void nf__bins_flush(nf_pool_t *p) {
+  for (uint32_t i = 0; p->bin_blocks && i < NF_BINS; i++) {
+    nf_bin_t *bin = &p->bins[i];
+    while (bin->head) {
+      nf_block_t *b = bin->head;
+      while (b->fnext) b = b->fnext;
+      nf__bin_unlink(p, b);
+      nf__release_block(p, b);
+    }
+  }
 }
 
 // Largest free run that is fully mapped, and the number of granules that

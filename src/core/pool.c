@@ -173,6 +173,60 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   return NF_OK;
 }
 
+// Deferred coalescing (core.h, bins): park a freed block of the general pool
+// in the bin of its exact size, un-coalesced. Not while views are on (they
+// track free granules per block), not with spilled granules about (they
+// must leave free ranges), not for private pools (their blocks stay theirs).
+// A bin holding another size, full, or the byte bound (limit/16) reached:
+// the block is released as usual.
+static bool bin_park(nf_pool_t *p, nf_block_t *b) {
+  if (p->vw_on | p->host_sweep | (p->host_mapped > p->offl_granules) | (b->chunk->priv != NULL) |
+      (b->arena != NF_ARENA_SMALL))
+    return false;
+  uint64_t units = b->size >> NF_ALIGN_SHIFT;
+  nf_bin_t *bin = &p->bins[nf__bin_of(units)];
+  if (bin->units != units) {
+    if (bin->n) return false;
+    bin->units = units;
+  }
+  if (bin->n >= NF_BIN_MAX || p->bin_bytes + b->size > p->cfg.limit >> 4) return false;
+  b->parked = 1;
+  b->fprev = NULL;
+  b->fnext = bin->head;
+  if (bin->head) bin->head->fprev = b;
+  bin->head = b;
+  bin->n++;
+  p->bin_blocks++;
+  p->bin_bytes += b->size;
+  return true;
+}
+
+// A parked block of exactly `rsize` that stream s may use with no event call
+// (as placement's fast path: same stream, or the other streams' work known
+// complete or already waited on) and whose granules are all still ready;
+// taken out of its bin. NULL: none among the newest few. Only where
+// nf__place would have chosen the same address: no block indexed in the
+// exact class (its fast path would take that one first) and no free block
+// just below (coalesced, the placement would start there). Any other
+// request flushes the bins first, so the replay figures (peak, calls, minimum
+// capacity) are those without bins.
+static nf_block_t *bin_pop(nf_pool_t *p, uint64_t rsize, uint32_t s) {
+  uint64_t units = rsize >> NF_ALIGN_SHIFT;
+  nf_bin_t *bin = &p->bins[nf__bin_of(units)];
+  if (bin->units != units) return NULL;
+  int fl, sl;
+  nf__tlsf_mapping(units, &fl, &sl);
+  if (p->tlsf[NF_ARENA_SMALL].heads[fl][sl]) return NULL;
+  int n = 0;
+  for (nf_block_t *b = bin->head; b && n < 4; b = b->fnext, n++)
+    if ((!b->prev || b->prev->state != NF_BLK_FREE) && nf__block_usable(p, b, s) &&
+        nf__range_mapped(p, b->chunk, b->addr, rsize)) {
+      nf__bin_unlink(p, b);
+      return b;
+    }
+  return NULL;
+}
+
 // Under the lock: the free block of pool pv (NULL: general) holding
 // [at, at + n), taken out of its free index, or NULL.
 static nf_block_t *free_block_at(nf_pool_t *p, const nf_priv_t *pv, uintptr_t at, uint64_t n) {
@@ -225,13 +279,22 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
     }
     if (pv) tl = pv->tlsf;
   }
+  nf_block_t *b;
+  // The cached pair: a parked block of this exact size (no placement, split
+  // or coalescing; no backend call).
+  if (p->bin_blocks && !pv && !at && !p->vw_on && !p->host_sweep && (b = bin_pop(p, rsize, s)) != NULL) {
+    b->state = NF_BLK_LIVE;
+    goto placed;
+  }
+  // Any other placement sees the free structure coalesced, as without bins.
+  if (NF_UNLIKELY(p->bin_blocks != 0)) nf__bins_flush(p);
   // Spilled granules left in free ranges go before placement looks: new
   // blocks belong on the device.
   if (NF_UNLIKELY(p->host_sweep) && p->tick != p->sweep_tick) nf__host_sweep(p);
   uint64_t off;
   bool mapped;
-  nf_block_t *b;
   if (NF_UNLIKELY(at != 0)) { // restoring a checkpoint (PyTorch's CUDA-graph trees)
+    nf__bins_flush(p); // the range may hold parked blocks
     if (!(b = free_block_at(p, pv, at, rsize))) {
       st = nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_at: [%p, +%llu B) is not free in pool %llu", (void *)at,
                      (unsigned long long)rsize, (unsigned long long)(pv ? pv->id : 0));
@@ -242,6 +305,8 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
     goto placed;
   }
   b = nf__place(p, tl, arena, rsize, s, &off, &mapped);
+  // Placement that would map (grow, take views, stitch, spill, fail) or
+  // reserve a range sees the free structure coalesced, as without bins.
   if (NF_UNLIKELY(!b)) {
     if ((st = pv ? nf__priv_chunk_new(p, pv, arena, rsize) : nf__chunk_new(p, arena, rsize)) != NF_OK) goto fail;
     if (!(b = nf__place(p, tl, arena, rsize, s, &off, &mapped))) {
@@ -313,6 +378,7 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
     nf__unlock(&p->lock);
     return st;
   }
+  bool parkable = !b->where;
   if (NF_UNLIKELY(b->where)) b->extra |= p->tier.busy(p, b); // set only where a tier moved it
   // Spilled granules this free leaves in a free range are unmapped soon
   // (nf__host_sweep), so that the next blocks land on the device.
@@ -339,7 +405,7 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   p->st.live_blocks--;
   p->st.frees++;
   if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live -= b->req; b->chunk->priv->live_blocks--; }
-  if (b->state == NF_BLK_FREE) block_release(p, b, true);
+  if (b->state == NF_BLK_FREE && (!parkable || !bin_park(p, b))) block_release(p, b, true);
   // Release policy with decay: only cached memory that stays above the
   // threshold for release_after frees in a row goes back (a training step's
   // swing drops below it every step and stays cached).

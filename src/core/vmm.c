@@ -246,6 +246,7 @@ static uint64_t unmap_cached(nf_pool_t *p, const nf_priv_t *owner, uint64_t want
 
 uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *keep_c,
                           uint64_t keep_g0, uint64_t keep_g1, int tier, nf_status_t *st) {
+  nf__bins_flush(p); // parked blocks are cached memory: coalesced first, as without bins
   return unmap_cached(p, NULL, want, blocking, keep_c, keep_g0, keep_g1, tier, st);
 }
 
