@@ -56,6 +56,8 @@ struct nf_block_s {
   uint8_t arena;
   uint8_t where;             // live: NF_TIER_* its owned granules were nf_offload'ed to (0: device)
   uint8_t parked;            // free, parked un-coalesced in a bin (fprev/fnext: the bin's list)
+  uint8_t memo;              // its last allocation was where placement puts it (see nf_pool_t.fx)
+  uint64_t fx;               // p->fx after its allocation / its park
 };
 
 // A reserved virtual address range, with per-granule mapping state.
@@ -182,6 +184,12 @@ struct nf_pool_s {
   nf_block_t *pending;   // freed blocks waiting on record_stream events
   nf_bin_t bins[NF_BINS]; // parked free blocks (deferred coalescing)
   uint64_t bin_blocks, bin_bytes;
+  nf_block_t *bin_large;  // the one parked block of the large arena (released at the next free)
+  // Event count: bumped by every change to the free structure, the mapping,
+  // the limits and routes. A block whose park was the pool's last event, after
+  // an allocation placement made with no mapping, is what placement would
+  // choose again for its size (pool.c, bin_pop).
+  uint64_t fx;
 
   nf_granule_t *gran;
   uint64_t gran_cap, gran_created; // created = physical granules existing
@@ -364,6 +372,7 @@ nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
 void nf__release_block(nf_pool_t *p, nf_block_t *b);
 void nf__bin_unlink(nf_pool_t *p, nf_block_t *b); // out of its bin (still FREE, not indexed)
 void nf__bins_flush(nf_pool_t *p);                // every parked block into the free index, coalesced
+void nf__bin_take(nf_pool_t *p, nf_block_t *b);   // out of its bin for an allocation of its size
 // The next run of free blocks of c whose work is known complete, from *bp on
 // (*bp advances past it): the granules wholly inside it, [*g0, *g1) (maybe
 // empty). False at the end of the chunk. For unmapping and view eviction.

@@ -78,6 +78,7 @@ static void merge_order(const nf_pool_t *p, nf_block_t *keep, const nf_block_t *
 // Insert a freed block into its arena's index, coalescing with free
 // neighbours. `b` must be detached (state FREE, smask/tick set).
 void nf__release_block(nf_pool_t *p, nf_block_t *b) {
+  p->fx++;
   nf_tlsf_t *t = nf__tlsf_of(p, b);
   nf_block_t *n = b->next;
   if (n && n->state == NF_BLK_FREE) {
@@ -110,15 +111,31 @@ void nf__bin_unlink(nf_pool_t *p, nf_block_t *b) {
   if (b->fnext) b->fnext->fprev = b->fprev;
   b->fprev = b->fnext = NULL;
   b->parked = 0;
+  if (b == p->bin_large) p->bin_large = NULL;
   bin->n--;
   p->bin_blocks--;
   p->bin_bytes -= b->size;
+}
+
+// Placement would have carved b from the start of its coalesced run (b and
+// the free block after it): that block, the run's rest, gets the streams
+// and tick the run would have had (conservative: a superset, a later tick).
+void nf__bin_take(nf_pool_t *p, nf_block_t *b) {
+  nf__bin_unlink(p, b);
+  nf_block_t *r = b->next;
+  if (r && r->state == NF_BLK_FREE) {
+    nf_block_t k = {.smask = b->smask, .tick = b->tick};
+    merge_order(p, &k, r);
+    r->smask = k.smask;
+    r->tick = k.tick;
+  }
 }
 
 // Oldest first, so that the newest freed ends up first in its TLSF class (as
 // when it is released at its free). A release may merge (and unlink) another
 // parked neighbour: the walk restarts from the bin's head each time.
 void nf__bins_flush(nf_pool_t *p) {
+  p->fx++;
   for (uint32_t i = 0; p->bin_blocks && i < NF_BINS; i++) {
     nf_bin_t *bin = &p->bins[i];
     while (bin->head) {

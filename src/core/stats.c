@@ -123,11 +123,14 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
       parked_bytes += b->size;
     }
     CHECK(n == bin->n && n <= NF_BIN_MAX, "check: bin %u holds %u blocks, counter %u", i, n, bin->n);
+    for (const nf_block_t *b = bin->head; b; b = b->fnext)
+      CHECK((b->arena == NF_ARENA_SMALL) == (b != p->bin_large), "check: large parked block %p not the one", (void *)b->addr);
     nparked += n;
   }
   CHECK(nparked == p->bin_blocks && parked_bytes == p->bin_bytes, "check: bins hold %llu blocks (%llu B), counters %llu (%llu B)",
         (unsigned long long)nparked, (unsigned long long)parked_bytes, (unsigned long long)p->bin_blocks,
         (unsigned long long)p->bin_bytes);
+  CHECK(!p->bin_large || p->bin_large->parked, "check: bin_large not parked");
   tlsf_blocks += nparked;
   CHECK(tlsf_blocks == nfree_blocks, "check: %llu free blocks, %llu indexed",
         (unsigned long long)nfree_blocks, (unsigned long long)tlsf_blocks);

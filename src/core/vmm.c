@@ -111,6 +111,7 @@ nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
   *b = (nf_block_t){.addr = c->base, .size = size, .chunk = c, .state = NF_BLK_FREE,
                     .arena = (uint8_t)arena};
   nf__tlsf_insert(&p->tlsf[arena], b);
+  p->fx++;
   return NF_OK;
 }
 
@@ -201,6 +202,7 @@ void nf__host_granules_release(nf_pool_t *p, uint64_t keep) { granules_release(p
 nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
   nf_status_t st = NF_BE(p, unmap, unmap, c->base + (g0 << p->gshift), (g1 - g0) << p->gshift);
   if (st != NF_OK) return nf__error(st, "nofrag: unmap failed: %s", p->be->err);
+  p->fx++;
   for (uint64_t g = g0; g < g1; g++) {
     nf__bit_clr(c->mapped, g);
     nf__bit_clr(NF_READY(c), g);
@@ -388,6 +390,7 @@ nf_status_t nf__set_ready(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
     nf_status_t st = NF_BE(p, set_access, set_access, c->base + (g << p->gshift), (e - g) << p->gshift);
     if (st != NF_OK) return nf__error(st, "nofrag: set access failed: %s", p->be->err);
     for (uint64_t x = g; x < e; x++) nf__bit_set(NF_READY(c), x);
+    p->fx++;
     g = e;
   }
   return NF_OK;
