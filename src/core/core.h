@@ -90,7 +90,8 @@ typedef struct nf_tlsf_s {
 // ------------------------------------------------------------------ bins
 // Deferred coalescing (freelist.c, pool.c): a freed block of the general
 // pool may be parked un-coalesced in the bin of its exact size (state FREE,
-// `parked`, not in the TLSF index), so that the next allocation of that size
+// `parked`, not in the TLSF index; still in the pointer map, which
+// nf__map_find hides: a pop then needs no map update), so that the next allocation of that size
 // on a stream that may use it pops it with no placement, split or merge.
 // Read-only walks see it as the free block it is; anything that places with
 // mapping, unmaps or hands out free ranges flushes the bins first
@@ -372,7 +373,7 @@ nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
 void nf__release_block(nf_pool_t *p, nf_block_t *b);
 void nf__bin_unlink(nf_pool_t *p, nf_block_t *b); // out of its bin (still FREE, not indexed)
 void nf__bins_flush(nf_pool_t *p);                // every parked block into the free index, coalesced
-void nf__bin_take(nf_pool_t *p, nf_block_t *b);   // out of its bin for an allocation of its size
+void nf__bin_take(nf_pool_t *p, nf_block_t *b);   // out of its bin for an allocation of its size (map kept)
 // The next run of free blocks of c whose work is known complete, from *bp on
 // (*bp advances past it): the granules wholly inside it, [*g0, *g1) (maybe
 // empty). False at the end of the chunk. For unmapping and view eviction.

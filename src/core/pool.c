@@ -230,9 +230,17 @@ static nf_block_t *bin_pop(nf_pool_t *p, uint64_t rsize, uint32_t s) {
   nf_bin_t *bin = &p->bins[nf__bin_of(units)];
   if (bin->units != units || !bin->head) return NULL;
   nf_block_t *b = bin->head;
-  bool exact = b->memo && b->fx == p->fx && !p->cfg.tight &&
+  // Its park was the pool's latest event: nothing was mapped or unmapped
+  // since it was live (and so wholly mapped).
+  bool quiet = b->fx == p->fx;
+  bool exact = quiet && b->memo && !p->cfg.tight &&
                p->gran_created + (rsize >> p->gshift) + 2 <= p->max_granules;
   int n = 1;
+  if (exact && (!b->prev || b->prev->state != NF_BLK_FREE) && (!b->next || !b->next->parked) &&
+      nf__block_usable(p, b, s)) {
+    nf__bin_take(p, b);
+    return b;
+  }
   if (!exact) {
     if (b->arena != NF_ARENA_SMALL) return NULL;
     int fl, sl;
@@ -242,7 +250,7 @@ static nf_block_t *bin_pop(nf_pool_t *p, uint64_t rsize, uint32_t s) {
   }
   for (; b && n > 0; b = b->fnext, n--)
     if ((!b->prev || b->prev->state != NF_BLK_FREE) && (!b->next || !b->next->parked) &&
-        nf__block_usable(p, b, s) && nf__range_mapped(p, b->chunk, b->addr, rsize)) {
+        nf__block_usable(p, b, s) && ((quiet && b == bin->head) || nf__range_mapped(p, b->chunk, b->addr, rsize))) {
       nf__bin_take(p, b);
       b->memo = exact;
       return b;
@@ -307,7 +315,7 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
   // or coalescing; no backend call).
   if (p->bin_blocks && !pv && !at && !p->vw_on && !p->host_sweep && (b = bin_pop(p, rsize, s)) != NULL) {
     b->state = NF_BLK_LIVE;
-    goto placed;
+    goto popped;
   }
   // Any other placement sees the free structure coalesced, as without bins.
   if (NF_UNLIKELY(p->bin_blocks != 0)) nf__bins_flush(p);
@@ -352,6 +360,7 @@ placed:
     st = nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
     goto fail;
   }
+popped:
   b->stream = (uint16_t)s;
   b->req = size;
   b->extra = 0;
@@ -435,13 +444,15 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   }
   if (NF_UNLIKELY(b->where)) p->tier.forget(p, b); // cannot fail: after the last fallible step
   if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, false, b->addr, b->req, p->streams[b->stream].handle);
-  nf__map_remove(p, b->addr);
   p->st.live -= b->req;
   p->st.live_rounded -= b->size;
   p->st.live_blocks--;
   p->st.frees++;
   if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live -= b->req; b->chunk->priv->live_blocks--; }
-  if (b->state == NF_BLK_FREE && (!parkable || !bin_park(p, b, memo))) block_release(p, b, true);
+  if (b->state != NF_BLK_FREE || !parkable || !bin_park(p, b, memo)) { // parked: stays in the map
+    nf__map_remove(p, b->addr);
+    if (b->state == NF_BLK_FREE) block_release(p, b, true);
+  }
   // Release policy with decay: only cached memory that stays above the
   // threshold for release_after frees in a row goes back (a training step's
   // swing drops below it every step and stays cached).

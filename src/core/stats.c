@@ -138,8 +138,8 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
         "check: live counters %llu/%llu/%llu, walk %llu/%llu/%llu", (unsigned long long)p->st.live,
         (unsigned long long)p->st.live_rounded, (unsigned long long)p->st.live_blocks,
         (unsigned long long)live, (unsigned long long)live_r, (unsigned long long)nlive);
-  CHECK(nlive == p->map.count, "check: hash holds %llu, live %llu", (unsigned long long)p->map.count,
-        (unsigned long long)nlive);
+  CHECK(nlive + p->bin_blocks == p->map.count, "check: hash holds %llu, live %llu + parked %llu",
+        (unsigned long long)p->map.count, (unsigned long long)nlive, (unsigned long long)p->bin_blocks);
   CHECK(mapped == p->gran_mapped, "check: mapped bits %llu, counter %llu", (unsigned long long)mapped,
         (unsigned long long)p->gran_mapped);
   CHECK(nhost == p->host_mapped && p->offl_granules <= nhost, "check: host granules mapped %llu, counter %llu",
