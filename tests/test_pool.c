@@ -511,6 +511,35 @@ static void test_parked_bins(void **state) {
   parked_workload(74, 2, "limit:4MiB,small_max:64KiB,spill:host,spill_limit:16MiB", 30);
 }
 
+// A parked block freed on stream A, whose work may still be running, is
+// not handed to stream B without B being ordered after A (a stream wait):
+// either the pop refuses it, or placement orders it.
+static void test_parked_streams(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,small_max:64KiB");
+  assert_non_null(p);
+  nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+  size_t sizes[] = {4096, 640 * 1024}; // small and large arena
+  for (int k = 0; k < 2; k++) {
+    void *w = nf_alloc(p, sizes[k], A); // warm: mapped once
+    assert_int_equal(nf_free(p, w), NF_OK);
+    void *a = nf_alloc(p, sizes[k], A), *a2;
+    assert_int_equal(nf_free(p, a), NF_OK);
+    assert_true((a2 = nf_alloc(p, sizes[k], A)) == a); // same stream: popped (or placed) at once
+    assert_int_equal(nf_free(p, a2), NF_OK);
+    uint64_t waits = stats(p).calls.stream_wait;
+    void *b = nf_alloc(p, sizes[k], B);
+    assert_non_null(b);
+    if (b == a) assert_true(stats(p).calls.stream_wait > waits);
+    nft_fill(b, sizes[k], 5);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    assert_int_equal(nf_free(p, b), NF_OK);
+  }
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_basic),          cmocka_unit_test(test_bad_input),
@@ -518,7 +547,7 @@ int main(void) {
       cmocka_unit_test(test_random_streams), cmocka_unit_test(test_cross_stream),
       cmocka_unit_test(test_unmap_waits),    cmocka_unit_test(test_release_policy),
       cmocka_unit_test(test_small_large_share), cmocka_unit_test(test_class_full_of_misfits),
-      cmocka_unit_test(test_stitch_without_wait), cmocka_unit_test(test_parked_bins),
+      cmocka_unit_test(test_stitch_without_wait), cmocka_unit_test(test_parked_bins), cmocka_unit_test(test_parked_streams),
   };
   fprintf(stderr, "NF_SEED=%llu\n", (unsigned long long)nft_env_seed(42));
   return cmocka_run_group_tests(tests, NULL, NULL);
