@@ -373,7 +373,36 @@ nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
 void nf__release_block(nf_pool_t *p, nf_block_t *b);
 void nf__bin_unlink(nf_pool_t *p, nf_block_t *b); // out of its bin (still FREE, not indexed)
 void nf__bins_flush(nf_pool_t *p);                // every parked block into the free index, coalesced
-void nf__bin_take(nf_pool_t *p, nf_block_t *b);   // out of its bin for an allocation of its size (map kept)
+void nf__bin_take_order(nf_pool_t *p, const nf_block_t *b, nf_block_t *r);
+// Out of its bin (still FREE, not indexed, still in the map).
+static inline void nf__bin_out(nf_pool_t *p, nf_block_t *b) {
+  nf_bin_t *bin = &p->bins[nf__bin_of(b->size >> NF_ALIGN_SHIFT)];
+  if (b->fprev) b->fprev->fnext = b->fnext;
+  else bin->head = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev;
+  b->fprev = b->fnext = NULL;
+  b->parked = 0;
+  if (b == p->bin_large) p->bin_large = NULL;
+  bin->n--;
+  p->bin_blocks--;
+  p->bin_bytes -= b->size;
+}
+// Out of its bin for an allocation of its size (it stays in the map: live
+// again). Placement would have carved b from the start of its coalesced run
+// (b and the free block r after it): r, the run's rest, gets the streams and
+// tick the run would have had (conservative: a superset, a later tick). Same
+// streams: merge_order's result up to streams known complete, which behave
+// as absent (retirement is monotone).
+static inline void nf__bin_take(nf_pool_t *p, nf_block_t *b) {
+  nf__bin_out(p, b);
+  nf_block_t *r = b->next;
+  if (!r || r->state != NF_BLK_FREE) return;
+  if (NF_LIKELY(r->smask == b->smask)) {
+    if (b->tick > r->tick) r->tick = b->tick;
+  } else {
+    nf__bin_take_order(p, b, r);
+  }
+}
 // The next run of free blocks of c whose work is known complete, from *bp on
 // (*bp advances past it): the granules wholly inside it, [*g0, *g1) (maybe
 // empty). False at the end of the chunk. For unmapping and view eviction.

@@ -104,40 +104,19 @@ void nf__release_block(nf_pool_t *p, nf_block_t *b) {
   nf__tlsf_insert(t, b);
 }
 
-static void bin_out(nf_pool_t *p, nf_block_t *b) {
-  nf_bin_t *bin = &p->bins[nf__bin_of(b->size >> NF_ALIGN_SHIFT)];
-  if (b->fprev) b->fprev->fnext = b->fnext;
-  else bin->head = b->fnext;
-  if (b->fnext) b->fnext->fprev = b->fprev;
-  b->fprev = b->fnext = NULL;
-  b->parked = 0;
-  if (b == p->bin_large) p->bin_large = NULL;
-  bin->n--;
-  p->bin_blocks--;
-  p->bin_bytes -= b->size;
-}
-
 void nf__bin_unlink(nf_pool_t *p, nf_block_t *b) {
-  bin_out(p, b);
+  nf__bin_out(p, b);
   nf__map_remove(p, b->addr);
 }
 
 // Placement would have carved b from the start of its coalesced run (b and
 // the free block after it): that block, the run's rest, gets the streams
 // and tick the run would have had (conservative: a superset, a later tick).
-void nf__bin_take(nf_pool_t *p, nf_block_t *b) {
-  bin_out(p, b); // stays in the map: live again
-  nf_block_t *r = b->next;
-  if (r && r->state == NF_BLK_FREE && r->smask == b->smask) {
-    // Same streams: merge_order's result up to streams known complete,
-    // which behave as absent (retirement is monotone).
-    if (b->tick > r->tick) r->tick = b->tick;
-  } else if (r && r->state == NF_BLK_FREE) {
-    nf_block_t k = {.smask = b->smask, .tick = b->tick};
-    merge_order(p, &k, r);
-    r->smask = k.smask;
-    r->tick = k.tick;
-  }
+void nf__bin_take_order(nf_pool_t *p, const nf_block_t *b, nf_block_t *r) {
+  nf_block_t k = {.smask = b->smask, .tick = b->tick};
+  merge_order(p, &k, r);
+  r->smask = k.smask;
+  r->tick = k.tick;
 }
 
 // Oldest first, so that the newest freed ends up first in its TLSF class (as

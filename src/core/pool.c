@@ -297,9 +297,10 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
   uint64_t rsize = ((uint64_t)size + NF_ALIGN - 1) & ~(NF_ALIGN - 1);
   int arena = rsize <= p->cfg.small_max ? NF_ARENA_SMALL : NF_ARENA_LARGE;
   nf__lock(&p->lock);
-  uint32_t s;
-  nf_status_t st = nf__stream_index(p, stream, &s);
-  if (NF_UNLIKELY(st != NF_OK)) goto fail;
+  uint32_t s = p->last_stream;
+  nf_status_t st = NF_OK;
+  if (NF_UNLIKELY(!p->nstreams || p->streams[s].handle != stream) && (st = nf__stream_index(p, stream, &s)) != NF_OK)
+    goto fail;
   nf_tlsf_t *tl = p->tlsf;
   nf_priv_t *pv = NULL;
   if (NF_UNLIKELY(explicit_pv | (p->nroutes != 0 && !at))) {
