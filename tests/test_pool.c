@@ -2,6 +2,7 @@
 // Randomized tests write a pattern into every live block and verify all of
 // them after every operation that remapped or reclaimed memory.
 #include "nf_test.h"
+#include "core/core.h" // white box: p->bin_blocks shows parks and pops (deferred coalescing)
 
 #define G (64 * 1024) // small granule: many granules, fast tests
 
@@ -423,6 +424,122 @@ static void test_class_full_of_misfits(void **state) {
   nf_backend_destroy(be);
 }
 
+// Deferred coalescing (core.h, bins): small blocks freed and allocated again
+// at the same sizes are parked and popped; large requests, a tight limit
+// (stitching), spill, trim, record_stream, snapshots and private pools
+// flush them or must keep away from them. Every live block's pattern is
+// checked across all of it, nf_pool_check (which verifies the bins) runs
+// often, and the run must really have parked and popped blocks.
+static void parked_workload(uint64_t seed, int nstreams, const char *conf, uint64_t min_pops) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, conf);
+  assert_non_null(p);
+  assert_int_equal(nf_private_incref(p, 7), NF_OK);
+  enum { N = 64 };
+  static const size_t sizes[] = {1, 512, 1000, 4096, 5000, 16384, 40000, 65536};
+  live_t l[N] = {0};
+  bool priv[N] = {0};
+  uint64_t rng = seed, parks = 0, pops = 0, reclaims = 0;
+  for (int it = 0; it < 8000; it++) {
+    int i = (int)(nft_rand(&rng) % N);
+    uint64_t op = nft_rand(&rng) % 100;
+    if (l[i].p) {
+      if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu: block lost data at free", (unsigned long long)seed);
+      if (nstreams > 1 && op < 5)
+        assert_int_equal(nf_record_stream(p, l[i].p, (nf_stream_t)(uintptr_t)(nft_rand(&rng) % nstreams)), NF_OK);
+      uint64_t b0 = p->bin_blocks;
+      assert_int_equal(nf_free(p, l[i].p), NF_OK);
+      parks += p->bin_blocks > b0;
+      if (priv[i]) assert_int_equal(p->bin_blocks, b0); // a private block is never parked
+      l[i].p = NULL;
+    } else {
+      uint64_t r = nft_rand(&rng);
+      size_t n = op < 90 ? sizes[r % (sizeof sizes / sizeof *sizes)] : 1 + r % (12 * G);
+      nf_stream_t s = (nf_stream_t)(uintptr_t)(nft_rand(&rng) % nstreams);
+      priv[i] = op >= 85 && op < 88;
+      uint64_t b0 = p->bin_blocks;
+      void *q = priv[i] ? nf_alloc_private(p, 7, n, s) : nf_alloc(p, n, s);
+      if (!q) {
+        assert_int_equal(nf_last_status(), NF_ERR_OOM);
+        continue;
+      }
+      pops += p->bin_blocks == b0 - 1;
+      if (priv[i]) assert_int_equal(nf_private_of(p, q), 7);
+      else assert_int_equal(nf_private_of(p, q), 0); // a popped block stays general
+      l[i] = (live_t){q, n, r, s};
+      nft_fill(q, n, r);
+    }
+    if (op == 97) {
+      assert_int_equal(nf_pool_check(p), NF_OK);
+      assert_int_equal(nf_trim(p), NF_OK); // flushes (unmaps cached memory)
+      assert_int_equal(p->bin_blocks, 0);
+    } else if (op == 98) {
+      char *snap = nf_snapshot(p);
+      assert_non_null(snap);
+      nf_snapshot_free(snap);
+    }
+    nf_stats_t st = stats(p);
+    if (st.reclaims != reclaims || it % 50 == 0) {
+      reclaims = st.reclaims;
+      assert_int_equal(nf_pool_check(p), NF_OK);
+      check_all(l, N);
+      no_overlap(l, N);
+    }
+  }
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  check_all(l, N);
+  no_overlap(l, N);
+  if (parks < 2 * min_pops || pops < min_pops)
+    fail_msg("seed %llu: the fast path ran too little: %llu parks, %llu pops", (unsigned long long)seed,
+             (unsigned long long)parks, (unsigned long long)pops);
+  for (int i = 0; i < N; i++) if (l[i].p) assert_int_equal(nf_free(p, l[i].p), NF_OK);
+  assert_int_equal(nf_private_release(p, 7), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_trim(p), NF_OK);
+  assert_int_equal(stats(p).physical, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+static void test_parked_bins(void **state) {
+  // Tight limit: stitching (and views) flush parked blocks constantly.
+  parked_workload(nft_env_seed(71), 1, "limit:6MiB,small_max:64KiB", 100);
+  parked_workload(72, 3, "limit:6MiB,small_max:64KiB,views:0", 100);
+  // Roomy: long runs of parks and pops; three streams, record_stream.
+  parked_workload(73, 3, "limit:64MiB,small_max:64KiB", 100);
+  // Spill: parking stops while spilled granules are about.
+  parked_workload(74, 2, "limit:4MiB,small_max:64KiB,spill:host,spill_limit:16MiB", 30);
+}
+
+// A parked block freed on stream A, whose work may still be running, is
+// not handed to stream B without B being ordered after A (a stream wait):
+// either the pop refuses it, or placement orders it.
+static void test_parked_streams(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,small_max:64KiB");
+  assert_non_null(p);
+  nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+  size_t sizes[] = {4096, 640 * 1024}; // small and large arena
+  for (int k = 0; k < 2; k++) {
+    void *w = nf_alloc(p, sizes[k], A); // warm: mapped once
+    assert_int_equal(nf_free(p, w), NF_OK);
+    void *a = nf_alloc(p, sizes[k], A), *a2;
+    assert_int_equal(nf_free(p, a), NF_OK);
+    assert_true((a2 = nf_alloc(p, sizes[k], A)) == a); // same stream: popped (or placed) at once
+    assert_int_equal(nf_free(p, a2), NF_OK);
+    uint64_t waits = stats(p).calls.stream_wait;
+    void *b = nf_alloc(p, sizes[k], B);
+    assert_non_null(b);
+    if (b == a) assert_true(stats(p).calls.stream_wait > waits);
+    nft_fill(b, sizes[k], 5);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    assert_int_equal(nf_free(p, b), NF_OK);
+  }
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_basic),          cmocka_unit_test(test_bad_input),
@@ -430,7 +547,7 @@ int main(void) {
       cmocka_unit_test(test_random_streams), cmocka_unit_test(test_cross_stream),
       cmocka_unit_test(test_unmap_waits),    cmocka_unit_test(test_release_policy),
       cmocka_unit_test(test_small_large_share), cmocka_unit_test(test_class_full_of_misfits),
-      cmocka_unit_test(test_stitch_without_wait),
+      cmocka_unit_test(test_stitch_without_wait), cmocka_unit_test(test_parked_bins), cmocka_unit_test(test_parked_streams),
   };
   fprintf(stderr, "NF_SEED=%llu\n", (unsigned long long)nft_env_seed(42));
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -75,7 +75,9 @@ nf_block_t *nf__map_find(nf_pool_t *p, uintptr_t key) {
   const nf_blockmap_t *m = &p->map;
   if (!m->slots || !key) return NULL;
   for (uint64_t j = slot_of(m, key);; j = (j + 1) & m->mask) {
-    if (m->slots[j].key == key) return m->slots[j].val;
+    // Parked blocks (core.h, bins) stay in the map between their free and
+    // their pop; they are not live.
+    if (m->slots[j].key == key) return m->slots[j].val->state == NF_BLK_LIVE ? m->slots[j].val : NULL;
     if (!m->slots[j].key) return NULL;
   }
 }

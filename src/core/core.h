@@ -55,6 +55,9 @@ struct nf_block_s {
   uint8_t state;
   uint8_t arena;
   uint8_t where;             // live: NF_TIER_* its owned granules were nf_offload'ed to (0: device)
+  uint8_t parked;            // free, parked un-coalesced in a bin (fprev/fnext: the bin's list)
+  uint8_t memo;              // its last allocation was where placement puts it (see nf_pool_t.fx)
+  uint64_t fx;               // p->fx after its allocation / its park
 };
 
 // A reserved virtual address range, with per-granule mapping state.
@@ -83,6 +86,25 @@ typedef struct nf_tlsf_s {
   uint32_t sl_bitmap[NF_FL_COUNT];
   nf_block_t *heads[NF_FL_COUNT][NF_SL_COUNT];
 } nf_tlsf_t;
+
+// ------------------------------------------------------------------ bins
+// Deferred coalescing (freelist.c, pool.c): a freed block of the general
+// pool may be parked un-coalesced in the bin of its exact size (state FREE,
+// `parked`, not in the TLSF index; still in the pointer map, which
+// nf__map_find hides: a pop then needs no map update), so that the next allocation of that size
+// on a stream that may use it pops it with no placement, split or merge.
+// Read-only walks see it as the free block it is; anything that places with
+// mapping, unmaps or hands out free ranges flushes the bins first
+// (nf__bins_flush), so growth, stitching, spill and OOM see the same free
+// structure as without bins.
+#define NF_BINS 64   // direct-mapped by exact size (hash of the units)
+#define NF_BIN_MAX 8 // blocks per bin
+typedef struct nf_bin_s {
+  uint64_t units;   // the size (x 512 B) the bin holds; may change while empty
+  nf_block_t *head; // newest first
+  uint32_t n;
+} nf_bin_t;
+static inline uint32_t nf__bin_of(uint64_t units) { return (uint32_t)((units * 0x9E3779B97F4A7C15ull) >> 58); }
 
 // ------------------------------------------------------------------ granules
 typedef struct nf_granule_s {
@@ -161,6 +183,14 @@ struct nf_pool_s {
   void **slabs;
   uint64_t nslabs, slabs_cap;
   nf_block_t *pending;   // freed blocks waiting on record_stream events
+  nf_bin_t bins[NF_BINS]; // parked free blocks (deferred coalescing)
+  uint64_t bin_blocks, bin_bytes;
+  nf_block_t *bin_large;  // the one parked block of the large arena (released at the next free)
+  // Event count: bumped by every change to the free structure, the mapping,
+  // the limits and routes. A block whose park was the pool's last event, after
+  // an allocation placement made with no mapping, is what placement would
+  // choose again for its size (pool.c, bin_pop).
+  uint64_t fx;
 
   nf_granule_t *gran;
   uint64_t gran_cap, gran_created; // created = physical granules existing
@@ -341,6 +371,38 @@ void nf__tlsf_insert(nf_tlsf_t *t, nf_block_t *b);
 void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b);
 nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
 void nf__release_block(nf_pool_t *p, nf_block_t *b);
+void nf__bin_unlink(nf_pool_t *p, nf_block_t *b); // out of its bin (still FREE, not indexed)
+void nf__bins_flush(nf_pool_t *p);                // every parked block into the free index, coalesced
+void nf__bin_take_order(nf_pool_t *p, const nf_block_t *b, nf_block_t *r);
+// Out of its bin (still FREE, not indexed, still in the map).
+static inline void nf__bin_out(nf_pool_t *p, nf_block_t *b) {
+  nf_bin_t *bin = &p->bins[nf__bin_of(b->size >> NF_ALIGN_SHIFT)];
+  if (b->fprev) b->fprev->fnext = b->fnext;
+  else bin->head = b->fnext;
+  if (b->fnext) b->fnext->fprev = b->fprev;
+  b->fprev = b->fnext = NULL;
+  b->parked = 0;
+  if (b == p->bin_large) p->bin_large = NULL;
+  bin->n--;
+  p->bin_blocks--;
+  p->bin_bytes -= b->size;
+}
+// Out of its bin for an allocation of its size (it stays in the map: live
+// again). Placement would have carved b from the start of its coalesced run
+// (b and the free block r after it): r, the run's rest, gets the streams and
+// tick the run would have had (conservative: a superset, a later tick). Same
+// streams: merge_order's result up to streams known complete, which behave
+// as absent (retirement is monotone).
+static inline void nf__bin_take(nf_pool_t *p, nf_block_t *b) {
+  nf__bin_out(p, b);
+  nf_block_t *r = b->next;
+  if (!r || r->state != NF_BLK_FREE) return;
+  if (NF_LIKELY(r->smask == b->smask)) {
+    if (b->tick > r->tick) r->tick = b->tick;
+  } else {
+    nf__bin_take_order(p, b, r);
+  }
+}
 // The next run of free blocks of c whose work is known complete, from *bp on
 // (*bp advances past it): the granules wholly inside it, [*g0, *g1) (maybe
 // empty). False at the end of the chunk. For unmapping and view eviction.

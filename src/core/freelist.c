@@ -78,11 +78,13 @@ static void merge_order(const nf_pool_t *p, nf_block_t *keep, const nf_block_t *
 // Insert a freed block into its arena's index, coalescing with free
 // neighbours. `b` must be detached (state FREE, smask/tick set).
 void nf__release_block(nf_pool_t *p, nf_block_t *b) {
+  p->fx++;
   nf_tlsf_t *t = nf__tlsf_of(p, b);
   nf_block_t *n = b->next;
   if (n && n->state == NF_BLK_FREE) {
     merge_order(p, b, n);
-    nf__tlsf_remove(t, n);
+    if (NF_UNLIKELY(n->parked)) nf__bin_unlink(p, n);
+    else nf__tlsf_remove(t, n);
     b->size += n->size;
     b->next = n->next;
     if (n->next) n->next->prev = b;
@@ -91,7 +93,8 @@ void nf__release_block(nf_pool_t *p, nf_block_t *b) {
   nf_block_t *q = b->prev;
   if (q && q->state == NF_BLK_FREE) {
     merge_order(p, q, b);
-    nf__tlsf_remove(t, q);
+    if (NF_UNLIKELY(q->parked)) nf__bin_unlink(p, q);
+    else nf__tlsf_remove(t, q);
     q->size += b->size;
     q->next = b->next;
     if (b->next) b->next->prev = q;
@@ -99,6 +102,37 @@ void nf__release_block(nf_pool_t *p, nf_block_t *b) {
     b = q;
   }
   nf__tlsf_insert(t, b);
+}
+
+void nf__bin_unlink(nf_pool_t *p, nf_block_t *b) {
+  nf__bin_out(p, b);
+  nf__map_remove(p, b->addr);
+}
+
+// Placement would have carved b from the start of its coalesced run (b and
+// the free block after it): that block, the run's rest, gets the streams
+// and tick the run would have had (conservative: a superset, a later tick).
+void nf__bin_take_order(nf_pool_t *p, const nf_block_t *b, nf_block_t *r) {
+  nf_block_t k = {.smask = b->smask, .tick = b->tick};
+  merge_order(p, &k, r);
+  r->smask = k.smask;
+  r->tick = k.tick;
+}
+
+// Oldest first, so that the newest freed ends up first in its TLSF class (as
+// when it is released at its free). A release may merge (and unlink) another
+// parked neighbour: the walk restarts from the bin's head each time.
+void nf__bins_flush(nf_pool_t *p) {
+  p->fx++;
+  for (uint32_t i = 0; p->bin_blocks && i < NF_BINS; i++) {
+    nf_bin_t *bin = &p->bins[i];
+    while (bin->head) {
+      nf_block_t *b = bin->head;
+      while (b->fnext) b = b->fnext;
+      nf__bin_unlink(p, b);
+      nf__release_block(p, b);
+    }
+  }
 }
 
 // Largest free run that is fully mapped, and the number of granules that

@@ -173,6 +173,91 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   return NF_OK;
 }
 
+// Deferred coalescing (core.h, bins): park a freed block of the general
+// pool in the bin of its exact size, un-coalesced. Not while views are on
+// (they track free granules per block), not with spilled granules about
+// (they must leave free ranges), not for private pools (their blocks stay
+// theirs). A bin holding another size, full, or the byte bound (limit/16)
+// reached: released as usual. The large arena parks one block at a time, one
+// whose allocation placement made with no mapping (`memo`), and the next
+// free releases it first: parking large blocks for longer changed which free
+// block later large requests took (+3..8% peak physical memory on the replay
+// traces), as list order and coalescing then differ from eager release.
+static bool bin_park(nf_pool_t *p, nf_block_t *b, bool memo) {
+  if (p->vw_on | p->host_sweep | (p->host_mapped > p->offl_granules) | (b->chunk->priv != NULL))
+    return false;
+  bool large = b->arena != NF_ARENA_SMALL;
+  if (large && (!memo || p->bin_large)) return false;
+  uint64_t units = b->size >> NF_ALIGN_SHIFT;
+  nf_bin_t *bin = &p->bins[nf__bin_of(units)];
+  if (bin->units != units) {
+    if (bin->n) return false;
+    bin->units = units;
+  }
+  if (bin->n >= NF_BIN_MAX || p->bin_bytes + b->size > p->cfg.limit >> 4) return false;
+  b->parked = 1;
+  b->memo = memo;
+  b->fx = p->fx; // nf_free bumped it: this park is the pool's latest event
+  b->fprev = NULL;
+  b->fnext = bin->head;
+  if (bin->head) bin->head->fprev = b;
+  bin->head = b;
+  bin->n++;
+  p->bin_blocks++;
+  p->bin_bytes += b->size;
+  if (large) p->bin_large = b;
+  return true;
+}
+
+// A parked block of exactly `rsize` that stream s may use with no event call
+// (as placement's fast path: same stream, or the other streams' work known
+// complete or already waited on) and whose granules are all still ready;
+// taken out of its bin (NULL: none). Only where nf__place would have chosen
+// the same address, so that the replay figures (peak, calls, minimum
+// capacity) are those without bins; any other request flushes the bins first:
+// - exact: the block's park is the pool's latest event (p->fx) and its
+//   allocation was a placement with no mapping (or such a pop). Releasing it
+//   would restore the free run placement carved it from, now first in its
+//   class, and nothing else changed: placement would carve it again (not in
+//   `tight` placement, which weighs streams, nor near the limit);
+// - small arena, otherwise: no block indexed in the exact class (placement's
+//   fast path would take that one first), measured to keep every replay
+//   figure of the shared traces unchanged.
+// Either way no free block just below (coalesced, the run would start there)
+// and no parked one just above (the run would be longer).
+static nf_block_t *bin_pop(nf_pool_t *p, uint64_t rsize, uint32_t s) {
+  uint64_t units = rsize >> NF_ALIGN_SHIFT;
+  nf_bin_t *bin = &p->bins[nf__bin_of(units)];
+  if (bin->units != units || !bin->head) return NULL;
+  nf_block_t *b = bin->head;
+  // Its park was the pool's latest event: nothing was mapped or unmapped
+  // since it was live (and so wholly mapped).
+  bool quiet = b->fx == p->fx;
+  bool exact = quiet && b->memo && !p->cfg.tight &&
+               p->gran_created + (rsize >> p->gshift) + 2 <= p->max_granules;
+  int n = 1;
+  if (exact && (!b->prev || b->prev->state != NF_BLK_FREE) && (!b->next || !b->next->parked) &&
+      nf__block_usable(p, b, s)) {
+    nf__bin_take(p, b);
+    return b;
+  }
+  if (!exact) {
+    if (b->arena != NF_ARENA_SMALL) return NULL;
+    int fl, sl;
+    nf__tlsf_mapping(units, &fl, &sl);
+    if (p->tlsf[NF_ARENA_SMALL].heads[fl][sl]) return NULL;
+    n = 4;
+  }
+  for (; b && n > 0; b = b->fnext, n--)
+    if ((!b->prev || b->prev->state != NF_BLK_FREE) && (!b->next || !b->next->parked) &&
+        nf__block_usable(p, b, s) && ((quiet && b == bin->head) || nf__range_mapped(p, b->chunk, b->addr, rsize))) {
+      nf__bin_take(p, b);
+      b->memo = exact;
+      return b;
+    }
+  return NULL;
+}
+
 // Under the lock: the free block of pool pv (NULL: general) holding
 // [at, at + n), taken out of its free index, or NULL.
 static nf_block_t *free_block_at(nf_pool_t *p, const nf_priv_t *pv, uintptr_t at, uint64_t n) {
@@ -212,9 +297,10 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
   uint64_t rsize = ((uint64_t)size + NF_ALIGN - 1) & ~(NF_ALIGN - 1);
   int arena = rsize <= p->cfg.small_max ? NF_ARENA_SMALL : NF_ARENA_LARGE;
   nf__lock(&p->lock);
-  uint32_t s;
-  nf_status_t st = nf__stream_index(p, stream, &s);
-  if (NF_UNLIKELY(st != NF_OK)) goto fail;
+  uint32_t s = p->last_stream;
+  nf_status_t st = NF_OK;
+  if (NF_UNLIKELY(!p->nstreams || p->streams[s].handle != stream) && (st = nf__stream_index(p, stream, &s)) != NF_OK)
+    goto fail;
   nf_tlsf_t *tl = p->tlsf;
   nf_priv_t *pv = NULL;
   if (NF_UNLIKELY(explicit_pv | (p->nroutes != 0 && !at))) {
@@ -225,13 +311,22 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
     }
     if (pv) tl = pv->tlsf;
   }
+  nf_block_t *b;
+  // The cached pair: a parked block of this exact size (no placement, split
+  // or coalescing; no backend call).
+  if (p->bin_blocks && !pv && !at && !p->vw_on && !p->host_sweep && (b = bin_pop(p, rsize, s)) != NULL) {
+    b->state = NF_BLK_LIVE;
+    goto popped;
+  }
+  // Any other placement sees the free structure coalesced, as without bins.
+  if (NF_UNLIKELY(p->bin_blocks != 0)) nf__bins_flush(p);
   // Spilled granules left in free ranges go before placement looks: new
   // blocks belong on the device.
   if (NF_UNLIKELY(p->host_sweep) && p->tick != p->sweep_tick) nf__host_sweep(p);
   uint64_t off;
   bool mapped;
-  nf_block_t *b;
   if (NF_UNLIKELY(at != 0)) { // restoring a checkpoint (PyTorch's CUDA-graph trees)
+    nf__bins_flush(p); // the range may hold parked blocks
     if (!(b = free_block_at(p, pv, at, rsize))) {
       st = nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_at: [%p, +%llu B) is not free in pool %llu", (void *)at,
                      (unsigned long long)rsize, (unsigned long long)(pv ? pv->id : 0));
@@ -239,6 +334,7 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
     }
     off = at - b->addr;
     if ((st = place_block(p, &b, off, rsize, s, false)) != NF_OK) goto fail;
+    b->memo = false;
     goto placed;
   }
   b = nf__place(p, tl, arena, rsize, s, &off, &mapped);
@@ -249,12 +345,15 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
       goto fail;
     }
   }
+  bool memo = mapped; // placed with no mapping (bin_pop)
   for (int attempt = 0;; attempt++) {
     if ((st = place_block(p, &b, off, rsize, s, mapped)) == NF_OK) break;
+    memo = false;
     // Out of granules: once stitching has unmapped every cached granule, the
     // placement needing the fewest new ones may still fit.
     if (st != NF_ERR_OOM || attempt || !(b = nf__place_min(p, tl, rsize, s, &off, &mapped))) goto fail;
   }
+  b->memo = memo;
 placed:
   if (NF_UNLIKELY(nf__map_insert(p, b) != NF_OK)) {
     b->state = NF_BLK_FREE;
@@ -262,9 +361,11 @@ placed:
     st = nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
     goto fail;
   }
+popped:
   b->stream = (uint16_t)s;
   b->req = size;
   b->extra = 0;
+  b->fx = ++p->fx;
   p->st.live += size;
   p->st.live_rounded += rsize;
   p->st.live_blocks++;
@@ -277,6 +378,7 @@ placed:
   nf__unlock(&p->lock);
   return (void *)b->addr;
 fail:;
+  p->fx++;
   bool print = fail_oom(p, size, rsize, stream, st);
   nf__pub_full(p);
   nf__unlock(&p->lock);
@@ -313,6 +415,16 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
     nf__unlock(&p->lock);
     return st;
   }
+  // Where placement put it, and nothing happened since (bin_pop).
+  bool memo = b->memo && b->fx == p->fx, parkable = !b->where;
+  p->fx++;
+  // A parked large block is released before anything else happens, in the
+  // order eager release would have had.
+  if (NF_UNLIKELY(p->bin_large != NULL)) {
+    nf_block_t *x = p->bin_large;
+    nf__bin_unlink(p, x);
+    nf__release_block(p, x);
+  }
   if (NF_UNLIKELY(b->where)) b->extra |= p->tier.busy(p, b); // set only where a tier moved it
   // Spilled granules this free leaves in a free range are unmapped soon
   // (nf__host_sweep), so that the next blocks land on the device.
@@ -333,13 +445,15 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   }
   if (NF_UNLIKELY(b->where)) p->tier.forget(p, b); // cannot fail: after the last fallible step
   if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, false, b->addr, b->req, p->streams[b->stream].handle);
-  nf__map_remove(p, b->addr);
   p->st.live -= b->req;
   p->st.live_rounded -= b->size;
   p->st.live_blocks--;
   p->st.frees++;
   if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live -= b->req; b->chunk->priv->live_blocks--; }
-  if (b->state == NF_BLK_FREE) block_release(p, b, true);
+  if (b->state != NF_BLK_FREE || !parkable || !bin_park(p, b, memo)) { // parked: stays in the map
+    nf__map_remove(p, b->addr);
+    if (b->state == NF_BLK_FREE) block_release(p, b, true);
+  }
   // Release policy with decay: only cached memory that stays above the
   // threshold for release_after frees in a row goes back (a training step's
   // swing drops below it every step and stays cached).
@@ -410,6 +524,7 @@ nf_status_t nf_reserve(nf_pool_t *p, uint64_t bytes) {
                    (unsigned long long)p->cfg.limit);
   } else {
     uint64_t want = (bytes + p->granule - 1) >> p->gshift;
+    p->fx++; // more granules: placement's `tight` test may change (bin_pop)
     if (want > p->gran_created) st = nf__granules_create(p, want - p->gran_created);
   }
   nf__pub_full(p);
@@ -431,6 +546,7 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
   nf__lock(&p->lock);
   p->cfg.limit = limit & ~(p->granule - 1);
   p->max_granules = p->cfg.limit >> p->gshift;
+  p->fx++; // placement's `tight` test may change (bin_pop)
   if (p->release_auto) p->cfg.release_threshold = resolve_threshold(NF_RELEASE_AUTO, p->cfg.limit, explicit_limit);
   nf_status_t st = NF_OK;
   if (p->gran_created > p->max_granules) {

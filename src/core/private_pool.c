@@ -101,6 +101,7 @@ static void hand_back(nf_pool_t *p, nf_priv_t *pv) {
       b->tick = t;
     }
     c->priv = NULL;
+    p->fx++;
     // Free neighbours within a chunk are already merged: index as they are.
     for (nf_block_t *b = c->first; b; b = b->next)
       if (b->state == NF_BLK_FREE) nf__tlsf_insert(&p->tlsf[b->arena], b);

@@ -100,7 +100,7 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
     for (int f = 0; f < NF_FL_COUNT; f++)
       for (int s = 0; s < NF_SL_COUNT; s++)
         for (const nf_block_t *b = p->tlsf[a].heads[f][s]; b; b = b->fnext) {
-          CHECK(b->state == NF_BLK_FREE && b->arena == a, "check: non-free block in the free index");
+          CHECK(b->state == NF_BLK_FREE && b->arena == a && !b->parked, "check: non-free block in the free index");
           tlsf_blocks++;
         }
   for (int a = 0; a < NF_ARENA_COUNT; a++) // the general index holds no private block
@@ -110,14 +110,36 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
           CHECK(!b->chunk->priv, "check: private block %p in the general free index", (void *)b->addr);
   tlsf_blocks += nf__priv_check(p, &st);
   if (st != NF_OK) goto out;
+  uint64_t nparked = 0, parked_bytes = 0; // bins: parked blocks are free, mapped, general, of the bin's size
+  for (uint32_t i = 0; i < NF_BINS; i++) {
+    const nf_bin_t *bin = &p->bins[i];
+    uint32_t n = 0;
+    for (const nf_block_t *b = bin->head, *prev = NULL; b; prev = b, b = b->fnext, n++) {
+      CHECK(b->state == NF_BLK_FREE && b->parked && b->fprev == prev && !b->chunk->priv &&
+                b->size == bin->units << NF_ALIGN_SHIFT && nf__bin_of(bin->units) == i,
+            "check: bad parked block %p in bin %u", (void *)b->addr, i);
+      CHECK(nf__range_mapped(p, b->chunk, b->addr, b->size) || p->vw_on,
+            "check: parked block %p not fully mapped", (void *)b->addr);
+      parked_bytes += b->size;
+    }
+    CHECK(n == bin->n && n <= NF_BIN_MAX, "check: bin %u holds %u blocks, counter %u", i, n, bin->n);
+    for (const nf_block_t *b = bin->head; b; b = b->fnext)
+      CHECK((b->arena == NF_ARENA_SMALL) == (b != p->bin_large), "check: large parked block %p not the one", (void *)b->addr);
+    nparked += n;
+  }
+  CHECK(nparked == p->bin_blocks && parked_bytes == p->bin_bytes, "check: bins hold %llu blocks (%llu B), counters %llu (%llu B)",
+        (unsigned long long)nparked, (unsigned long long)parked_bytes, (unsigned long long)p->bin_blocks,
+        (unsigned long long)p->bin_bytes);
+  CHECK(!p->bin_large || p->bin_large->parked, "check: bin_large not parked");
+  tlsf_blocks += nparked;
   CHECK(tlsf_blocks == nfree_blocks, "check: %llu free blocks, %llu indexed",
         (unsigned long long)nfree_blocks, (unsigned long long)tlsf_blocks);
   CHECK(live == p->st.live && live_r == p->st.live_rounded && nlive == p->st.live_blocks,
         "check: live counters %llu/%llu/%llu, walk %llu/%llu/%llu", (unsigned long long)p->st.live,
         (unsigned long long)p->st.live_rounded, (unsigned long long)p->st.live_blocks,
         (unsigned long long)live, (unsigned long long)live_r, (unsigned long long)nlive);
-  CHECK(nlive == p->map.count, "check: hash holds %llu, live %llu", (unsigned long long)p->map.count,
-        (unsigned long long)nlive);
+  CHECK(nlive + p->bin_blocks == p->map.count, "check: hash holds %llu, live %llu + parked %llu",
+        (unsigned long long)p->map.count, (unsigned long long)nlive, (unsigned long long)p->bin_blocks);
   CHECK(mapped == p->gran_mapped, "check: mapped bits %llu, counter %llu", (unsigned long long)mapped,
         (unsigned long long)p->gran_mapped);
   CHECK(nhost == p->host_mapped && p->offl_granules <= nhost, "check: host granules mapped %llu, counter %llu",

@@ -165,6 +165,7 @@ static void park(nf_pool_t *p, uint32_t i) {
   nf__bit_clr(o->mapped, x->at_g);
   nf__bit_clr(NF_READY(o), x->at_g);
   nf__bit_set(o->stale, x->at_g);
+  p->fx++;
   x->nviews++;
   p->vw_count++;
   p->gran_mapped--;
@@ -180,6 +181,7 @@ static void own(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t i, bool ready)
   nf__bit_set(c->mapped, g);
   if (ready) nf__bit_set(NF_READY(c), g);
   p->gran_mapped++;
+  p->fx++;
 }
 
 static void unview(nf_pool_t *p, nf_chunk_t *c, uint64_t g) {

@@ -111,6 +111,7 @@ nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
   *b = (nf_block_t){.addr = c->base, .size = size, .chunk = c, .state = NF_BLK_FREE,
                     .arena = (uint8_t)arena};
   nf__tlsf_insert(&p->tlsf[arena], b);
+  p->fx++;
   return NF_OK;
 }
 
@@ -201,6 +202,7 @@ void nf__host_granules_release(nf_pool_t *p, uint64_t keep) { granules_release(p
 nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
   nf_status_t st = NF_BE(p, unmap, unmap, c->base + (g0 << p->gshift), (g1 - g0) << p->gshift);
   if (st != NF_OK) return nf__error(st, "nofrag: unmap failed: %s", p->be->err);
+  p->fx++;
   for (uint64_t g = g0; g < g1; g++) {
     nf__bit_clr(c->mapped, g);
     nf__bit_clr(NF_READY(c), g);
@@ -246,6 +248,7 @@ static uint64_t unmap_cached(nf_pool_t *p, const nf_priv_t *owner, uint64_t want
 
 uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *keep_c,
                           uint64_t keep_g0, uint64_t keep_g1, int tier, nf_status_t *st) {
+  nf__bins_flush(p); // parked blocks are cached memory: coalesced first, as without bins
   return unmap_cached(p, NULL, want, blocking, keep_c, keep_g0, keep_g1, tier, st);
 }
 
@@ -387,6 +390,7 @@ nf_status_t nf__set_ready(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
     nf_status_t st = NF_BE(p, set_access, set_access, c->base + (g << p->gshift), (e - g) << p->gshift);
     if (st != NF_OK) return nf__error(st, "nofrag: set access failed: %s", p->be->err);
     for (uint64_t x = g; x < e; x++) nf__bit_set(NF_READY(c), x);
+    p->fx++;
     g = e;
   }
   return NF_OK;

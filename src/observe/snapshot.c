@@ -98,6 +98,7 @@ char *nf_snapshot(nf_pool_t *p) {
   sbuf_t b = {.cap = 4096};
   if (!(b.s = malloc(b.cap))) { nf__error(NF_ERR_NOMEM, "nofrag: out of host memory"); return NULL; }
   nf__lock(&p->lock);
+  nf__bins_flush(p); // blocks as without deferred coalescing
   uint64_t gstate[3] = {0}, tiers[3] = {0};
   for (uint64_t i = 0; i < p->gran_cap; i++) {
     const nf_granule_t *g = &p->gran[i];

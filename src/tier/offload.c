@@ -133,6 +133,7 @@ static nf_status_t remap_one(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t i
   nf_status_t st = NF_BE(p, unmap, unmap, va, G);
   if (st != NF_OK) return nf__error(st, "nofrag: remap: unmap failed: %s", p->be->err);
   NF_READY(c)[g >> 6] &= ~(1ull << (g & 63));
+  p->fx++;
   if ((st = NF_BE(p, map, map, va, G, p->gran[i].handle)) != NF_OK) {
     char msg[300];
     snprintf(msg, sizeof msg, "%s", p->be->err);
