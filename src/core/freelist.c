@@ -75,30 +75,28 @@ static void merge_order(const nf_pool_t *p, nf_block_t *keep, const nf_block_t *
   keep->smask |= gone->smask;
 }
 
+// Merge l->next into l (both free). `indexed` is whichever of the two sits in
+// a free structure (a bin or the TLSF index); it leaves it.
+static void merge_next(nf_pool_t *p, nf_tlsf_t *t, nf_block_t *l, nf_block_t *indexed) {
+  nf_block_t *r = l->next;
+  merge_order(p, l, r);
+  if (NF_UNLIKELY(indexed->parked)) nf__bin_unlink(p, indexed);
+  else nf__tlsf_remove(t, indexed);
+  l->size += r->size;
+  l->next = r->next;
+  if (r->next) r->next->prev = l;
+  nf__block_delete(p, r);
+}
+
 // Insert a freed block into its arena's index, coalescing with free
 // neighbours. `b` must be detached (state FREE, smask/tick set).
 void nf__release_block(nf_pool_t *p, nf_block_t *b) {
   p->fx++;
   nf_tlsf_t *t = nf__tlsf_of(p, b);
-  nf_block_t *n = b->next;
-  if (n && n->state == NF_BLK_FREE) {
-    merge_order(p, b, n);
-    if (NF_UNLIKELY(n->parked)) nf__bin_unlink(p, n);
-    else nf__tlsf_remove(t, n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next) n->next->prev = b;
-    nf__block_delete(p, n);
-  }
+  if (b->next && b->next->state == NF_BLK_FREE) merge_next(p, t, b, b->next);
   nf_block_t *q = b->prev;
   if (q && q->state == NF_BLK_FREE) {
-    merge_order(p, q, b);
-    if (NF_UNLIKELY(q->parked)) nf__bin_unlink(p, q);
-    else nf__tlsf_remove(t, q);
-    q->size += b->size;
-    q->next = b->next;
-    if (b->next) b->next->prev = q;
-    nf__block_delete(p, b);
+    merge_next(p, t, q, q);
     b = q;
   }
   nf__tlsf_insert(t, b);
