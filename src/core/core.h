@@ -371,7 +371,7 @@ void nf__tlsf_insert(nf_tlsf_t *t, nf_block_t *b);
 void nf__tlsf_remove(nf_tlsf_t *t, nf_block_t *b);
 nf_block_t *nf__split(nf_pool_t *p, nf_block_t *b, uint64_t off, uint64_t size);
 void nf__release_block(nf_pool_t *p, nf_block_t *b);
-void nf__bin_unlink(nf_pool_t *p, nf_block_t *b); // out of its bin (still FREE, not indexed)
+void nf__bin_unlink(nf_pool_t *p, nf_block_t *b); // out of its bin and the pointer map (still FREE, not indexed)
 void nf__bins_flush(nf_pool_t *p);                // every parked block into the free index, coalesced
 void nf__bin_take_order(nf_pool_t *p, const nf_block_t *b, nf_block_t *r);
 // Out of its bin (still FREE, not indexed, still in the map).
