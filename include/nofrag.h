@@ -49,6 +49,8 @@ typedef enum nf_status_e {
   NF_ERR_UNSUPPORTED = 5, //!< backend or feature not available here (e.g. no CUDA driver)
   NF_ERR_NOMEM = 6,       //!< host metadata allocation (malloc) failed
   NF_ERR_NOT_READY = 7,   //!< an event has not completed yet (backend-level only)
+  NF_ERR_FOREIGN = 8,     //!< the pointer lies outside every address range of the pool (only from a
+                          //!< probing free: nf_free_ex with NF_FREE_PROBE; no message is set)
 } nf_status_t;
 
 //! Physical memory tiers. Granules carry a tier; device is the default.
@@ -195,6 +197,18 @@ NF_API void *nf_alloc(nf_pool_t *pool, size_t size, nf_stream_t stream);
 //! Unknown, interior or already freed pointers return NF_ERR_INVALID and
 //! change nothing. `ptr` NULL is a no-op.
 NF_API nf_status_t nf_free(nf_pool_t *pool, void *ptr);
+
+//! nf_free_ex flag: a pointer outside every address range of the pool is not
+//! an error of this pool (NF_ERR_FOREIGN, no message, not counted as an
+//! invalid free): for callers holding one pool per device that do not know
+//! which one owns a pointer. A pointer inside the pool's ranges that is not a
+//! live block's start (double free, interior pointer) is still NF_ERR_INVALID.
+#define NF_FREE_PROBE 1u
+
+//! nf_free that also reports the freed block's requested size in `*size`
+//! (0 on failure; `size` may be NULL), in one pointer lookup: an nf_block_size
+//! + nf_free pair looks the pointer up twice. `flags`: 0 or NF_FREE_PROBE.
+NF_API nf_status_t nf_free_ex(nf_pool_t *pool, void *ptr, size_t *size, unsigned flags);
 
 //! Mark a live block as used on `stream` as well: when freed, it is reused only
 //! after the work queued on `stream` up to the free has completed.

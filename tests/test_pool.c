@@ -115,6 +115,52 @@ static void test_bad_input(void **state) {
   assert_int_equal(nf_free(NULL, &x), NF_ERR_INVALID);
 }
 
+// nf_free_ex: the freed block's size in one lookup; a probing free of another
+// pool's pointer is quiet and changes nothing (the PyTorch plug-in asks each
+// device's pool in turn); inside the pool's ranges a bad pointer is still an error.
+static void test_free_ex(void **state) {
+  (void)state;
+  nf_backend_t *be1, *be2;
+  nf_pool_t *p1 = nft_pool(&be1, 1ull << 30, G, "limit:64MiB");
+  nf_pool_t *p2 = nft_pool(&be2, 1ull << 30, G, "limit:64MiB");
+  void *a = nf_alloc(p1, 4000, NULL), *b = nf_alloc(p2, 3 << 20, NULL);
+  assert_non_null(a);
+  assert_non_null(b);
+  nf_stats_t s1 = stats(p1), s2 = stats(p2);
+  size_t n = 7;
+  nf__error(NF_ERR_CONFIG, "marker");
+  assert_int_equal(nf_free_ex(p2, a, &n, NF_FREE_PROBE), NF_ERR_FOREIGN);
+  assert_int_equal(n, 0);
+  assert_string_equal(nf_last_error(), "marker"); // quiet: no message
+  assert_int_equal(stats(p2).invalid_frees, s2.invalid_frees);
+  assert_int_equal(stats(p2).live, s2.live);
+  assert_int_equal(nf_free_ex(p1, a, &n, NF_FREE_PROBE), NF_OK);
+  assert_int_equal(n, 4000);
+  assert_int_equal(stats(p1).live, s1.live - 4000);
+  // Double and interior frees inside the pool's range: errors even when probing.
+  assert_int_equal(nf_free_ex(p1, a, &n, NF_FREE_PROBE), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "double free"));
+  assert_int_equal(n, 0);
+  assert_int_equal(nf_free_ex(p2, (char *)b + 512, &n, NF_FREE_PROBE), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "interior"));
+  assert_int_equal(stats(p2).invalid_frees, s2.invalid_frees + 1);
+  // Without the flag a foreign pointer is the usual error; unknown flags are refused.
+  int x;
+  assert_int_equal(nf_free_ex(p2, &x, NULL, 0), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "not allocated by this pool"));
+  assert_int_equal(nf_free_ex(p2, b, &n, 2u), NF_ERR_INVALID);
+  assert_int_equal(stats(p2).live, s2.live);
+  assert_int_equal(nf_free_ex(p2, b, NULL, 0), NF_OK);
+  assert_int_equal(stats(p2).live, 0);
+  assert_int_equal(nf_free_ex(NULL, b, &n, 0), NF_ERR_INVALID);
+  assert_int_equal(nf_pool_check(p1), NF_OK);
+  assert_int_equal(nf_pool_check(p2), NF_OK);
+  nf_pool_destroy(p1);
+  nf_pool_destroy(p2);
+  nf_backend_destroy(be1);
+  nf_backend_destroy(be2);
+}
+
 static void test_limits_and_config(void **state) {
   nf_backend_t *be;
   assert_int_equal(nf_backend_host_create(&be, 1ull << 30, G), NF_OK);
@@ -542,7 +588,7 @@ static void test_parked_streams(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_basic),          cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_basic),          cmocka_unit_test(test_bad_input), cmocka_unit_test(test_free_ex),
       cmocka_unit_test(test_limits_and_config), cmocka_unit_test(test_random_one_stream),
       cmocka_unit_test(test_random_streams), cmocka_unit_test(test_cross_stream),
       cmocka_unit_test(test_unmap_waits),    cmocka_unit_test(test_release_policy),

@@ -431,7 +431,7 @@ PLAN = [("graph", ("native", "nofrag", "nofrag-ctypes"), 90),
         ("cudnn", ("native", "nofrag", "native@2", "nofrag@2"), 120),
         ("compile", ("native", "nofrag"), 200),
         ("llama", ("native",), 150),
-        ("pair", ("native", "nofrag", "nofrag-ctypes"), 60)]
+        ("pair", ("native", "nofrag", "nofrag-ctypes", "native@2", "nofrag@2", "nofrag-ctypes@2"), 60)]
 
 
 class Orchestrator:

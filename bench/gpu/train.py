@@ -109,6 +109,9 @@ def run_worker(a):
             conf["tight"] = "1"
         if a.alloc == "nofrag-spill":
             conf["spill"] = "host"
+        if os.environ.get("NOFRAG_BENCH_TRACE"):  # a directory: record the run for `nofrag replay`
+            conf["trace"] = os.path.join(os.environ["NOFRAG_BENCH_TRACE"], f"{a.model}-{a.alloc}-{a.cap}.csv")
+            conf["trace_max"] = "2GiB"
         res["nofrag_install"] = nft.enable(**conf)
     import torch
     deterministic(torch, SEED)

@@ -30,7 +30,7 @@ _u64 = ctypes.c_uint64
 
 # nf_status_t and nf_tier_t (include/nofrag.h).
 NF_OK, NF_ERR_INVALID, NF_ERR_OOM, NF_ERR_BACKEND, NF_ERR_CONFIG, NF_ERR_UNSUPPORTED, NF_ERR_NOMEM, \
-    NF_ERR_NOT_READY = range(8)
+    NF_ERR_NOT_READY, NF_ERR_FOREIGN = range(9)
 NF_TIER_DEVICE, NF_TIER_HOST, NF_TIER_DISK, NF_TIER_HOST_DETACHED = 0, 1, 2, 3
 TIERS = {"device": NF_TIER_DEVICE, "host": NF_TIER_HOST, "disk": NF_TIER_DISK, "host_detached": NF_TIER_HOST_DETACHED}
 

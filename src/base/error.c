@@ -38,6 +38,7 @@ const char *nf_status_str(nf_status_t st) {
   case NF_ERR_UNSUPPORTED: return "NF_ERR_UNSUPPORTED";
   case NF_ERR_NOMEM: return "NF_ERR_NOMEM";
   case NF_ERR_NOT_READY: return "NF_ERR_NOT_READY";
+  case NF_ERR_FOREIGN: return "NF_ERR_FOREIGN";
   }
   return "NF_ERR_UNKNOWN";
 }

@@ -387,11 +387,14 @@ fail:;
 }
 
 // Explain a pointer that is not a live block's start, for the error message.
-static nf_status_t bad_free(nf_pool_t *p, const void *ptr) {
+// `probe`: one outside every chunk is another pool's (NF_ERR_FOREIGN, quiet).
+static nf_status_t bad_free(nf_pool_t *p, const void *ptr, bool probe) {
   uintptr_t a = (uintptr_t)ptr;
+  nf_chunk_t *c = p->chunks;
+  while (c && (a < c->base || a >= c->base + c->size)) c = c->next;
+  if (probe && !c) return NF_ERR_FOREIGN;
   p->st.invalid_frees++;
-  for (nf_chunk_t *c = p->chunks; c; c = c->next) {
-    if (a < c->base || a >= c->base + c->size) continue;
+  if (c) {
     for (nf_block_t *b = c->first; b; b = b->next) {
       if (a < b->addr || a >= b->addr + b->size) continue;
       if (b->state == NF_BLK_LIVE)
@@ -405,16 +408,21 @@ static nf_status_t bad_free(nf_pool_t *p, const void *ptr) {
 
 void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) { return nf__alloc(p, size, stream, false, 0, 0); }
 
-nf_status_t nf_free(nf_pool_t *p, void *ptr) {
+nf_status_t nf_free(nf_pool_t *p, void *ptr) { return nf_free_ex(p, ptr, NULL, 0); }
+
+nf_status_t nf_free_ex(nf_pool_t *p, void *ptr, size_t *size, unsigned flags) {
+  if (size) *size = 0;
   if (NF_UNLIKELY(!p)) return nf__error(NF_ERR_INVALID, "nofrag: nf_free: NULL pool");
+  if (NF_UNLIKELY(flags & ~NF_FREE_PROBE)) return nf__error(NF_ERR_INVALID, "nofrag: nf_free_ex: unknown flags %#x", flags);
   if (!ptr) return NF_OK;
   nf__lock(&p->lock);
   nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
   if (NF_UNLIKELY(!b)) {
-    nf_status_t st = bad_free(p, ptr);
+    nf_status_t st = bad_free(p, ptr, flags & NF_FREE_PROBE);
     nf__unlock(&p->lock);
     return st;
   }
+  size_t req = b->req; // b may be merged away below
   // Where placement put it, and nothing happened since (bin_pop).
   bool memo = b->memo && b->fx == p->fx, parkable = !b->where;
   p->fx++;
@@ -471,6 +479,7 @@ nf_status_t nf_free(nf_pool_t *p, void *ptr) {
   if (NF_UNLIKELY(p->xfers) && !(p->tick & 15) && !p->capture_mask) p->tier.poll(p, false); // xfers: only a tier queues copies
   nf__pub_fast(p, false);
   nf__unlock(&p->lock);
+  if (size) *size = req;
   return NF_OK;
 }
 

@@ -230,13 +230,24 @@ NF_API void *nf_torch_alloc_private(size_t size, int device, void *stream, uint6
   return alloc_impl(size, device, stream, id);
 }
 
+// One lookup per free: each device's pool is asked in turn with a probing
+// free, which frees the block where the pointer is that pool's and is quiet
+// where the pointer lies outside it (pools' address ranges are disjoint).
 NF_API int nf_torch_free_any(void *ptr) {
   if (!ptr) return -1;
   for (int i = 0; i < NFT_MAX_DEVICES; i++) {
     nf_pool_t *pool = atomic_load_explicit(&devs[i].pool, memory_order_acquire);
-    size_t n = pool ? nf_block_size(pool, ptr) : 0;
-    if (!n) continue;
-    nf_torch_free(ptr, n, i, NULL);
+    if (!pool) continue;
+    size_t n;
+    nf_status_t st = nf_free_ex(pool, ptr, &n, NF_FREE_PROBE);
+    if (st == NF_ERR_FOREIGN) continue;
+    if (st != NF_OK) {
+      nft_error("free of %p on device %d failed: %s: %s", ptr, i, nf_status_str(st), nf_last_error());
+      return -1;
+    }
+    nft_dev_t *d = &devs[i];
+    atomic_fetch_add_explicit(&d->bytes_freed, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
     return i;
   }
   nft_error("free of %p: not a live block of any nofrag pool", ptr);
