@@ -1,0 +1,113 @@
+// What the CUDA driver's VMM calls cost per granule, through nofrag's CUDA
+// backend (the calls the pool makes): is creating physical memory priced per
+// call or per byte (would multi-granule allocations make growth cheaper?), and
+// is setting access priced per call or per granule (does batching a run into
+// one call help?). Prints one JSON object. Built and run on the GPU machine:
+//
+//   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc bench/gpu/vmm_cost.c
+//       build/libnofrag.a -lpthread -ldl -lm -o build/vmm_cost && ./build/vmm_cost
+//
+// `./build/vmm_cost host` runs the same phases on the host backend (memfd +
+// mmap), to check the program without a GPU.
+// Exit status 77 without a driver or GPU. Each phase is timed over N granules
+// (N x 2 MiB = 512 MiB by default) and repeated; medians of the repeats, in
+// microseconds per granule.
+#include "backend/backend.h"
+#include "../bench.h"
+#include "nofrag.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N 256 // granules per phase
+#define REPS 5
+
+static nf_backend_t *be;
+static size_t G;
+
+#define OK(call)                                                                             \
+  do {                                                                                       \
+    nf_status_t s_ = (call);                                                                 \
+    if (s_ != NF_OK) {                                                                       \
+      fprintf(stderr, "%s failed: %s: %s\n", #call, nf_status_str(s_), be->err);             \
+      exit(1);                                                                               \
+    }                                                                                        \
+  } while (0)
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp);
+  return v[n / 2];
+}
+
+// Create and release N granules' worth of memory in allocations of k granules.
+static double create_cost(size_t k, double *release_us) {
+  double t[REPS], r[REPS];
+  nf_handle_t h[N];
+  size_t n = N / k;
+  for (int rep = 0; rep < REPS; rep++) {
+    double t0 = now_ns();
+    for (size_t i = 0; i < n; i++) OK(be->ops->mem_create(be, NF_TIER_DEVICE, k * G, &h[i]));
+    double t1 = now_ns();
+    for (size_t i = 0; i < n; i++) OK(be->ops->mem_release(be, h[i]));
+    t[rep] = (t1 - t0) / 1e3 / N;
+    r[rep] = (now_ns() - t1) / 1e3 / N;
+  }
+  *release_us = median(r, REPS);
+  return median(t, REPS);
+}
+
+// Map N one-granule allocations at consecutive addresses, set access on the
+// whole run in one call (run = 1) or granule by granule, unmap the run.
+static void map_cost(uintptr_t va, nf_handle_t *h, bool run, double *map_us, double *acc_us, double *unmap_us) {
+  double m[REPS], a[REPS], u[REPS];
+  for (int rep = 0; rep < REPS; rep++) {
+    double t0 = now_ns();
+    for (size_t i = 0; i < N; i++) OK(be->ops->map(be, va + i * G, G, h[i]));
+    double t1 = now_ns();
+    if (run) OK(be->ops->set_access(be, va, N * G));
+    else
+      for (size_t i = 0; i < N; i++) OK(be->ops->set_access(be, va + i * G, G));
+    double t2 = now_ns();
+    OK(be->ops->unmap(be, va, N * G));
+    double t3 = now_ns();
+    m[rep] = (t1 - t0) / 1e3 / N;
+    a[rep] = (t2 - t1) / 1e3 / N;
+    u[rep] = (t3 - t2) / 1e3 / N;
+  }
+  *map_us = median(m, REPS);
+  *acc_us = median(a, REPS);
+  *unmap_us = median(u, REPS);
+}
+
+int main(int argc, char **argv) {
+  bool host = argc > 1 && !strcmp(argv[1], "host");
+  nf_status_t st = host ? nf_backend_host_create(&be, 4 * NF_GiB, 2 * NF_MiB) : nf_backend_cuda_create(&be, 0);
+  if (st != NF_OK) {
+    printf("{\"skipped\": \"%s\"}\n", nf_last_error());
+    return 77;
+  }
+  OK(be->ops->granularity(be, NF_TIER_DEVICE, &G));
+  printf("{\"backend\": \"%s\", \"granule\": %zu, \"granules_per_phase\": %d, \"reps\": %d,\n \"create_us_per_granule\": {", be->ops->name, G, N, REPS);
+  size_t ks[] = {1, 4, 16, 64};
+  for (int j = 0; j < 4; j++) {
+    double rel, c = create_cost(ks[j], &rel);
+    printf("%s\"%zu\": [%.2f, %.2f]", j ? ", " : "", ks[j], c, rel);
+  }
+  printf("},\n \"create_note\": \"key: granules per allocation; value: [create, release] us per granule\",\n");
+  nf_handle_t h[N];
+  for (size_t i = 0; i < N; i++) OK(be->ops->mem_create(be, NF_TIER_DEVICE, G, &h[i]));
+  uintptr_t va;
+  OK(be->ops->va_reserve(be, N * G, G, &va));
+  for (int run = 1; run >= 0; run--) {
+    double m, a, u;
+    map_cost(va, h, run, &m, &a, &u);
+    printf(" \"%s\": {\"map_us\": %.2f, \"set_access_us\": %.2f, \"unmap_us\": %.2f},\n",
+           run ? "access_one_call_per_run" : "access_one_call_per_granule", m, a, u);
+  }
+  OK(be->ops->va_release(be, va, N * G));
+  for (size_t i = 0; i < N; i++) OK(be->ops->mem_release(be, h[i]));
+  printf(" \"units\": \"microseconds per 2 MiB granule, median of %d repeats\"}\n", REPS);
+  nf_backend_destroy(be);
+  return 0;
+}
