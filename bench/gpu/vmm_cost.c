@@ -57,17 +57,21 @@ static double create_cost(size_t k, double *release_us) {
   return median(t, REPS);
 }
 
-// Map N one-granule allocations at consecutive addresses, set access on the
-// whole run in one call (run = 1) or granule by granule, unmap the run.
-static void map_cost(uintptr_t va, nf_handle_t *h, bool run, double *map_us, double *acc_us, double *unmap_us) {
+// Map N granules held in allocations of k granules each (one map call per
+// allocation) at consecutive addresses, set access on the whole run in one
+// call (run = 1) or allocation by allocation, unmap the run: is setting
+// access priced per byte or per mapping?
+static void map_cost(uintptr_t va, nf_handle_t *h, size_t k, bool run, double *map_us, double *acc_us,
+                     double *unmap_us) {
   double m[REPS], a[REPS], u[REPS];
+  size_t n = N / k;
   for (int rep = 0; rep < REPS; rep++) {
     double t0 = now_ns();
-    for (size_t i = 0; i < N; i++) OK(be->ops->map(be, va + i * G, G, h[i]));
+    for (size_t i = 0; i < n; i++) OK(be->ops->map(be, va + i * k * G, k * G, h[i]));
     double t1 = now_ns();
     if (run) OK(be->ops->set_access(be, va, N * G));
     else
-      for (size_t i = 0; i < N; i++) OK(be->ops->set_access(be, va + i * G, G));
+      for (size_t i = 0; i < n; i++) OK(be->ops->set_access(be, va + i * k * G, k * G));
     double t2 = now_ns();
     OK(be->ops->unmap(be, va, N * G));
     double t3 = now_ns();
@@ -95,18 +99,20 @@ int main(int argc, char **argv) {
     printf("%s\"%zu\": [%.2f, %.2f]", j ? ", " : "", ks[j], c, rel);
   }
   printf("},\n \"create_note\": \"key: granules per allocation; value: [create, release] us per granule\",\n");
-  nf_handle_t h[N];
-  for (size_t i = 0; i < N; i++) OK(be->ops->mem_create(be, NF_TIER_DEVICE, G, &h[i]));
   uintptr_t va;
-  OK(be->ops->va_reserve(be, N * G, G, &va));
-  for (int run = 1; run >= 0; run--) {
+  OK(be->ops->va_reserve(be, N * G, 64 * G, &va));
+  nf_handle_t h[N];
+  for (int j = 0; j < 3; j++) {
+    size_t k = j == 2 ? 16 : 1;
+    bool run = j != 1;
+    for (size_t i = 0; i < N / k; i++) OK(be->ops->mem_create(be, NF_TIER_DEVICE, k * G, &h[i]));
     double m, a, u;
-    map_cost(va, h, run, &m, &a, &u);
-    printf(" \"%s\": {\"map_us\": %.2f, \"set_access_us\": %.2f, \"unmap_us\": %.2f},\n",
-           run ? "access_one_call_per_run" : "access_one_call_per_granule", m, a, u);
+    map_cost(va, h, k, run, &m, &a, &u);
+    printf(" \"%zu granule(s) per allocation, access set %s\": {\"map_us\": %.2f, \"set_access_us\": %.2f, "
+           "\"unmap_us\": %.2f},\n", k, run ? "on the whole run" : "per allocation", m, a, u);
+    for (size_t i = 0; i < N / k; i++) OK(be->ops->mem_release(be, h[i]));
   }
   OK(be->ops->va_release(be, va, N * G));
-  for (size_t i = 0; i < N; i++) OK(be->ops->mem_release(be, h[i]));
   printf(" \"units\": \"microseconds per 2 MiB granule, median of %d repeats\"}\n", REPS);
   nf_backend_destroy(be);
   return 0;
