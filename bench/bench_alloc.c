@@ -3,12 +3,15 @@
 // median and p99 over batches, per pair, for several sizes; also a "mixed"
 // case with a live set of 64 blocks of other sizes around the one recycled.
 // The same pairs through glibc's malloc + free run in the same rounds (the
-// reference the issue-13 target compares with: nofrag's pair <= 2x glibc's).
+// reference the issue-13 target compares with: nofrag's pair <= 2x glibc's),
+// and the floor of a pool-locked design: the two uncontended spin-lock
+// acquire/release pairs a nofrag pair takes (nf_alloc, nf_free), alone.
 //
 //   ./build/bench_alloc [pairs_per_size]
 #include "bench.h"
 #include "nofrag.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -92,6 +95,23 @@ int main(int argc, char **argv) {
       free(v);
       free(gv);
     }
+  // The same primitive as nf__lock / nf__unlock (src/base/base.h): an
+  // exchange with acquire order, a store with release order.
+  static atomic_int lk;
+  double *fl = malloc(sizeof(double) * (size_t)batches);
+  for (long b = 0; b < batches; b++) {
+    double t0 = now_ns();
+    for (int i = 0; i < BATCH; i++)
+      for (int j = 0; j < 2; j++) {
+        while (atomic_exchange_explicit(&lk, 1, memory_order_acquire)) {}
+        atomic_store_explicit(&lk, 0, memory_order_release);
+      }
+    fl[b] = (now_ns() - t0) / BATCH;
+  }
+  qsort(fl, (size_t)batches, sizeof *fl, cmp);
+  printf("%-16s %10.1f %10.1f   (two lock acquire/release pairs alone: the floor of a locked pair)\n", "lock floor",
+         fl[batches / 2], fl[batches * 99 / 100]);
+  free(fl);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
   return 0;
