@@ -27,6 +27,10 @@ PyTorch: num_device_alloc + num_device_free), and, with --bisect, the min
 capacity by bisection (PyTorch: set_per_process_memory_fraction; nofrag: its
 limit), each probe a fresh subprocess running --probe-steps steps.
 
+NOFRAG_BENCH_TRACE=DIR records every nofrag run's allocations and frees (the
+pool's `trace:` config, RMM CSV) to DIR/MODEL-ALLOC-CAP.csv, for replay on a
+machine without a GPU: `nofrag replay FILE --limit L`.
+
 --dry-run simulates workers without torch/GPU (to test this script).
 """
 
