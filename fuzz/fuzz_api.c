@@ -1,5 +1,5 @@
 // libFuzzer target for the allocation API: the input is a program of
-// alloc / free / bad free / record_stream / trim / set_limit / offload /
+// alloc / free (nf_free, nf_free_ex) / bad free / record_stream / trim / set_limit / offload /
 // prefetch operations on a small host-backend pool that spills to host memory. Every live block carries a pattern that must
 // survive every operation, and the pool's invariants must hold throughout.
 #include "nofrag.h"
@@ -61,12 +61,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 3: case 4: // free
       if (!l[slot].p) break;
       if ((!l[slot].where || l[slot].where == NF_TIER_HOST) && !ok(l[slot].p, l[slot].n, l[slot].tag)) abort();
-      if (nf_free(p, l[slot].p) != NF_OK) abort();
+      if (op == 3) {
+        if (nf_free(p, l[slot].p) != NF_OK) abort();
+      } else { // the probing free reports the requested size
+        size_t n = 0;
+        if (nf_free_ex(p, l[slot].p, &n, NF_FREE_PROBE) != NF_OK || n != l[slot].n) abort();
+      }
       l[slot].p = NULL;
       break;
-    case 5: // bad frees: interior, unknown; must change nothing
+    case 5: // bad frees: interior, unknown; must change nothing (a probe: quiet for a pointer outside the pool)
       if (l[slot].p && l[slot].n > 512 && nf_free(p, (char *)l[slot].p + 512) != NF_ERR_INVALID) abort();
+      if (l[slot].p && l[slot].n > 512 && nf_free_ex(p, (char *)l[slot].p + 512, NULL, NF_FREE_PROBE) != NF_ERR_INVALID)
+        abort();
       if (nf_free(p, (void *)(uintptr_t)(arg * 4096 + 8)) != NF_ERR_INVALID) abort();
+      if (nf_free_ex(p, (void *)(uintptr_t)(arg * 4096 + 8), NULL, NF_FREE_PROBE) != NF_ERR_FOREIGN) abort();
       break;
     case 6:
       if (l[slot].p && nf_record_stream(p, l[slot].p, s) != NF_OK) abort();
