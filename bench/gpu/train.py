@@ -192,8 +192,11 @@ def run_worker(a):
         res["calls_per_steady_step"] = per_steady(calls)
         # Per step, the calls by kind (map, unmap, set_access, event_sync, ...):
         # what a slow step at the limit spends its calls on (host waits vs maps).
-        res["calls_by_kind_by_step"] = [{k: v - (kinds[i - 1].get(k, 0) if i else 0) for k, v in d.items()
-                                         if v - (kinds[i - 1].get(k, 0) if i else 0)} for i, d in enumerate(kinds)]
+        by_step = []
+        for prev, cur in zip([{}] + kinds, kinds):
+            delta = {k: v - prev.get(k, 0) for k, v in cur.items()}
+            by_step.append({k: v for k, v in delta.items() if v})
+        res["calls_by_kind_by_step"] = by_step
     else:
         res["peak_requested"] = ms.get("requested_bytes.all.peak", 0)
         res["driver_calls_by_step"] = drv

@@ -79,12 +79,6 @@ using Pluggable = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 constexpr int kMaxDev = 64;
 
-inline std::string fmt_bytes(uint64_t n) { // the library's formatter (one for C, the plug-in and the CLI)
-  char b[64];
-  nf_format_bytes(b, sizeof b, n);
-  return b;
-}
-
 // The library's last error without its own "nofrag: " prefix (the adapter's
 // messages add "nofrag: <method>: " themselves).
 inline const char* lib_error() {

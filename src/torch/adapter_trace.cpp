@@ -23,20 +23,11 @@ void NofragAllocator::oom(c10::DeviceIndex dev, size_t size, cudaStream_t stream
   }
   if (tracing_.load()) record(dev, cda::TraceEntry::OOM, dfree, size, stream, pool_id, nullptr);
   for (auto& o : obs) o(dev, size, (size_t)s.limit, dfree);
-  // The message is built with snprintf and std::string only: on the H200 the
-  // process crashed inside the ostream formatting of TORCH_CHECK_WITH's
-  // arguments (an int) on this path (GPU run 16), so no iostream is used here.
-  // The plug-in's message (nf_torch_last_error) already starts with PyTorch's
-  // "CUDA out of memory" line for this request; only a message from elsewhere
-  // gets that line in front (GPU run 17 showed it doubled).
-  std::string msg;
-  if (why.rfind("CUDA out of memory", 0) != 0) {
-    char head[128];
-    snprintf(head, sizeof head, "CUDA out of memory (nofrag). Tried to allocate %s on device %d. ",
-             fmt_bytes(size).c_str(), (int)dev);
-    msg = head;
-  }
-  msg += why;
+  // Built with std::string only: on the H200 the process crashed inside the
+  // ostream formatting of TORCH_CHECK_WITH's arguments on this path (GPU run
+  // 16). The plug-in's message (nft_fail_alloc, every failing path) already
+  // starts with PyTorch's "CUDA out of memory ... Tried to allocate" line.
+  std::string msg = why;
   if (!report.empty()) msg += "\n" + report;
   throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, std::move(msg)); // C10_THROW_ERROR
 }

@@ -230,6 +230,11 @@ NF_API void *nf_torch_alloc_private(size_t size, int device, void *stream, uint6
   return alloc_impl(size, device, stream, id);
 }
 
+static void count_free(nft_dev_t *d, size_t n) {
+  atomic_fetch_add_explicit(&d->bytes_freed, n, memory_order_relaxed);
+  atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
+}
+
 // One lookup per free: each device's pool is asked in turn with a probing
 // free, which frees the block where the pointer is that pool's and is quiet
 // where the pointer lies outside it (pools' address ranges are disjoint).
@@ -245,9 +250,7 @@ NF_API int nf_torch_free_any(void *ptr) {
       nft_error("free of %p on device %d failed: %s: %s", ptr, i, nf_status_str(st), nf_last_error());
       return -1;
     }
-    nft_dev_t *d = &devs[i];
-    atomic_fetch_add_explicit(&d->bytes_freed, n, memory_order_relaxed);
-    atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
+    count_free(&devs[i], n);
     return i;
   }
   nft_error("free of %p: not a live block of any nofrag pool", ptr);
@@ -268,9 +271,7 @@ NF_API void nf_torch_free(void *ptr, size_t size, int device, void *stream) {
               nf_last_error());
     return;
   }
-  nft_dev_t *d = &devs[device];
-  atomic_fetch_add_explicit(&d->bytes_freed, size, memory_order_relaxed);
-  atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
+  count_free(&devs[device], size);
 }
 
 NF_API void nf_torch_init(int device_count) {
