@@ -9,6 +9,8 @@
 //
 // `./build/vmm_cost host` runs the same phases on the host backend (memfd +
 // mmap), to check the program without a GPU.
+// On CUDA it also times mappings at offsets inside multi-granule allocations
+// (the driver called directly: the backend cannot express them yet).
 // Exit status 77 without a driver or GPU. Each phase is timed over N granules
 // (N x 2 MiB = 512 MiB by default) and repeated; medians of the repeats, in
 // microseconds per granule.
@@ -16,6 +18,7 @@
 #include "../bench.h"
 #include "nofrag.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +87,114 @@ static void map_cost(uintptr_t va, nf_handle_t *h, size_t k, bool run, double *m
   *unmap_us = median(u, REPS);
 }
 
+// The driver's own cuMemMap / cuMemUnmap / cuMemSetAccess, for what the
+// backend interface cannot express yet: a mapping at an offset inside a
+// multi-granule allocation. The backend made the primary context current.
+typedef int (*cu_map_t)(unsigned long long, size_t, size_t, unsigned long long, unsigned long long);
+typedef int (*cu_unmap_t)(unsigned long long, size_t);
+static cu_map_t cu_map;
+static cu_unmap_t cu_unmap;
+
+#define CU(call)                                                                             \
+  do {                                                                                       \
+    int r_ = (call);                                                                         \
+    if (r_) {                                                                                \
+      fprintf(stderr, "%s failed: CUresult %d\n", #call, r_);                                \
+      exit(1);                                                                               \
+    }                                                                                        \
+  } while (0)
+
+// N granules in allocations of k granules, each granule its own mapping (at an
+// offset inside its allocation), placed in allocation order or interleaved
+// (granule j of allocation i at slot j * (N / k) + i, so that neighbours come
+// from different allocations). Is set access / unmap priced per mapping or per
+// physical allocation? The answer decides whether multi-granule allocations
+// need multi-granule mappings (which cannot be partly unmapped) to pay off.
+static void offset_cost(uintptr_t va, nf_handle_t *h, size_t k, bool interleave, double *map_us, double *acc_us,
+                        double *unmap_us) {
+  double m[REPS], a[REPS], u[REPS];
+  size_t n = N / k;
+  for (int rep = 0; rep < REPS; rep++) {
+    double t0 = now_ns();
+    for (size_t i = 0; i < n; i++)
+      for (size_t j = 0; j < k; j++) {
+        size_t slot = interleave ? j * n + i : i * k + j;
+        CU(cu_map(va + slot * G, G, j * G, h[i], 0));
+      }
+    double t1 = now_ns();
+    OK(be->ops->set_access(be, va, N * G));
+    double t2 = now_ns();
+    OK(be->ops->unmap(be, va, N * G));
+    double t3 = now_ns();
+    m[rep] = (t1 - t0) / 1e3 / N;
+    a[rep] = (t2 - t1) / 1e3 / N;
+    u[rep] = (t3 - t2) / 1e3 / N;
+  }
+  *map_us = median(m, REPS);
+  *acc_us = median(a, REPS);
+  *unmap_us = median(u, REPS);
+}
+
+// The offset experiments (CUDA only): offset mappings, partial unmaps, and
+// whether access costs more with many mappings alive in the context.
+static void offset_phases(uintptr_t va) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  cu_map = lib ? (cu_map_t)dlsym(lib, "cuMemMap") : NULL;
+  cu_unmap = lib ? (cu_unmap_t)dlsym(lib, "cuMemUnmap") : NULL;
+  if (!cu_map || !cu_unmap) {
+    printf(" \"offset\": \"skipped: no cuMemMap\",\n");
+    return;
+  }
+  nf_handle_t h[N];
+  size_t k = 16;
+  for (size_t i = 0; i < N / k; i++) OK(be->ops->mem_create(be, NF_TIER_DEVICE, k * G, &h[i]));
+  // Does the driver map at a non-zero offset at all? (Driver 580: no, 801.)
+  int off_r = cu_map(va, G, G, h[0], 0);
+  if (!off_r) CU(cu_unmap(va, G));
+  printf(" \"map at a 1-granule offset into a 16-granule allocation\": \"%s (CUresult %d)\",\n",
+         off_r ? "refused" : "allowed", off_r);
+  for (int il = 0; il < 2 && !off_r; il++) {
+    double m, a, u;
+    offset_cost(va, h, k, il, &m, &a, &u);
+    printf(" \"16-granule allocations, one mapping per granule (offsets), %s, access set on the whole run\": "
+           "{\"map_us\": %.2f, \"set_access_us\": %.2f, \"unmap_us\": %.2f},\n",
+           il ? "interleaved" : "in allocation order", m, a, u);
+  }
+  // A mapping of a whole 16-granule allocation: may one granule of it be unmapped?
+  CU(cu_map(va, k * G, 0, h[0], 0));
+  int partial = cu_unmap(va, G);
+  if (partial == 0) CU(cu_map(va, G, 0, h[0], 0)); // it was allowed: put the granule back
+  CU(cu_unmap(va, k * G));
+  printf(" \"unmap of 1 granule of a 16-granule mapping\": \"%s (CUresult %d)\",\n", partial ? "refused" : "allowed",
+         partial);
+  for (size_t i = 0; i < N / k; i++) OK(be->ops->mem_release(be, h[i]));
+  // Access on one-granule mappings while 4,096 other mappings are alive.
+  enum { OTHERS = 4096 };
+  uintptr_t ova;
+  nf_handle_t *oh = malloc(OTHERS * sizeof *oh);
+  if (!oh || be->ops->va_reserve(be, (size_t)OTHERS * G, G, &ova) != NF_OK) {
+    printf(" \"busy context\": \"skipped\",\n");
+    free(oh);
+    return;
+  }
+  size_t made = 0;
+  for (; made < OTHERS; made++) {
+    if (be->ops->mem_create(be, NF_TIER_DEVICE, G, &oh[made]) != NF_OK) break;
+    if (be->ops->map(be, ova + made * G, G, oh[made]) != NF_OK) { be->ops->mem_release(be, oh[made]); break; }
+  }
+  OK(be->ops->set_access(be, ova, made * G));
+  for (size_t i = 0; i < N; i++) OK(be->ops->mem_create(be, NF_TIER_DEVICE, G, &h[i]));
+  double m, a, u;
+  map_cost(va, h, 1, true, &m, &a, &u);
+  printf(" \"1 granule per allocation with %zu other mappings alive\": {\"map_us\": %.2f, \"set_access_us\": %.2f, "
+         "\"unmap_us\": %.2f},\n", made, m, a, u);
+  for (size_t i = 0; i < N; i++) OK(be->ops->mem_release(be, h[i]));
+  OK(be->ops->unmap(be, ova, made * G));
+  for (size_t i = 0; i < made; i++) OK(be->ops->mem_release(be, oh[i]));
+  OK(be->ops->va_release(be, ova, (size_t)OTHERS * G));
+  free(oh);
+}
+
 int main(int argc, char **argv) {
   bool host = argc > 1 && !strcmp(argv[1], "host");
   nf_status_t st = host ? nf_backend_host_create(&be, 4 * NF_GiB, 2 * NF_MiB) : nf_backend_cuda_create(&be, 0);
@@ -112,6 +223,7 @@ int main(int argc, char **argv) {
            "\"unmap_us\": %.2f},\n", k, run ? "on the whole run" : "per allocation", m, a, u);
     for (size_t i = 0; i < N / k; i++) OK(be->ops->mem_release(be, h[i]));
   }
+  if (!host) offset_phases(va);
   OK(be->ops->va_release(be, va, N * G));
   printf(" \"units\": \"microseconds per 2 MiB granule, median of %d repeats\"}\n", REPS);
   nf_backend_destroy(be);
