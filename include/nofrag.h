@@ -113,6 +113,11 @@ typedef struct nf_config_s {
   uint64_t views;             //!< most parked views (a granule kept mapped where it served before, so
                               //!< that serving there again costs no backend call) before the oldest
                               //!< idle ones are unmapped; 0 = views off (stitching unmaps)
+  int async;                  //!< 1: an allocation's mapping calls run on a worker thread and its
+                              //!< stream waits for them on the GPU (cuStreamWaitValue64), so the
+                              //!< allocating thread does not stop for them; 0 (default): at once.
+                              //!< A block used on another stream must be ordered after its
+                              //!< allocating stream first (docs/design.md, "Async mapping")
 } nf_config_t;
 
 #define NF_BACKEND_HOST 0
@@ -123,7 +128,7 @@ typedef struct nf_config_s {
 //! UINT64_MAX-1 in the struct, "never" = UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
 //! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, release_after 4096, tight 0,
 //! trace "" (off), trace_max 256 MiB, spill off, spill_limit 0 (= host capacity), spill_reserve 0,
-//! offload_dir "" ($TMPDIR), views 16384.
+//! offload_dir "" ($TMPDIR), views 16384, async 0.
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
 
 //! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB

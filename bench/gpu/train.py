@@ -47,7 +47,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import GiB, ROOT, BudgetedRunner, base_env, bisect_caps, deterministic, dry_banner, gib  # noqa: E402
-ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill")  # tight:1 / spill:host
+ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill", "nofrag-async")  # tight:1 / spill:host / async:1
 DEFAULT_ALLOCS = "native,expandable,nofrag,nofrag-tight"  # nofrag-spill on request (bench/gpu/spill.py)
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150),
@@ -113,6 +113,8 @@ def run_worker(a):
             conf["tight"] = "1"
         if a.alloc == "nofrag-spill":
             conf["spill"] = "host"
+        if a.alloc == "nofrag-async":
+            conf["async"] = "1"
         if os.environ.get("NOFRAG_BENCH_TRACE"):  # a directory: record the run for `nofrag replay`
             conf["trace"] = os.path.join(os.environ["NOFRAG_BENCH_TRACE"], f"{a.model}-{a.alloc}-{a.cap}.csv")
             conf["trace_max"] = "2GiB"
@@ -302,14 +304,15 @@ class Runner(BudgetedRunner):
             base = next((r for r in self.results["runs"] if r.get("model") == model and r.get("alloc") == "nofrag"
                          and not r.get("cap") and r.get("status") == "ok"), None)
             for f in [float(x) for x in self.a.caps.split(",") if x]:
-                if not base:
-                    self.results["runs"].append({"model": model, "alloc": "nofrag", "cap_factor": f,
-                                                 "status": "no uncapped nofrag run to size the cap"})
-                    continue
-                r = self.run(model, "nofrag", self.a.steps or MODELS[model]["steps"], cap=int(base["peak_live"] * f))
-                r["cap_factor"] = f
-                self.results["runs"].append(r)
-                self.save()
+                for alloc in self.a.capped_allocs.split(","):  # each at the same cap (sized by plain nofrag)
+                    if not base:
+                        self.results["runs"].append({"model": model, "alloc": alloc, "cap_factor": f,
+                                                     "status": "no uncapped nofrag run to size the cap"})
+                        continue
+                    r = self.run(model, alloc, self.a.steps or MODELS[model]["steps"], cap=int(base["peak_live"] * f))
+                    r["cap_factor"] = f
+                    self.results["runs"].append(r)
+                    self.save()
 
     def bisect(self, model):
         """Min capacity per allocator. Bounds from the uncapped runs: below the
@@ -457,7 +460,7 @@ def main():
     p.add_argument("--models", default="gpt2,vit,llama")
     p.add_argument("--steps", type=int, default=0, help="steps per run (0: per-model default, 20)")
     p.add_argument("--bisect", default="gpt2", help="models to bisect ('' for none)")
-    p.add_argument("--allocs", default=DEFAULT_ALLOCS, help="allocators for the uncapped runs (also: nofrag-spill)")
+    p.add_argument("--allocs", default=DEFAULT_ALLOCS, help="allocators for the uncapped runs (also: nofrag-spill, nofrag-async)")
     p.add_argument("--bisect-allocs", default="native,expandable,nofrag", help="allocators to bisect")
     p.add_argument("--probes", type=int, default=6, help="max probes per allocator")
     p.add_argument("--probe-steps", type=int, default=10)
@@ -465,6 +468,8 @@ def main():
                    help="first cap probed, as a multiple of live (0: plain bisection)")
     p.add_argument("--tol", type=float, default=0.002, help="bisection tolerance, fraction of live")
     p.add_argument("--no-limits", action="store_true")
+    p.add_argument("--capped-allocs", default="nofrag",
+                   help="nofrag variants run at each --caps factor (e.g. nofrag,nofrag-async)")
     p.add_argument("--caps", default="", help="nofrag also runs capped at these multiples of its uncapped live "
                    "peak, full length (e.g. 1.01), after the uncapped runs")
     p.add_argument("--dry-run", action="store_true")

@@ -115,6 +115,18 @@ static nf_status_t f_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s
 static nf_status_t f_event_query(nf_backend_t *be, nf_event_t ev) { FORWARD(be, event_query, ev); }
 static nf_status_t f_event_sync(nf_backend_t *be, nf_event_t ev) { FORWARD(be, event_sync, ev); }
 static nf_status_t f_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) { FORWARD(be, stream_wait, s, ev); }
+static nf_status_t f_flag_create(nf_backend_t *be, uint64_t **host, uintptr_t *dev) {
+  nf_backend_t *in = fb(be)->inner;
+  if (!in->ops->flag_create) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "fault backend: inner backend has no flags");
+  FORWARD(be, flag_create, host, dev);
+}
+static void f_flag_destroy(nf_backend_t *be, uint64_t *host) {
+  nf_backend_t *in = fb(be)->inner;
+  if (in->ops->flag_destroy) in->ops->flag_destroy(in, host);
+}
+static nf_status_t f_stream_wait_flag(nf_backend_t *be, nf_stream_t s, uintptr_t dev, uint64_t value) {
+  FORWARD(be, stream_wait_flag, s, dev, value);
+}
 
 static void f_destroy(nf_backend_t *be) {
   fault_backend *f = fb(be);
@@ -142,6 +154,9 @@ static const nf_backend_ops_t fault_ops = {
     .event_sync = f_event_sync,
     .stream_wait = f_stream_wait,
     .destroy = f_destroy,
+    .flag_create = f_flag_create,
+    .flag_destroy = f_flag_destroy,
+    .stream_wait_flag = f_stream_wait_flag,
 };
 
 // On failure the caller keeps ownership of `inner`.

@@ -194,17 +194,22 @@ static void unview(nf_pool_t *p, nf_chunk_t *c, uint64_t g) {
 // virtual granule is unmapped only then.
 static nf_status_t retire(nf_pool_t *p, uint64_t m, uint64_t tick) {
   nf_block_t t = {.smask = m, .tick = tick};
+  bool rec = nf__async_recording(p); // the worker waits (for an event recorded now), not this thread
   for (; m; m &= m - 1) {
     uint32_t x = (uint32_t)__builtin_ctzll(m);
     nf_stream_rec_t *r = &p->streams[x];
     uint64_t need = tick < r->last_free ? tick : r->last_free;
     if (r->done_tick > need) continue;
     nf_status_t st;
+    if (rec) {
+      if ((st = nf__async_wait_stream(p, x)) != NF_OK) return st;
+      continue;
+    }
     if (r->rec_tick <= need && (st = nf__stream_record(p, x)) != NF_OK) return st;
     bool done;
     if ((st = nf__stream_done(p, x, r->rec_tick, true, &done)) != NF_OK) return st;
   }
-  return nf__block_retired(p, &t) ? NF_OK : nf__error(NF_ERR_BACKEND, "nofrag: views: stream work not complete");
+  return rec || nf__block_retired(p, &t) ? NF_OK : nf__error(NF_ERR_BACKEND, "nofrag: views: stream work not complete");
 }
 
 // A cached granule to move, from the cursor on: one whose last users stream
@@ -268,7 +273,7 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
       if (!nf__bit(c->stale, g)) continue;
       uint64_t e = g;
       while (e < g1 && nf__bit(c->stale, e)) e++;
-      st = NF_BE(p, unmap, unmap, c->base + (g << p->gshift), (e - g) << p->gshift);
+      st = nf__vmm_unmap(p, c->base + (g << p->gshift), (e - g) << p->gshift);
       if (st != NF_OK) return nf__error(st, "nofrag: views: unmap failed: %s", p->be->err);
       p->vw_evicted += e - g;
       for (; g < e; g++) unview(p, c, g);
@@ -288,9 +293,9 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     if (i == UINT32_MAX) break;
    
     if ((st = order(p, i, s)) != NF_OK) return st;
-    st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
+    st = nf__vmm_map(p, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK && nf__view_evict_all(p)) // the mapping count's bound (host: vm.max_map_count)
-      st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
+      st = nf__vmm_map(p, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK) return nf__error(st, "nofrag: map failed: %s", p->be->err); // the granule stays where it was
     park(p, i);
     own(p, c, g, i, false); // nf__map_range sets access on the run
@@ -324,7 +329,7 @@ uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t 
         if (!nf__bit(c->stale, g)) continue;
         uint64_t e = g;
         while (e < gi1 && e - g < want - got && nf__bit(c->stale, e)) e++;
-        *stp = NF_BE(p, unmap, unmap, c->base + (g << p->gshift), (e - g) << p->gshift);
+        *stp = nf__vmm_unmap(p, c->base + (g << p->gshift), (e - g) << p->gshift);
         if (*stp != NF_OK) { nf__error(*stp, "nofrag: views: unmap failed: %s", p->be->err); return got; }
         got += e - g;
         for (; g < e; g++) unview(p, c, g);
