@@ -2,8 +2,9 @@
 # Async mapping on the GPU in one call (docs/benchmarks.md, "Async mapping"):
 # what the driver allows (bench/gpu/async_map.c), test_cuda (views and async
 # views on the device), then llama (and the models named in NOFRAG_ASYNC_MODELS,
-# default "llama") at 1.01 x live with nofrag and nofrag-async, ROUNDS rounds
-# (default 2) each with its own native run, paired step by step.
+# default "llama"): uncapped native, nofrag, nofrag-tight, nofrag-tight-async
+# (ALLOCS), then nofrag and nofrag-async at 1.01 x live; ROUNDS rounds (default
+# 2), each with its own native run, paired step by step.
 #   OUT=/tmp/x bash bench/gpu/run_async.sh
 set -u
 T0=$(date +%s)
@@ -33,7 +34,8 @@ for m in ${NOFRAG_ASYNC_MODELS:-llama}; do
     [ "$left" -lt 60 ] && { say "no time left for $m round $r"; break; }
     say "$m round $r (budget ${left}s)"
     timeout "$left" python3 bench/gpu/train.py --out "$OUT/$m-r$r" --budget "$left" --models "$m" \
-      --allocs native,nofrag --caps 1.01 --capped-allocs nofrag,nofrag-async --bisect '' --no-limits
+      --allocs "${ALLOCS:-native,nofrag,nofrag-tight,nofrag-tight-async}" --caps 1.01 \
+      --capped-allocs nofrag,nofrag-async --bisect '' --no-limits
     tail -12 "$OUT/$m-r$r/results.md" 2>/dev/null
   done
 done

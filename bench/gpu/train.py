@@ -47,7 +47,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import GiB, ROOT, BudgetedRunner, base_env, bisect_caps, deterministic, dry_banner, gib  # noqa: E402
-ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill", "nofrag-async")  # tight:1 / spill:host / async:1
+# nofrag variants: "nofrag" plus "-tight" (tight:1), "-spill" (spill:host), "-async" (async:1), combinable
+ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill", "nofrag-async", "nofrag-tight-async")
 DEFAULT_ALLOCS = "native,expandable,nofrag,nofrag-tight"  # nofrag-spill on request (bench/gpu/spill.py)
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150),
@@ -109,11 +110,12 @@ def run_worker(a):
     if a.alloc.startswith("nofrag"):
         import nofrag.torch as nft  # before torch initialises CUDA
         conf = {"limit": str(a.cap)} if a.cap else {}
-        if a.alloc == "nofrag-tight":
+        opts = a.alloc.split("-")[1:]
+        if "tight" in opts:
             conf["tight"] = "1"
-        if a.alloc == "nofrag-spill":
+        if "spill" in opts:
             conf["spill"] = "host"
-        if a.alloc == "nofrag-async":
+        if "async" in opts:
             conf["async"] = "1"
         if os.environ.get("NOFRAG_BENCH_TRACE"):  # a directory: record the run for `nofrag replay`
             conf["trace"] = os.path.join(os.environ["NOFRAG_BENCH_TRACE"], f"{a.model}-{a.alloc}-{a.cap}.csv")
