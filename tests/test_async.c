@@ -1,11 +1,11 @@
-// Async mapping (src/core/async.c, config async:1): the VMM calls of an
+// Async access (src/core/async.c, config async:1): the access calls of an
 // allocation are recorded and made by a worker thread; the allocating stream
 // waits for them (on the host backend: the caller waits, as its "streams" run
-// nothing). These tests hold the ordering to account: patterns in every live
-// block survive moves, evictions, stitching, trim and limit changes made by
-// the worker; the pool checker runs throughout (it waits for the worker
-// first); synchronous paths (trim, offload, teardown) wait for every job; a
-// call that fails on the worker turns into a clear error, not a hang.
+// nothing). Maps and unmaps stay synchronous, and an unmap first waits for
+// every job. These tests hold the ordering to account: patterns in every live
+// block survive moves, evictions, stitching, trim and limit changes; the pool
+// checker runs throughout (it waits for the worker first); a call that fails
+// on the worker turns into a clear error, not a hang.
 #include "nf_test.h"
 
 #include "backend/backend.h"
@@ -87,17 +87,16 @@ static nf_stats_t run_random(uint64_t seed, const char *conf) {
 static void test_random_patterns(void **state) {
   for (uint64_t seed = 1; seed <= 4; seed++) {
     nf_stats_t s = run_random(seed, "limit:48MiB,views:6,small_max:8KiB,async:1");
-    // The worker did the moving: views were moved, evicted after waits.
+    // Views were moved (access set by the worker) and evicted.
     assert_true(s.view_moves > 0 && s.view_evictions > 0);
     assert_true(s.calls.stream_wait > 0);
   }
   run_random(nft_env_seed(77), "limit:48MiB,views:64,tight:1,async:1");
-  run_random(5, "limit:48MiB,views:0,async:1"); // no views: stitching unmaps on the worker
+  run_random(5, "limit:48MiB,views:0,async:1"); // no views: stitching unmaps (after the worker's jobs)
 }
 
 // The same workload with and without async:1 makes the same VMM calls: the
-// worker makes exactly what the synchronous path would have (manual events
-// off: no host wait decides anything differently).
+// worker makes exactly the access calls the synchronous path would have.
 static void test_same_calls(void **state) {
   uint64_t m[2], u[2], a[2], c[2];
   for (int async = 0; async < 2; async++) {
@@ -134,28 +133,39 @@ static void test_same_calls(void **state) {
   assert_int_equal(c[0], c[1]);
 }
 
-// A map that fails on the worker (here: the host's stand-in for
-// vm.max_map_count) is reported by the next call on the pool with the
-// failing call named; later calls fail too (the pool's state no longer
-// matches the backend's), nothing hangs, and the pool can still be destroyed.
+// An access call that fails on the worker is reported by the call on the
+// pool that waits for it, with the failing call named; later calls fail too
+// (the pool's state no longer matches the backend's), nothing hangs, and the
+// pool can still be destroyed.
 static void test_worker_failure(void **state) {
-  setenv("NOFRAG_HOST_MAX_MAPS", "40", 1);
-  nf_backend_t *be;
-  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,async:1");
-  unsetenv("NOFRAG_HOST_MAX_MAPS");
-  assert_non_null(p);
-  void *a = nf_alloc(p, 20 * G, NULL); // 20 maps: fine
+  nf_backend_t *host, *be;
+  assert_int_equal(nf_backend_host_create(&host, 1ull << 30, G), NF_OK);
+  assert_int_equal(nf_backend_fault_create(&be, host, 0, 0.0, 1), NF_OK);
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  char err[256];
+  assert_int_equal(nf_config_parse(&cfg, "limit:64MiB,async:1", err, sizeof err), NF_OK);
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &cfg), NF_OK);
+  void *a = nf_alloc(p, 20 * G, NULL);
   assert_non_null(a);
   nft_fill(a, 20 * G, 1);
-  void *b = nf_alloc(p, 30 * G, NULL); // 30 more: the 41st map fails on the worker
+  nf_backend_fault_only(be, "set_access"); // only the worker sets access
+  nf_backend_fault_set(be, 0, 1.0);
+  void *b = nf_alloc(p, 30 * G, NULL);
+  nf_backend_fault_set(be, 0, 0.0);
   assert_null(b);
   assert_int_equal(nf_last_status(), NF_ERR_BACKEND);
-  assert_non_null(strstr(nf_last_error(), "async mapping: map of"));
+  assert_non_null(strstr(nf_last_error(), "async access: set access on"));
+  assert_non_null(strstr(nf_last_error(), "injected fault"));
   assert_non_null(strstr(nf_last_error(), "unusable"));
   assert_null(nf_alloc(p, 100, NULL));
   assert_int_equal(nf_last_status(), NF_ERR_BACKEND);
   assert_true(nft_check(a, 20 * G, 1)); // what was mapped before stays
   nf_free(p, a);
+  uint64_t calls = 0, failed = 0;
+  nf_backend_fault_counts(be, &calls, &failed);
+  assert_int_equal(failed, 1);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
 }

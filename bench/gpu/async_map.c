@@ -176,7 +176,39 @@ int main(void) {
   float held_ms;
   CK(cuEventElapsedTime(&held_ms, e0, e1));
   printf(" \"wait_value\": {\"ran_before_flag\": %d, \"release_latency_us_median\": %.2f, \"max\": %.2f, "
-         "\"last_hold_ms\": %.2f}}\n", early, lat[4], lat[8], held_ms);
+         "\"last_hold_ms\": %.2f},\n", early, lat[4], lat[8], held_ms);
+  // (4) Run 27 found that cuMemsetD32Async / cuMemcpyAsync check their
+  // pointers when they are queued: a range not yet mapped is refused there
+  // (invalid argument), so mapping cannot wait for a worker. Is a range that
+  // is mapped but whose access is not set yet accepted? Then only the access
+  // call (the expensive one) could move to a worker: queue wait + memset +
+  // copy back, set access from another thread, release the flag, check.
+  CUdeviceptr pb;
+  CK(cuMemAddressReserve(&pb, G, G, 0, 0));
+  CK(cuMemMap(pb, G, 0, hs[0], 0));
+  uint32_t *hbuf;
+  CK(cuMemHostAlloc((void **)&hbuf, G, 0));
+  uint64_t want = 100;
+  CUresult wr = cuStreamWaitValue64(s, dflag, want, CU_STREAM_WAIT_VALUE_GEQ);
+  CUresult mr = cuMemsetD32Async(pb, 0x5EEDu, G / 4, s);
+  CUresult cr = cuMemcpyDtoHAsync(hbuf, pb, G, s);
+  CUresult dr = cuMemcpyDtoDAsync(buf, pb, G, s);
+  atomic_store(&stop, false);
+  CK(cuMemSetAccess(pb, G, &acc, 1)); // (the worker's call: made here, before the flag, as a worker would)
+  atomic_store_explicit((_Atomic uint64_t *)flag, want, memory_order_release);
+  CUresult sr = cuStreamSynchronize(s);
+  int good = sr == CUDA_SUCCESS && mr == CUDA_SUCCESS && cr == CUDA_SUCCESS;
+  for (size_t i = 0; good && i < G / 4; i += 4099) good = hbuf[i] == 0x5EEDu;
+  printf(" \"queued_on_mapped_range_before_access\": {\"wait\": %d, \"memset\": %d, \"memcpy_dtoh\": %d, "
+         "\"memcpy_dtod\": %d, \"sync\": %d, \"data_ok\": %d},\n", (int)wr, (int)mr, (int)cr, (int)dr, (int)sr, good);
+  CUdeviceptr pu;
+  CK(cuMemAddressReserve(&pu, G, G, 0, 0));
+  CUresult ur = cuMemsetD32Async(pu, 1, G / 4, s); // reserved, not mapped: what run 27 hit
+  printf(" \"queued_on_unmapped_range\": {\"memset\": %d}}\n", (int)ur);
+  cuStreamSynchronize(s);
+  cuMemUnmap(pb, G);
+  cuMemAddressFree(pb, G);
+  cuMemAddressFree(pu, G);
   for (int i = 0; i < SLOTS; i++) cuMemRelease(hs[i]);
   cuMemAddressFree(va, SLOTS * G);
   return 0;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Async mapping on the GPU in one call (docs/benchmarks.md, "Async mapping"):
+# Async access on the GPU in one call (docs/benchmarks.md, "Async access"):
 # what the driver allows (bench/gpu/async_map.c), test_cuda (views and async
 # views on the device), then llama (and the models named in NOFRAG_ASYNC_MODELS,
 # default "llama"): uncapped native, nofrag, nofrag-tight, nofrag-tight-async

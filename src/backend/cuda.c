@@ -116,7 +116,7 @@ typedef struct {
   CUresult (*GetErrorString)(CUresult, const char **);
   CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
   CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
-  // Optional (async mapping, core/async.c): NULL when the driver lacks them.
+  // Optional (async access, core/async.c): NULL when the driver lacks them.
   CUresult (*DeviceGetAttribute)(int *, int, CUdevice);
   CUresult (*MemHostAlloc)(void **, size_t, unsigned);
   CUresult (*MemFreeHost)(void *);
@@ -488,7 +488,7 @@ static nf_status_t op_mem_import(nf_backend_t *be, int fd, uint64_t off, size_t 
   return NF_OK;
 }
 
-// Async mapping (core/async.c): a pinned host word the GPU polls, and a
+// Async access (core/async.c): a pinned host word the GPU polls, and a
 // stream wait on it. Needs 64-bit stream memory operations (every GPU of
 // compute capability >= 7.0 with a CUDA 12 driver has them).
 static nf_status_t op_flag_create(nf_backend_t *be, uint64_t **host, uintptr_t *dev) {

@@ -25,6 +25,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 
@@ -35,6 +36,7 @@ typedef struct {
   uint64_t calls, failed, fail_at, rng;
   double p;
   bool oom_next; // which error the next injected mem_create failure returns
+  char only[32]; // "" or the one op (e.g. "set_access") faults are injected into; counting is unchanged
 } fault_backend;
 
 static const nf_backend_ops_t fault_ops;
@@ -58,6 +60,7 @@ static bool inject(nf_backend_t *be, const char *op, nf_status_t *st) {
   bool fail = n == f->fail_at;
   if (f->p >= 1.0) fail = true;
   else if (f->p > 0.0 && (double)(xorshift64(&f->rng) >> 11) * 0x1.0p-53 < f->p) fail = true;
+  if (f->only[0] && strcmp(op, f->only) != 0) fail = false;
   if (fail) {
     f->failed++;
     *st = NF_ERR_BACKEND;
@@ -190,6 +193,14 @@ NF_API void nf_backend_fault_set(nf_backend_t *be, uint64_t fail_at, double p) {
   pthread_mutex_lock(&f->mu);
   f->fail_at = fail_at;
   f->p = isnan(p) || p < 0.0 ? 0.0 : p > 1.0 ? 1.0 : p;
+  pthread_mutex_unlock(&f->mu);
+}
+
+NF_API void nf_backend_fault_only(nf_backend_t *be, const char *op) {
+  if (!be || be->ops != &fault_ops) return;
+  fault_backend *f = fb(be);
+  pthread_mutex_lock(&f->mu);
+  snprintf(f->only, sizeof f->only, "%s", op ? op : "");
   pthread_mutex_unlock(&f->mu);
 }
 

@@ -89,7 +89,7 @@ nf_status_t nf__host_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev)
 }
 
 
-// Async mapping (core/async.c): the flag is plain host memory, and since host
+// Async access (core/async.c): the flag is plain host memory, and since host
 // streams run nothing, "the stream waits for the flag" means the caller does.
 nf_status_t nf__host_flag_create(nf_backend_t *be, uint64_t **host, uintptr_t *dev) {
   uint64_t *f = calloc(8, sizeof *f); // a cache line of its own

@@ -8,7 +8,7 @@
 //   blockmap.c   pointer -> block hash and the block slab
 //   stats.c      statistics and the invariant checker
 //   publish.c    counters published to an observer's buffer (publish.h)
-//   async.c      async:1: an allocation's VMM calls made by a worker thread
+//   async.c      async:1: an allocation's access calls made by a worker thread
 //   config.c     config strings
 // Layers above (tier/, observe/) are told of events through the hooks in
 // nf_pool_t (nf_tier_hooks_t, nf_observe_hooks_t), never called by name.
@@ -133,7 +133,7 @@ typedef struct nf_stream_rec_s {
   uint64_t rec_tick;  // tick of the newest record (0: none)
   uint64_t done_tick; // tick of the newest record known complete
   uint64_t last_free; // tick of the newest free on this stream
-  uint64_t aq_waited; // async mapping: newest job ticket this stream waits for
+  uint64_t aq_waited; // async access: newest job ticket this stream waits for
 } nf_stream_rec_t;
 
 // ------------------------------------------------------------------ hash
@@ -271,7 +271,7 @@ struct nf_pool_s {
   uint64_t capture_mask;         // stream indexes being captured: no event calls, no host waits
   // ---- end private pools: fields
 
-  struct nf_async_s *aq; // async mapping (async.c), NULL: off
+  struct nf_async_s *aq; // async access (async.c), NULL: off
 };
 
 // Stream state predicates (pure: no backend call), used by every file of the
@@ -339,7 +339,7 @@ static inline bool nf__capture_ok(const nf_pool_t *p, const nf_block_t *b, uint3
 }
 // ---- end private pools
 
-// ---- async mapping (async.c)
+// ---- async access (async.c)
 typedef struct nf_async_s nf_async_t;
 nf_status_t nf__async_start(nf_pool_t *p);  // cfg.async: the worker thread and its flag
 void nf__async_stop(nf_pool_t *p);          // every job done, the worker gone
@@ -347,9 +347,8 @@ void nf__async_open(nf_pool_t *p);          // record the VMM calls from here (p
 nf_status_t nf__async_close(nf_pool_t *p);  // hand what was recorded to the worker
 nf_status_t nf__async_sync(nf_pool_t *p);   // every job done (a synchronous call follows)
 nf_status_t nf__async_order(nf_pool_t *p, uint32_t s); // stream s waits (GPU-side) for the newest job
-nf_status_t nf__async_wait_stream(nf_pool_t *p, uint32_t x); // recording: the worker waits for x's work so far
-bool nf__async_recording(const nf_pool_t *p);
-// The VMM calls the core makes (counted; recorded while a job is open).
+// The VMM calls the core makes (counted; access is recorded while a job is
+// open, an unmap first waits for every job).
 nf_status_t nf__vmm_map(nf_pool_t *p, uintptr_t va, uint64_t size, nf_handle_t h);
 nf_status_t nf__vmm_unmap(nf_pool_t *p, uintptr_t va, uint64_t size);
 nf_status_t nf__vmm_access(nf_pool_t *p, uintptr_t va, uint64_t size);

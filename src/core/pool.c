@@ -306,8 +306,8 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
   nf_status_t st = NF_OK;
   if (NF_UNLIKELY(!p->nstreams || p->streams[s].handle != stream) && (st = nf__stream_index(p, stream, &s)) != NF_OK)
     goto fail;
-  // Async mapping: whatever this allocation gets, s runs after the calls
-  // recorded so far (a block found mapped may lie where a job still maps).
+  // Async access: whatever this allocation gets, s runs after the calls
+  // recorded so far (a block found mapped may lie where a job still sets access).
   if (NF_UNLIKELY(p->aq != NULL) && (st = nf__async_order(p, s)) != NF_OK) goto fail;
   nf_tlsf_t *tl = p->tlsf;
   nf_priv_t *pv = NULL;

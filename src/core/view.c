@@ -194,22 +194,17 @@ static void unview(nf_pool_t *p, nf_chunk_t *c, uint64_t g) {
 // virtual granule is unmapped only then.
 static nf_status_t retire(nf_pool_t *p, uint64_t m, uint64_t tick) {
   nf_block_t t = {.smask = m, .tick = tick};
-  bool rec = nf__async_recording(p); // the worker waits (for an event recorded now), not this thread
   for (; m; m &= m - 1) {
     uint32_t x = (uint32_t)__builtin_ctzll(m);
     nf_stream_rec_t *r = &p->streams[x];
     uint64_t need = tick < r->last_free ? tick : r->last_free;
     if (r->done_tick > need) continue;
     nf_status_t st;
-    if (rec) {
-      if ((st = nf__async_wait_stream(p, x)) != NF_OK) return st;
-      continue;
-    }
     if (r->rec_tick <= need && (st = nf__stream_record(p, x)) != NF_OK) return st;
     bool done;
     if ((st = nf__stream_done(p, x, r->rec_tick, true, &done)) != NF_OK) return st;
   }
-  return rec || nf__block_retired(p, &t) ? NF_OK : nf__error(NF_ERR_BACKEND, "nofrag: views: stream work not complete");
+  return nf__block_retired(p, &t) ? NF_OK : nf__error(NF_ERR_BACKEND, "nofrag: views: stream work not complete");
 }
 
 // A cached granule to move, from the cursor on: one whose last users stream

@@ -454,9 +454,9 @@ nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b) {
   uint64_t g0, g1;
   gran_span(p, b->chunk, b->addr, b->size, &g0, &g1);
   p->vw_blk = p->cfg.views ? b : NULL; // views: the block being placed (b->stream set), its free-time smask/tick
-  // Async mapping (async.c): the calls go to the worker, b's stream waits for
-  // them. Not during a capture (nothing may wait then) and not while a tier
-  // holds state (spill, offload: their code is synchronous).
+  // Async access (async.c): access calls go to the worker, b's stream waits
+  // for them. Not during a capture (nothing may wait then) and not while a
+  // tier holds state (spill, offload: their code is synchronous).
   bool rec = p->aq && !p->capture_mask && !p->cfg.spill && !p->xfers && !p->offl;
   if (rec) nf__async_open(p);
   nf_status_t st = nf__map_range(p, b->chunk, g0, g1, b->size, p->cfg.spill != 0);

@@ -389,7 +389,7 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
   nf_block_t *b;
   uint32_t s = 0;
   uint64_t g0, g1;
-  // Tier code is synchronous: every async mapping job done first (core/async.c).
+  // Tier code is synchronous: every async access job done first (core/async.c).
   nf_status_t st = nf__async_barrier(p);
   if (st == NF_OK) st = lookup(p, ptr, "nf_offload", &b);
   if (st == NF_OK) st = nf__stream_index(p, stream, &s);
