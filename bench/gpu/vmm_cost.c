@@ -9,8 +9,10 @@
 //
 // `./build/vmm_cost host` runs the same phases on the host backend (memfd +
 // mmap), to check the program without a GPU.
-// On CUDA it also times mappings at offsets inside multi-granule allocations
-// (the driver called directly: the backend cannot express them yet).
+// On CUDA it also asks whether the driver maps at an offset inside a multi-granule
+// allocation and unmaps part of a mapping (run 26: neither), and times access
+// with 4,096 other mappings alive (the driver called directly: the backend
+// has no offset parameter).
 // Exit status 77 without a driver or GPU. Each phase is timed over N granules
 // (N x 2 MiB = 512 MiB by default) and repeated; medians of the repeats, in
 // microseconds per granule.
