@@ -2,7 +2,7 @@
 # Async access on the GPU in one call (docs/benchmarks.md, "Async access"):
 # what the driver allows (bench/gpu/async_map.c), test_cuda (views and async
 # views on the device), then llama (and the models named in NOFRAG_ASYNC_MODELS,
-# default "llama"): uncapped native, nofrag, nofrag-tight, nofrag-tight-async
+# default "llama"): uncapped native, nofrag, nofrag-tight-async
 # (ALLOCS), then nofrag and nofrag-async at 1.01 x live; ROUNDS rounds (default
 # 2), each with its own native run, paired step by step.
 #   OUT=/tmp/x bash bench/gpu/run_async.sh
@@ -34,7 +34,7 @@ for m in ${NOFRAG_ASYNC_MODELS:-llama}; do
     [ "$left" -lt 60 ] && { say "no time left for $m round $r"; break; }
     say "$m round $r (budget ${left}s)"
     timeout "$left" python3 bench/gpu/train.py --out "$OUT/$m-r$r" --budget "$left" --models "$m" \
-      --allocs "${ALLOCS:-native,nofrag,nofrag-tight,nofrag-tight-async}" --caps 1.01 \
+      --allocs "${ALLOCS:-native,nofrag,nofrag-tight-async}" --caps 1.01 \
       --capped-allocs nofrag,nofrag-async --bisect '' --no-limits
     tail -12 "$OUT/$m-r$r/results.md" 2>/dev/null
   done
