@@ -38,12 +38,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   c.release_after = 4;
   c.spill = 1;
   c.spill_limit = 32 * G;
-  // An odd first byte: async:1 (src/core/async.c) instead of spill, whose
-  // mapping goes synchronously anyway.
-  if (size && (data[0] & 1)) {
-    c.async = 1;
-    c.spill = 0;
-  }
   nf_pool_t *p;
   if (nf_pool_create(&p, be, &c) != NF_OK) abort();
   struct { void *p; size_t n; uint8_t tag, where; } l[SLOTS] = {{0}};

@@ -113,11 +113,6 @@ typedef struct nf_config_s {
   uint64_t views;             //!< most parked views (a granule kept mapped where it served before, so
                               //!< that serving there again costs no backend call) before the oldest
                               //!< idle ones are unmapped; 0 = views off (stitching unmaps)
-  int async;                  //!< 1: access on an allocation's new mappings (cuMemSetAccess, the
-                              //!< driver's slowest call) is set by a worker thread and the allocation's
-                              //!< stream waits for it on the GPU (cuStreamWaitValue64); 0 (default): at
-                              //!< once. A block used on another stream must be ordered after its
-                              //!< allocating stream first (docs/design.md, "Async access")
 } nf_config_t;
 
 #define NF_BACKEND_HOST 0
@@ -128,7 +123,7 @@ typedef struct nf_config_s {
 //! UINT64_MAX-1 in the struct, "never" = UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
 //! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, release_after 4096, tight 0,
 //! trace "" (off), trace_max 256 MiB, spill off, spill_limit 0 (= host capacity), spill_reserve 0,
-//! offload_dir "" ($TMPDIR), views 16384, async 0.
+//! offload_dir "" ($TMPDIR), views 16384.
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
 
 //! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB
@@ -172,9 +167,6 @@ NF_API nf_status_t nf_backend_fault_create(nf_backend_t **out, nf_backend_t *inn
                                            uint64_t fail_at, double p, uint64_t seed);
 //! Change the fault plan of a fault backend (e.g. to stop failing before destroy).
 NF_API void nf_backend_fault_set(nf_backend_t *be, uint64_t fail_at, double p);
-//! Inject faults only into calls of one op (its name in the backend vtable,
-//! e.g. "set_access"); NULL or "" = every op (the default).
-NF_API void nf_backend_fault_only(nf_backend_t *be, const char *op);
 //! Number of backend calls the fault wrapper has seen and failed.
 NF_API void nf_backend_fault_counts(nf_backend_t *be, uint64_t *calls, uint64_t *failed);
 

@@ -57,7 +57,7 @@ static spy_t *spy_new(uint64_t capacity) {
   spy_t *s = calloc(1, sizeof *s);
   assert_int_equal(nf_backend_host_create(&s->in, capacity, G), NF_OK);
   s->ops = (nf_backend_ops_t){"spy", sp_gran, sp_cap, sp_var, sp_vaf, sp_mc, sp_mr, sp_map, sp_unmap, sp_acc,
-                              sp_copy, sp_evc, sp_evd, sp_evr, sp_evq, sp_evs, sp_sw, sp_destroy, NULL, NULL, NULL, NULL, NULL};
+                              sp_copy, sp_evc, sp_evd, sp_evr, sp_evq, sp_evs, sp_sw, sp_destroy, NULL, NULL};
   s->be.ops = &s->ops;
   s->be.inner = s->in;
   return s;

@@ -47,8 +47,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import GiB, ROOT, BudgetedRunner, base_env, bisect_caps, deterministic, dry_banner, gib  # noqa: E402
-# nofrag variants: "nofrag" plus "-tight" (tight:1), "-spill" (spill:host), "-async" (async:1), combinable
-ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill", "nofrag-async", "nofrag-tight-async")
+ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill")  # tight:1 / spill:host
 DEFAULT_ALLOCS = "native,expandable,nofrag,nofrag-tight"  # nofrag-spill on request (bench/gpu/spill.py)
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150),
@@ -110,13 +109,10 @@ def run_worker(a):
     if a.alloc.startswith("nofrag"):
         import nofrag.torch as nft  # before torch initialises CUDA
         conf = {"limit": str(a.cap)} if a.cap else {}
-        opts = a.alloc.split("-")[1:]
-        if "tight" in opts:
+        if a.alloc == "nofrag-tight":
             conf["tight"] = "1"
-        if "spill" in opts:
+        if a.alloc == "nofrag-spill":
             conf["spill"] = "host"
-        if "async" in opts:
-            conf["async"] = "1"
         if os.environ.get("NOFRAG_BENCH_TRACE"):  # a directory: record the run for `nofrag replay`
             conf["trace"] = os.path.join(os.environ["NOFRAG_BENCH_TRACE"], f"{a.model}-{a.alloc}-{a.cap}.csv")
             conf["trace_max"] = "2GiB"
@@ -462,7 +458,7 @@ def main():
     p.add_argument("--models", default="gpt2,vit,llama")
     p.add_argument("--steps", type=int, default=0, help="steps per run (0: per-model default, 20)")
     p.add_argument("--bisect", default="gpt2", help="models to bisect ('' for none)")
-    p.add_argument("--allocs", default=DEFAULT_ALLOCS, help="allocators for the uncapped runs (also: nofrag-spill, nofrag-async)")
+    p.add_argument("--allocs", default=DEFAULT_ALLOCS, help="allocators for the uncapped runs (also: nofrag-spill)")
     p.add_argument("--bisect-allocs", default="native,expandable,nofrag", help="allocators to bisect")
     p.add_argument("--probes", type=int, default=6, help="max probes per allocator")
     p.add_argument("--probe-steps", type=int, default=10)
@@ -471,7 +467,7 @@ def main():
     p.add_argument("--tol", type=float, default=0.002, help="bisection tolerance, fraction of live")
     p.add_argument("--no-limits", action="store_true")
     p.add_argument("--capped-allocs", default="nofrag",
-                   help="nofrag variants run at each --caps factor (e.g. nofrag,nofrag-async)")
+                   help="nofrag variants run at each --caps factor (e.g. nofrag,nofrag-tight)")
     p.add_argument("--caps", default="", help="nofrag also runs capped at these multiples of its uncapped live "
                    "peak, full length (e.g. 1.01), after the uncapped runs")
     p.add_argument("--dry-run", action="store_true")

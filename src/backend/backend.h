@@ -9,7 +9,6 @@
 //   capacity     cuMemGetInfo             copy        cuMemcpyAsync (offload, prefetch, spill)
 //   event_*      cuEventCreate/Record/Query/Synchronize/Destroy
 //   stream_wait  cuStreamWaitEvent
-//   flag_*       cuMemHostAlloc / cuStreamWaitValue64 (optional: async access)
 //
 // Every op returns NF_OK or an error status and, on error, writes a message
 // into be->err (via nf__backend_fail). Ops must leave state unchanged on error.
@@ -50,16 +49,6 @@ typedef struct nf_backend_ops_s {
   // (cuMemImportFromShareableHandle; released with mem_release).
   nf_status_t (*mem_export)(nf_backend_t *be, nf_handle_t h, int *fd, uint64_t *off);
   nf_status_t (*mem_import)(nf_backend_t *be, int fd, uint64_t off, size_t size, nf_handle_t *out);
-  // Optional (NULL: not supported), for setting access on a worker thread
-  // (core/async.c): a 64-bit word of host memory the device can read
-  // (cuMemHostAlloc, its device address from cuMemHostGetDevicePointer), and a
-  // wait, queued on a stream, until that word is >= value
-  // (cuStreamWaitValue64, GEQ): the stream's later work runs only once the
-  // worker has set access where it needs it. The host backend's streams run
-  // nothing, so its wait returns only once the word is there.
-  nf_status_t (*flag_create)(nf_backend_t *be, uint64_t **host, uintptr_t *dev);
-  void (*flag_destroy)(nf_backend_t *be, uint64_t *host);
-  nf_status_t (*stream_wait_flag)(nf_backend_t *be, nf_stream_t s, uintptr_t dev, uint64_t value);
 } nf_backend_ops_t;
 
 struct nf_backend_s {

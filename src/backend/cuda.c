@@ -55,9 +55,6 @@ enum { CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3 };
 enum { CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1 };
 enum { CU_EVENT_DISABLE_TIMING = 0x2 };
 enum { CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0 }; // PyTorch uses the legacy default stream
-enum { CU_MEMHOSTALLOC_PORTABLE = 0x1, CU_MEMHOSTALLOC_DEVICEMAP = 0x2 };
-enum { CU_STREAM_WAIT_VALUE_GEQ = 0x0 };
-enum { CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122 };
 
 typedef struct {
   int type; // CUmemLocationType
@@ -116,12 +113,6 @@ typedef struct {
   CUresult (*GetErrorString)(CUresult, const char **);
   CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
   CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
-  // Optional (async access, core/async.c): NULL when the driver lacks them.
-  CUresult (*DeviceGetAttribute)(int *, int, CUdevice);
-  CUresult (*MemHostAlloc)(void **, size_t, unsigned);
-  CUresult (*MemFreeHost)(void *);
-  CUresult (*MemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned);
-  CUresult (*StreamWaitValue64)(CUstream, CUdeviceptr, uint64_t, unsigned);
 } cu_fns_t;
 
 // Each entry: the name cuGetProcAddress takes (base name) and the exported
@@ -129,10 +120,8 @@ typedef struct {
 static const struct {
   const char *base, *versioned;
   size_t off;
-  bool optional;
 } cu_syms[] = {
-#define S(f, v) {"cu" #f, v, offsetof(cu_fns_t, f), false}
-#define OPT(f, v) {"cu" #f, v, offsetof(cu_fns_t, f), true}
+#define S(f, v) {"cu" #f, v, offsetof(cu_fns_t, f)}
     S(Init, "cuInit"),
     S(DeviceGet, "cuDeviceGet"),
     S(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
@@ -159,13 +148,7 @@ static const struct {
     S(GetErrorString, "cuGetErrorString"),
     S(MemExportToShareableHandle, "cuMemExportToShareableHandle"),
     S(MemImportFromShareableHandle, "cuMemImportFromShareableHandle"),
-    OPT(DeviceGetAttribute, "cuDeviceGetAttribute"),
-    OPT(MemHostAlloc, "cuMemHostAlloc"),
-    OPT(MemFreeHost, "cuMemFreeHost"),
-    OPT(MemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2"),
-    OPT(StreamWaitValue64, "cuStreamWaitValue64_v2"),
 #undef S
-#undef OPT
 };
 
 typedef CUresult (*cu_get_proc_v2_t)(const char *, void **, int, uint64_t, int *);
@@ -200,7 +183,6 @@ static void cu_load(void) {
       if (gp1(cu_syms[i].base, &fn, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM) != CUDA_SUCCESS) fn = NULL;
     }
     if (!fn) fn = dlsym(lib, cu_syms[i].versioned);
-    if (!fn && cu_syms[i].optional) continue;
     if (!fn) {
       snprintf(cu_load_msg, sizeof cu_load_msg,
                "libcuda.so.1 lacks %s: the NVIDIA driver is too old for the VMM API (need CUDA >= 11.x)",
@@ -488,50 +470,6 @@ static nf_status_t op_mem_import(nf_backend_t *be, int fd, uint64_t off, size_t 
   return NF_OK;
 }
 
-// Async access (core/async.c): a pinned host word the GPU polls, and a
-// stream wait on it. Needs 64-bit stream memory operations (every GPU of
-// compute capability >= 7.0 with a CUDA 12 driver has them).
-static nf_status_t op_flag_create(nf_backend_t *be, uint64_t **host, uintptr_t *dev) {
-  cuda_be_t *c = CB(be);
-  int ok = 0;
-  if (!cu.DeviceGetAttribute || !cu.MemHostAlloc || !cu.MemFreeHost || !cu.MemHostGetDevicePointer ||
-      !cu.StreamWaitValue64)
-    return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "cuda backend: the driver lacks cuStreamWaitValue64");
-  CU_CALL(be, "cuDeviceGetAttribute(64-bit stream memory ops)",
-          cu.DeviceGetAttribute(&ok, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, c->dev));
-  if (!ok) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "cuda backend: device %d has no 64-bit stream memory ops", c->ordinal);
-  void *h = NULL;
-  CU_CALL(be, "cuMemHostAlloc(8 B)", cu.MemHostAlloc(&h, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
-  CUdeviceptr d = 0;
-  CUcontext restore;
-  CUresult r = ctx_enter(c, &restore);
-  if (r == CUDA_SUCCESS) {
-    r = cu.MemHostGetDevicePointer(&d, h, 0);
-    ctx_leave(restore);
-  }
-  if (r != CUDA_SUCCESS) {
-    (void)cu.MemFreeHost(h);
-    return cu_fail(be, r, "cuMemHostGetDevicePointer");
-  }
-  *(volatile uint64_t *)h = 0;
-  *host = h;
-  *dev = (uintptr_t)d;
-  return NF_OK;
-}
-
-static void op_flag_destroy(nf_backend_t *be, uint64_t *host) {
-  CUcontext restore;
-  if (host && ctx_enter(CB(be), &restore) == CUDA_SUCCESS) {
-    (void)cu.MemFreeHost(host);
-    ctx_leave(restore);
-  }
-}
-
-static nf_status_t op_stream_wait_flag(nf_backend_t *be, nf_stream_t s, uintptr_t dev, uint64_t value) {
-  CU_CALL(be, "cuStreamWaitValue64", cu.StreamWaitValue64((CUstream)s, (CUdeviceptr)dev, value, CU_STREAM_WAIT_VALUE_GEQ));
-  return NF_OK;
-}
-
 static const nf_backend_ops_t cuda_ops = {
     .name = "cuda",
     .granularity = op_granularity,
@@ -553,9 +491,6 @@ static const nf_backend_ops_t cuda_ops = {
     .destroy = op_destroy,
     .mem_export = op_mem_export,
     .mem_import = op_mem_import,
-    .flag_create = op_flag_create,
-    .flag_destroy = op_flag_destroy,
-    .stream_wait_flag = op_stream_wait_flag,
 };
 
 

@@ -25,7 +25,6 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
-#include <stdio.h>
 #include <string.h>
 
 
@@ -36,7 +35,6 @@ typedef struct {
   uint64_t calls, failed, fail_at, rng;
   double p;
   bool oom_next; // which error the next injected mem_create failure returns
-  char only[32]; // "" or the one op (e.g. "set_access") faults are injected into; counting is unchanged
 } fault_backend;
 
 static const nf_backend_ops_t fault_ops;
@@ -60,7 +58,6 @@ static bool inject(nf_backend_t *be, const char *op, nf_status_t *st) {
   bool fail = n == f->fail_at;
   if (f->p >= 1.0) fail = true;
   else if (f->p > 0.0 && (double)(xorshift64(&f->rng) >> 11) * 0x1.0p-53 < f->p) fail = true;
-  if (f->only[0] && strcmp(op, f->only) != 0) fail = false;
   if (fail) {
     f->failed++;
     *st = NF_ERR_BACKEND;
@@ -118,18 +115,6 @@ static nf_status_t f_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s
 static nf_status_t f_event_query(nf_backend_t *be, nf_event_t ev) { FORWARD(be, event_query, ev); }
 static nf_status_t f_event_sync(nf_backend_t *be, nf_event_t ev) { FORWARD(be, event_sync, ev); }
 static nf_status_t f_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) { FORWARD(be, stream_wait, s, ev); }
-static nf_status_t f_flag_create(nf_backend_t *be, uint64_t **host, uintptr_t *dev) {
-  nf_backend_t *in = fb(be)->inner;
-  if (!in->ops->flag_create) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "fault backend: inner backend has no flags");
-  FORWARD(be, flag_create, host, dev);
-}
-static void f_flag_destroy(nf_backend_t *be, uint64_t *host) {
-  nf_backend_t *in = fb(be)->inner;
-  if (in->ops->flag_destroy) in->ops->flag_destroy(in, host);
-}
-static nf_status_t f_stream_wait_flag(nf_backend_t *be, nf_stream_t s, uintptr_t dev, uint64_t value) {
-  FORWARD(be, stream_wait_flag, s, dev, value);
-}
 
 static void f_destroy(nf_backend_t *be) {
   fault_backend *f = fb(be);
@@ -157,9 +142,6 @@ static const nf_backend_ops_t fault_ops = {
     .event_sync = f_event_sync,
     .stream_wait = f_stream_wait,
     .destroy = f_destroy,
-    .flag_create = f_flag_create,
-    .flag_destroy = f_flag_destroy,
-    .stream_wait_flag = f_stream_wait_flag,
 };
 
 // On failure the caller keeps ownership of `inner`.
@@ -193,14 +175,6 @@ NF_API void nf_backend_fault_set(nf_backend_t *be, uint64_t fail_at, double p) {
   pthread_mutex_lock(&f->mu);
   f->fail_at = fail_at;
   f->p = isnan(p) || p < 0.0 ? 0.0 : p > 1.0 ? 1.0 : p;
-  pthread_mutex_unlock(&f->mu);
-}
-
-NF_API void nf_backend_fault_only(nf_backend_t *be, const char *op) {
-  if (!be || be->ops != &fault_ops) return;
-  fault_backend *f = fb(be);
-  pthread_mutex_lock(&f->mu);
-  snprintf(f->only, sizeof f->only, "%s", op ? op : "");
   pthread_mutex_unlock(&f->mu);
 }
 

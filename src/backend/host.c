@@ -579,8 +579,7 @@ static const nf_backend_ops_t host_ops = {
     .set_access = h_set_access, .copy = h_copy,               .event_create = nf__host_event_create,
     .event_destroy = nf__host_event_destroy, .event_record = nf__host_event_record, .event_query = nf__host_event_query,
     .event_sync = nf__host_event_sync, .stream_wait = nf__host_stream_wait, .destroy = h_destroy,
-    .mem_export = h_mem_export, .mem_import = h_mem_import, .flag_create = nf__host_flag_create,
-    .flag_destroy = nf__host_flag_destroy, .stream_wait_flag = nf__host_stream_wait_flag,
+    .mem_export = h_mem_export, .mem_import = h_mem_import,
 };
 
 NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity, uint64_t granule) {

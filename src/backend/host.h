@@ -85,8 +85,5 @@ nf_status_t nf__host_event_query(nf_backend_t *be, nf_event_t ev);
 nf_status_t nf__host_event_sync(nf_backend_t *be, nf_event_t ev);
 nf_status_t nf__host_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev);
 void nf__host_event_free(host_backend *h, host_event *e); // unlink and free, under the lock
-nf_status_t nf__host_flag_create(nf_backend_t *be, uint64_t **host, uintptr_t *dev);
-void nf__host_flag_destroy(nf_backend_t *be, uint64_t *host);
-nf_status_t nf__host_stream_wait_flag(nf_backend_t *be, nf_stream_t s, uintptr_t dev, uint64_t value);
 
 #endif

@@ -4,7 +4,6 @@
 #include "host.h"
 
 #include <stdlib.h>
-#include <time.h>
 
 // Lock the backend and check `ev`: returns the event (lock held) or NULL
 // with *st set (lock held too); ev_unlock ends either.
@@ -88,29 +87,3 @@ nf_status_t nf__host_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev)
   return ev_unlock(be, st);
 }
 
-
-// Async access (core/async.c): the flag is plain host memory, and since host
-// streams run nothing, "the stream waits for the flag" means the caller does.
-nf_status_t nf__host_flag_create(nf_backend_t *be, uint64_t **host, uintptr_t *dev) {
-  uint64_t *f = calloc(8, sizeof *f); // a cache line of its own
-  if (!f) return nf__backend_fail(be, NF_ERR_NOMEM, "host backend: out of host memory");
-  *host = f;
-  *dev = (uintptr_t)f;
-  return NF_OK;
-}
-
-void nf__host_flag_destroy(nf_backend_t *be, uint64_t *host) {
-  (void)be;
-  free(host);
-}
-
-nf_status_t nf__host_stream_wait_flag(nf_backend_t *be, nf_stream_t s, uintptr_t dev, uint64_t value) {
-  (void)be;
-  (void)s;
-  for (unsigned n = 0; __atomic_load_n((uint64_t *)dev, __ATOMIC_ACQUIRE) < value; n++) {
-    if (n < 64) continue;
-    struct timespec t = {0, 20000};
-    nanosleep(&t, NULL);
-  }
-  return NF_OK;
-}

@@ -8,7 +8,6 @@
 //   blockmap.c   pointer -> block hash and the block slab
 //   stats.c      statistics and the invariant checker
 //   publish.c    counters published to an observer's buffer (publish.h)
-//   async.c      async:1: an allocation's access calls made by a worker thread
 //   config.c     config strings
 // Layers above (tier/, observe/) are told of events through the hooks in
 // nf_pool_t (nf_tier_hooks_t, nf_observe_hooks_t), never called by name.
@@ -133,7 +132,6 @@ typedef struct nf_stream_rec_s {
   uint64_t rec_tick;  // tick of the newest record (0: none)
   uint64_t done_tick; // tick of the newest record known complete
   uint64_t last_free; // tick of the newest free on this stream
-  uint64_t aq_waited; // async access: newest job ticket this stream waits for
 } nf_stream_rec_t;
 
 // ------------------------------------------------------------------ hash
@@ -270,8 +268,6 @@ struct nf_pool_s {
   uint32_t nroutes, routes_cap;
   uint64_t capture_mask;         // stream indexes being captured: no event calls, no host waits
   // ---- end private pools: fields
-
-  struct nf_async_s *aq; // async access (async.c), NULL: off
 };
 
 // Stream state predicates (pure: no backend call), used by every file of the
@@ -338,22 +334,6 @@ static inline bool nf__capture_ok(const nf_pool_t *p, const nf_block_t *b, uint3
   return NF_LIKELY(!p->capture_mask) || nf__block_usable(p, b, s);
 }
 // ---- end private pools
-
-// ---- async access (async.c)
-typedef struct nf_async_s nf_async_t;
-nf_status_t nf__async_start(nf_pool_t *p);  // cfg.async: the worker thread and its flag
-void nf__async_stop(nf_pool_t *p);          // every job done, the worker gone
-void nf__async_open(nf_pool_t *p);          // record the VMM calls from here (pool lock held)
-nf_status_t nf__async_close(nf_pool_t *p);  // hand what was recorded to the worker
-nf_status_t nf__async_sync(nf_pool_t *p);   // every job done (a synchronous call follows)
-nf_status_t nf__async_order(nf_pool_t *p, uint32_t s); // stream s waits (GPU-side) for the newest job
-// The VMM calls the core makes (counted; access is recorded while a job is
-// open, an unmap first waits for every job).
-nf_status_t nf__vmm_map(nf_pool_t *p, uintptr_t va, uint64_t size, nf_handle_t h);
-nf_status_t nf__vmm_unmap(nf_pool_t *p, uintptr_t va, uint64_t size);
-nf_status_t nf__vmm_access(nf_pool_t *p, uintptr_t va, uint64_t size);
-// Before a synchronous backend call that depends on the mappings.
-static inline nf_status_t nf__async_barrier(nf_pool_t *p) { return NF_UNLIKELY(p->aq != NULL) ? nf__async_sync(p) : NF_OK; }
 
 // Counting wrappers around backend ops: every call is counted in the stats.
 #define NF_BE(pool, op, counter, ...) \

@@ -11,7 +11,6 @@
 // ------------------------------------------------------------------ lifetime
 
 void nf__core_destroy(nf_pool_t *p) {
-  nf__async_stop(p); // every recorded call made: the state below is the backend's
   nf__privs_destroy(p);
   nf__streams_destroy(p);
   nf__chunks_destroy(p);
@@ -109,10 +108,6 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
     if (st == NF_ERR_OOM) nf__error(st, "nofrag: spill_reserve %llu B exceeds the host tier's limit %llu B (spill_limit)",
                                     (unsigned long long)cfg->spill_reserve,
                                     (unsigned long long)(p->max_host_granules << p->gshift));
-    nf__core_destroy(p);
-    return st;
-  }
-  if (cfg->async && (st = nf__async_start(p)) != NF_OK) {
     nf__core_destroy(p);
     return st;
   }
@@ -306,9 +301,6 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
   nf_status_t st = NF_OK;
   if (NF_UNLIKELY(!p->nstreams || p->streams[s].handle != stream) && (st = nf__stream_index(p, stream, &s)) != NF_OK)
     goto fail;
-  // Async access: whatever this allocation gets, s runs after the calls
-  // recorded so far (a block found mapped may lie where a job still sets access).
-  if (NF_UNLIKELY(p->aq != NULL) && (st = nf__async_order(p, s)) != NF_OK) goto fail;
   nf_tlsf_t *tl = p->tlsf;
   nf_priv_t *pv = NULL;
   if (NF_UNLIKELY(explicit_pv | (p->nroutes != 0 && !at))) {

@@ -268,7 +268,7 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
       if (!nf__bit(c->stale, g)) continue;
       uint64_t e = g;
       while (e < g1 && nf__bit(c->stale, e)) e++;
-      st = nf__vmm_unmap(p, c->base + (g << p->gshift), (e - g) << p->gshift);
+      st = NF_BE(p, unmap, unmap, c->base + (g << p->gshift), (e - g) << p->gshift);
       if (st != NF_OK) return nf__error(st, "nofrag: views: unmap failed: %s", p->be->err);
       p->vw_evicted += e - g;
       for (; g < e; g++) unview(p, c, g);
@@ -288,9 +288,9 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     if (i == UINT32_MAX) break;
    
     if ((st = order(p, i, s)) != NF_OK) return st;
-    st = nf__vmm_map(p, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
+    st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK && nf__view_evict_all(p)) // the mapping count's bound (host: vm.max_map_count)
-      st = nf__vmm_map(p, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
+      st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK) return nf__error(st, "nofrag: map failed: %s", p->be->err); // the granule stays where it was
     park(p, i);
     own(p, c, g, i, false); // nf__map_range sets access on the run
@@ -324,7 +324,7 @@ uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t 
         if (!nf__bit(c->stale, g)) continue;
         uint64_t e = g;
         while (e < gi1 && e - g < want - got && nf__bit(c->stale, e)) e++;
-        *stp = nf__vmm_unmap(p, c->base + (g << p->gshift), (e - g) << p->gshift);
+        *stp = NF_BE(p, unmap, unmap, c->base + (g << p->gshift), (e - g) << p->gshift);
         if (*stp != NF_OK) { nf__error(*stp, "nofrag: views: unmap failed: %s", p->be->err); return got; }
         got += e - g;
         for (; g < e; g++) unview(p, c, g);

@@ -171,8 +171,7 @@ static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep)
   const int32_t *head = tier == NF_TIER_HOST ? &p->host_free : &p->gran_free;
   // Views: a granule still mapped at parked views cannot go back; unmap the
   // views whose work is known complete first (no host wait), skip the rest.
-  nf_status_t st = nf__async_barrier(p); // a job may still map or unmap these granules
-  if (st != NF_OK) return st;
+  nf_status_t st;
   if (p->vw_count && *created > keep) nf__view_evict(p, UINT64_MAX, false, &st);
   for (int32_t nx, j = *head; *created > keep && j >= 0; j = nx) {
     uint32_t i = (uint32_t)j;
@@ -201,7 +200,7 @@ void nf__host_granules_release(nf_pool_t *p, uint64_t keep) { granules_release(p
 // Unmap mapped granules [g0, g1) of c (all mapped) in one call; they go back
 // to the free list.
 nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
-  nf_status_t st = nf__vmm_unmap(p, c->base + (g0 << p->gshift), (g1 - g0) << p->gshift);
+  nf_status_t st = NF_BE(p, unmap, unmap, c->base + (g0 << p->gshift), (g1 - g0) << p->gshift);
   if (st != NF_OK) return nf__error(st, "nofrag: unmap failed: %s", p->be->err);
   p->fx++;
   for (uint64_t g = g0; g < g1; g++) {
@@ -388,7 +387,7 @@ nf_status_t nf__set_ready(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
     if (nf__bit(NF_READY(c), g) || !nf__bit(c->mapped, g)) { g++; continue; }
     uint64_t e = g;
     while (e < g1 && !nf__bit(NF_READY(c), e) && nf__bit(c->mapped, e)) e++;
-    nf_status_t st = nf__vmm_access(p, c->base + (g << p->gshift), (e - g) << p->gshift);
+    nf_status_t st = NF_BE(p, set_access, set_access, c->base + (g << p->gshift), (e - g) << p->gshift);
     if (st != NF_OK) return nf__error(st, "nofrag: set access failed: %s", p->be->err);
     for (uint64_t x = g; x < e; x++) nf__bit_set(NF_READY(c), x);
     p->fx++;
@@ -415,9 +414,9 @@ nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     if (nf__bit(c->mapped, g)) continue;
     bool h = p->gran_free_count == 0;
     uint32_t i = nf__gran_pop(p, h ? NF_TIER_HOST : NF_TIER_DEVICE);
-    st = nf__vmm_map(p, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
+    st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK && p->vw_count && nf__view_evict_all(p)) // the mapping count's bound (host: vm.max_map_count)
-      st = nf__vmm_map(p, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
+      st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK) {
       nf__gran_push_free(p, i);
       nf__error(st, "nofrag: map failed: %s", p->be->err);
@@ -454,17 +453,7 @@ nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b) {
   uint64_t g0, g1;
   gran_span(p, b->chunk, b->addr, b->size, &g0, &g1);
   p->vw_blk = p->cfg.views ? b : NULL; // views: the block being placed (b->stream set), its free-time smask/tick
-  // Async access (async.c): access calls go to the worker, b's stream waits
-  // for them. Not during a capture (nothing may wait then) and not while a
-  // tier holds state (spill, offload: their code is synchronous).
-  bool rec = p->aq && !p->capture_mask && !p->cfg.spill && !p->xfers && !p->offl;
-  if (rec) nf__async_open(p);
   nf_status_t st = nf__map_range(p, b->chunk, g0, g1, b->size, p->cfg.spill != 0);
-  if (rec) {
-    nf_status_t st2 = nf__async_close(p);
-    if (st == NF_OK) st = st2;
-    if (st == NF_OK) st = nf__async_order(p, b->stream);
-  }
   p->vw_blk = NULL;
   return st;
 }

@@ -389,9 +389,7 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
   nf_block_t *b;
   uint32_t s = 0;
   uint64_t g0, g1;
-  // Tier code is synchronous: every async access job done first (core/async.c).
-  nf_status_t st = nf__async_barrier(p);
-  if (st == NF_OK) st = lookup(p, ptr, "nf_offload", &b);
+  nf_status_t st = lookup(p, ptr, "nf_offload", &b);
   if (st == NF_OK) st = nf__stream_index(p, stream, &s);
   if (st == NF_OK && p->xfers) st = nf__xfer_poll(p, false);
   if (st != NF_OK) goto out;
@@ -418,8 +416,7 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   uint32_t s = 0;
   uint64_t g0, g1;
   nf_offl_t **link = NULL, *o = NULL;
-  nf_status_t st = nf__async_barrier(p);
-  if (st == NF_OK) st = lookup(p, ptr, "nf_prefetch", &b);
+  nf_status_t st = lookup(p, ptr, "nf_prefetch", &b);
   if (st == NF_OK) st = nf__stream_index(p, stream, &s);
   if (st == NF_OK && p->xfers) st = nf__xfer_poll(p, false);
   if (st != NF_OK || !nf__owned(p, b, &g0, &g1)) goto out;

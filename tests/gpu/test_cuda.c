@@ -446,17 +446,15 @@ static int view_step(nf_pool_t *pool, uint32_t it, CUstream s1, CUstream s2, int
   return ok;
 }
 
-static nf_pool_t *view_pool_async(nf_backend_t *be, uint64_t limit, int views, int async) {
+static nf_pool_t *view_pool(nf_backend_t *be, uint64_t limit, int views) {
   nf_config_t cfg;
   nf_config_default(&cfg);
   cfg.limit = limit;
   cfg.views = (uint64_t)views;
-  cfg.async = async;
   nf_pool_t *pool = NULL;
   OKP(nf_pool_create(&pool, be, &cfg));
   return pool;
 }
-static nf_pool_t *view_pool(nf_backend_t *be, uint64_t limit, int views) { return view_pool_async(be, limit, views, 0); }
 
 static void test_pool_views(nf_backend_t *be) {
   printf("-- views: one granule mapped twice; zero calls in steady state at the limit; eviction; streams\n");
@@ -528,23 +526,6 @@ static void test_pool_views(nf_backend_t *be) {
     CHECK(nf_pool_check(pool) == NF_OK, "pool_check: %s", nf_last_error());
     nf_pool_destroy(pool);
   }
-  // The same with async:1 (src/core/async.c): the moves and evictions run on
-  // the worker thread, the streams wait for them on the GPU.
-  int bad_async = 0, clob_async = 0;
-  nf_stats_t sa = {0};
-  if ((pool = view_pool_async(be, lim, 2, 1))) {
-    for (uint32_t it = 0; it < 10; it++)
-      CHECK(view_step(pool, it, s1, s2, &clob_async), "async stream step %u failed: %s", it, nf_last_error());
-    for (uint32_t it = 10; it < 14; it++)
-      CHECK(view_step(pool, it, NULL, NULL, &bad_async), "async step %u failed: %s", it, nf_last_error());
-    nf_stats_get(pool, &sa);
-    CHECK(sa.view_evictions > 0 && sa.view_moves > 0, "async: views:2 moved/evicted nothing");
-    CHECK(nf_pool_check(pool) == NF_OK, "async pool_check: %s", nf_last_error());
-    nf_pool_destroy(pool);
-  }
-  CHECK(bad_async == 0 && clob_async == 0, "async:1: %d blocks lost their data, %d clobbered", bad_async, clob_async);
-  printf("   async:1, views:2 + two streams: evictions %llu, moves %llu, clobbered %d, lost %d\n",
-         (unsigned long long)sa.view_evictions, (unsigned long long)sa.view_moves, clob_async, bad_async);
   DRV(cuStreamDestroy(s1));
   DRV(cuStreamDestroy(s2));
   CHECK(bad == 0, "%d blocks lost their data across view reuse / moves / eviction", bad);
