@@ -388,10 +388,14 @@ def markdown(R):
              "(granules created); mapped in its own column. Calls/step = backend calls per steady step "
              "(nofrag) or num_device_alloc+num_device_free (PyTorch). Paired = median over steps after warm-up of "
              "(this run's step i / native's step i): the same sequence lengths, so with dynamic shapes it compares "
-             "like with like, where the ratio of medians can pick different steps.", "",
+             "like with like, where the ratio of medians can pick different steps. Long steps = summed time of the "
+             "steps after warm-up whose sequence is >= 0.7 x the longest, against native's same steps (dynamic "
+             "shapes only): short steps are CPU-bound and move by +-20% between runs for every allocator alike, "
+             "so the long ones are where an allocator's cost shows (bench/gpu/paired.py).", "",
              "| workload | allocator | status | peak live GiB | peak reserved GiB | mapped GiB | reserved/live "
-             "| min cap/live | median step s | vs native | paired vs native | calls/step | loss = native |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| min cap/live | median step s | vs native | paired vs native | long steps vs native | calls/step "
+             "| loss = native |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         m, al = r.get("model"), r.get("alloc")
         if r.get("cap_factor"):
@@ -406,6 +410,13 @@ def markdown(R):
         if nat and r.get("step_times") and nat.get("step_times") and al != "native":
             pr = [b / a for a, b in zip(nat["step_times"][WARMUP:], r["step_times"][WARMUP:]) if a > 0]
             paired = f"{statistics.median(pr):.3f}" if pr else ""
+        long_ = ""
+        sl = (nat or {}).get("seq_lens") or []
+        if paired and sl and max(sl) > min(sl):
+            idx = [i for i in range(WARMUP, min(len(sl), len(r["step_times"]), len(nat["step_times"])))
+                   if sl[i] >= 0.7 * max(sl)]
+            if idx:
+                long_ = f"{sum(r['step_times'][i] for i in idx) / sum(nat['step_times'][i] for i in idx):.3f}"
         same = ""
         if nat and r.get("losses") and al != "native":
             a, b = r["losses"], nat["losses"]
@@ -417,7 +428,8 @@ def markdown(R):
         ratio = f"{rsv / live:.4f}" if live else ""
         step = f"{r['median_step_s']:.4f}" if r.get("median_step_s") else ""
         lines.append(f"| {m} | {al} | {r.get('status')} | {gib(live)} | {gib(rsv)} | {gib(r.get('peak_mapped'))} | "
-                     f"{ratio} | {mcs} | {step} | {speed} | {paired} | {'' if cps is None else f'{cps:.2f}'} | {same} |")
+                     f"{ratio} | {mcs} | {step} | {speed} | {paired} | {long_} | {'' if cps is None else f'{cps:.2f}'} "
+                     f"| {same} |")
     for model, per in (R.get("bisect") or {}).items():
         lines += ["", f"## Min capacity bisection: {model}", "",
                   "| allocator | live (first k steps) GiB | min feasible cap GiB | infeasible at GiB | cap/live "
