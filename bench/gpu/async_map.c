@@ -209,7 +209,6 @@ int main(void) {
   CUresult mr = cuMemsetD32Async(pb, 0x5EEDu, G / 4, s);
   CUresult cr = cuMemcpyDtoHAsync(hbuf, pb, G, s);
   CUresult dr = cuMemcpyDtoDAsync(buf, pb, G, s);
-  atomic_store(&stop, false);
   CK(cuMemSetAccess(pb, G, &acc, 1)); // (the worker's call: made here, before the flag, as a worker would)
   atomic_store_explicit((_Atomic uint64_t *)flag, want, memory_order_release);
   CUresult sr = cuStreamSynchronize(s);

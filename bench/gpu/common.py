@@ -66,6 +66,18 @@ def dry_banner(R):
     return [DRY_BANNER, ""] if R.get("dry_run") else []
 
 
+def long_steps(seq_lens, first, n, long_seq=None):
+    """Indices of the long (GPU-bound) steps of a dynamic-shape run: from step
+    `first` up to `n`, those whose sequence is >= long_seq (default 0.7 x the
+    longest). Short steps are CPU-bound and move by +-20% between runs for
+    every allocator alike, so the long ones are where an allocator's cost
+    shows. [] for fixed shapes."""
+    if not seq_lens or max(seq_lens) == min(seq_lens):
+        return []
+    thr = 0.7 * max(seq_lens) if long_seq is None else long_seq
+    return [i for i in range(first, min(n, len(seq_lens))) if seq_lens[i] >= thr]
+
+
 def gib(x):
     """Bytes as GiB with 3 decimals for the tables ('' for none)."""
     return f"{x / GiB:.3f}" if isinstance(x, (int, float)) and x else ""

@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
 """Step times of bench/gpu/train.py runs, paired with the native run of the
 same results.json, step by step: per configuration the median ratio over all
-steps after the first, over the long (GPU-bound) steps only, and the ratio of
-summed times over those long steps. Short steps of a variable-length model are
+steps after the first, over the long (GPU-bound) steps only (common.long_steps:
+sequence >= 0.7 x the longest, as train.py's table), and the ratio of summed
+times over those long steps. Short steps of a variable-length model are
 CPU-bound and move by +-20% between runs for every allocator alike (runs 21-24),
 so the long steps are where an allocator's cost shows.
 
-    python3 bench/gpu/paired.py RESULTS_DIR_OR_JSON... [--long-seq 1400] [--json]
+    python3 bench/gpu/paired.py RESULTS_DIR_OR_JSON... [--long-seq N] [--json]
 """
 import argparse
 import json
 import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import long_steps  # noqa: E402
 
 
 def load(path):
@@ -36,14 +40,13 @@ def analyse(res, long_seq):
         nat = next((r for r in runs if r["model"] == model and r["alloc"] == "native"), None)
         if not nat:
             continue
-        seq = nat.get("seq_lens") or [0] * len(nat["step_times"])
         for r in runs:
             if r["model"] != model or r is nat:
                 continue
             t, n = r["step_times"], nat["step_times"]
             k = min(len(t), len(n))
             idx = list(range(1, k))  # step 0 builds the pool / warms up
-            lng = [i for i in idx if i < len(seq) and seq[i] >= long_seq]
+            lng = long_steps(nat.get("seq_lens"), 1, k, long_seq)
             ratio = [t[i] / n[i] for i in idx]
             row = {"model": model, "config": label(r), "steps": len(idx), "paired_median": statistics.median(ratio)}
             if lng:
@@ -62,7 +65,8 @@ def analyse(res, long_seq):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+")
-    p.add_argument("--long-seq", type=int, default=1400, help="a step of at least this sequence length is long")
+    p.add_argument("--long-seq", type=int, default=None,
+                   help="a step of at least this sequence length is long (default: 0.7 x the longest)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     rows = []

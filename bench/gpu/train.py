@@ -46,7 +46,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import GiB, ROOT, BudgetedRunner, base_env, bisect_caps, deterministic, dry_banner, gib  # noqa: E402
+from common import (GiB, ROOT, BudgetedRunner, base_env, bisect_caps, deterministic, dry_banner, gib,  # noqa: E402
+                    long_steps)
 ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill")  # tight:1 / spill:host
 DEFAULT_ALLOCS = "native,expandable,nofrag,nofrag-tight"  # nofrag-spill on request (bench/gpu/spill.py)
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
@@ -411,10 +412,8 @@ def markdown(R):
             pr = [b / a for a, b in zip(nat["step_times"][WARMUP:], r["step_times"][WARMUP:]) if a > 0]
             paired = f"{statistics.median(pr):.3f}" if pr else ""
         long_ = ""
-        sl = (nat or {}).get("seq_lens") or []
-        if paired and sl and max(sl) > min(sl):
-            idx = [i for i in range(WARMUP, min(len(sl), len(r["step_times"]), len(nat["step_times"])))
-                   if sl[i] >= 0.7 * max(sl)]
+        if paired:
+            idx = long_steps(nat.get("seq_lens"), WARMUP, min(len(r["step_times"]), len(nat["step_times"])))
             if idx:
                 long_ = f"{sum(r['step_times'][i] for i in idx) / sum(nat['step_times'][i] for i in idx):.3f}"
         same = ""
