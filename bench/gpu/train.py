@@ -48,7 +48,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import (GiB, ROOT, BudgetedRunner, base_env, bisect_caps, deterministic, dry_banner, gib,  # noqa: E402
                     long_steps)
-ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill")  # tight:1 / spill:host
+# tight:1 / spill:host; nofrag-base: plain nofrag from another build ($NOFRAG_BASE_LIB), for a
+# change's A/B in the same round (--capped-allocs nofrag,nofrag-base)
+ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill", "nofrag-base")
 DEFAULT_ALLOCS = "native,expandable,nofrag,nofrag-tight"  # nofrag-spill on request (bench/gpu/spill.py)
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150),
@@ -62,7 +64,10 @@ SEED = 1234
 # ====================================================================== worker
 
 def worker_env(alloc):
-    return base_env(alloc)
+    env = base_env(alloc)
+    if alloc == "nofrag-base":
+        env["NOFRAG_LIB"] = os.environ["NOFRAG_BASE_LIB"]
+    return env
 
 
 def seq_lengths(model, steps):
@@ -483,6 +488,8 @@ def main():
                    "peak, full length (e.g. 1.01), after the uncapped runs")
     p.add_argument("--dry-run", action="store_true")
     a = p.parse_args()
+    if "nofrag-base" in (a.allocs + "," + a.capped_allocs).split(",") and not os.environ.get("NOFRAG_BASE_LIB"):
+        p.error("nofrag-base needs NOFRAG_BASE_LIB (the other build's libnofrag.so)")
     R = Runner(a)
     models = [m for m in a.models.split(",") if m]
     # The GPT-2 uncapped runs first (the bisection needs them), then the

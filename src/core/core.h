@@ -126,12 +126,23 @@ enum { NF_GR_UNUSED = 0, NF_GR_FREE = 1, NF_GR_MAPPED = 2 };
 // ------------------------------------------------------------------ streams
 // Ticks order frees and event records pool-wide: a record at tick r covers
 // every free on its stream at a tick below r.
+// Each stream keeps its last NF_EVENTS records (a ring of reusable events,
+// created lazily), so that a host wait for older work can take the oldest
+// record covering it and leave the GPU the work queued after it (stream.c).
+#define NF_EVENTS 16
+// How long frees keep recording after a host wait (ticks: frees and
+// records), and at most one such record per this many ticks and stream.
+#define NF_EV_HOT 4096
+#define NF_EV_GAP 16
 typedef struct nf_stream_rec_s {
   nf_stream_t handle;
-  nf_event_t event;   // one reusable event, created lazily
+  nf_event_t event;   // the newest record's event (ev[ev_head]); NULL before the first
   uint64_t rec_tick;  // tick of the newest record (0: none)
-  uint64_t done_tick; // tick of the newest record known complete
+  uint64_t done_tick; // tick of a record known complete (every free before it is done)
   uint64_t last_free; // tick of the newest free on this stream
+  uint32_t ev_head;             // ring slot of the newest record
+  nf_event_t ev[NF_EVENTS];     // the ring
+  uint64_t ev_tick[NF_EVENTS];  // tick of each slot's record (0: never recorded)
 } nf_stream_rec_t;
 
 // ------------------------------------------------------------------ hash
@@ -202,6 +213,7 @@ struct nf_pool_s {
   uint32_t nstreams;
   uint32_t last_stream; // index of the last stream looked up (fast path)
   uint64_t tick;                                   // pool clock (frees and records)
+  uint64_t ev_hot;        // frees up to this tick record events as they go (stream.c, nf__stream_mark)
   uint64_t waited[NF_MAX_STREAMS][NF_MAX_STREAMS]; // [S][A]: tick of the A-record S waits on
   bool release_auto;      // release_threshold follows the limit
   uint64_t above_since;   // tick since which cached memory exceeds release_threshold (0: not)
@@ -448,6 +460,8 @@ nf_status_t nf__streams_sync(nf_pool_t *p);
 nf_status_t nf__streams_poll(nf_pool_t *p);
 nf_status_t nf__stream_record(nf_pool_t *p, uint32_t x);
 nf_status_t nf__stream_done(nf_pool_t *p, uint32_t x, uint64_t tick, bool blocking, bool *done);
+nf_status_t nf__stream_wait(nf_pool_t *p, uint32_t x, uint64_t need); // host wait for x's frees up to need
+void nf__stream_mark(nf_pool_t *p, uint32_t x); // nf_free, after a host wait: maybe record (never fails)
 nf_status_t nf__pending_add(nf_pool_t *p, nf_block_t *b);
 nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking);
 void nf__streams_destroy(nf_pool_t *p);

@@ -3,16 +3,19 @@
 // A pool-wide clock ticks at every free and every event record. A free block
 // remembers the streams whose work may still touch it (smask) and the tick of
 // its free; a record on stream X at tick r covers every free on X before r.
-// Nothing is recorded at free time: an event is recorded only when another
-// stream wants the block (that stream then waits on it: no host blocking) or
-// when granules must be unmapped (the host waits). waited[S][X] keeps the
+// An event is recorded when another stream wants the block (that stream then
+// waits on it: no host blocking) or when granules must be unmapped (the host
+// waits); frees record too, but only for a while after a host wait (so that
+// the next one can wait on an older record: nf__stream_wait), so a steady
+// state that never waits makes no event calls. waited[S][X] keeps the
 // newest X-record stream S already waits on, so one wait orders S after every
-// block X freed before it: a steady state makes no event calls. Free blocks
+// block X freed before it. Free blocks
 // of different streams merge (union of streams), so streams do not fragment
 // the address space.
 #include "core/core.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out) {
   if (NF_LIKELY(p->nstreams && p->streams[p->last_stream].handle == s)) {
@@ -36,17 +39,64 @@ nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out) {
   return NF_OK;
 }
 
-nf_status_t nf__stream_record(nf_pool_t *p, uint32_t x) {
+// Record stream x's newest event in the ring's next slot (its oldest record
+// goes). `quiet`: a failure sets no error (an optional record).
+static nf_status_t record(nf_pool_t *p, uint32_t x, bool quiet) {
   nf_stream_rec_t *r = &p->streams[x];
+  uint32_t h = r->rec_tick ? (r->ev_head + 1) % NF_EVENTS : 0;
   nf_status_t st;
-  if (!r->event) {
-    st = NF_BE(p, event_create, event_create, &r->event);
-    if (st != NF_OK) return nf__error(st, "nofrag: event create failed: %s", p->be->err);
+  if (!r->ev[h]) {
+    st = NF_BE(p, event_create, event_create, &r->ev[h]);
+    if (st != NF_OK) return quiet ? st : nf__error(st, "nofrag: event create failed: %s", p->be->err);
   }
-  st = NF_BE(p, event_record, event_record, r->event, r->handle);
-  if (st != NF_OK) return nf__error(st, "nofrag: event record failed: %s", p->be->err);
-  r->rec_tick = ++p->tick;
+  st = NF_BE(p, event_record, event_record, r->ev[h], r->handle);
+  if (st != NF_OK) return quiet ? st : nf__error(st, "nofrag: event record failed: %s", p->be->err);
+  r->ev_head = h;
+  r->event = r->ev[h];
+  r->rec_tick = r->ev_tick[h] = ++p->tick;
   return NF_OK;
+}
+
+nf_status_t nf__stream_record(nf_pool_t *p, uint32_t x) { return record(p, x, false); }
+
+// The oldest kept record of stream x at a tick above `need` (it covers x's
+// frees up to need), or -1: none (the newest is older).
+static int ev_cover(const nf_stream_rec_t *r, uint64_t need) {
+  if (r->rec_tick <= need) return -1;
+  int best = (int)r->ev_head;
+  for (uint32_t k = 1; k < NF_EVENTS; k++) {
+    uint32_t h = (r->ev_head + NF_EVENTS - k) % NF_EVENTS;
+    if (!r->ev[h] || r->ev_tick[h] <= need) break;
+    best = (int)h;
+  }
+  return best;
+}
+
+// Wait on the host until stream x's work up to its free at tick `need` is
+// complete: on the oldest record that covers it, not on a fresh one, so
+// that the GPU keeps the work queued after that record while the caller
+// unmaps and maps (a fresh record drains the stream and leaves the GPU idle
+// through those calls). The next NF_EV_HOT ticks of frees record as they
+// go (nf__stream_mark), so that the next wait finds a record close behind
+// what it needs.
+nf_status_t nf__stream_wait(nf_pool_t *p, uint32_t x, uint64_t need) {
+  nf_stream_rec_t *r = &p->streams[x];
+  if (r->done_tick > need) return NF_OK;
+  nf_status_t st;
+  int h = ev_cover(r, need);
+  if (h < 0) {
+    if ((st = nf__stream_record(p, x)) != NF_OK) return st;
+    h = (int)r->ev_head;
+  }
+  p->ev_hot = p->tick + NF_EV_HOT;
+  st = NF_BE(p, event_sync, event_sync, r->ev[h]);
+  if (st != NF_OK) return nf__error(st, "nofrag: event synchronize failed: %s", p->be->err);
+  if (r->ev_tick[h] > r->done_tick) r->done_tick = r->ev_tick[h];
+  return NF_OK;
+}
+
+void nf__stream_mark(nf_pool_t *p, uint32_t x) {
+  if (p->tick - p->streams[x].rec_tick >= NF_EV_GAP && !p->capture_mask) record(p, x, true);
 }
 
 // Whether the work on stream x up to the record at `tick` is complete: one
@@ -73,10 +123,14 @@ nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s) {
     uint64_t need = nf__need_tick(r, b->tick);
     if (r->done_tick > need || p->waited[s][x] > need) continue;
     nf_status_t st;
-    if (r->rec_tick <= need && (st = nf__stream_record(p, x)) != NF_OK) return st;
-    st = NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, r->event);
+    int h = ev_cover(r, need); // the oldest record covering b: s waits for no more of x than it must
+    if (h < 0) {
+      if ((st = nf__stream_record(p, x)) != NF_OK) return st;
+      h = (int)r->ev_head;
+    }
+    st = NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, r->ev[h]);
     if (st != NF_OK) return nf__error(st, "nofrag: stream wait failed: %s", p->be->err);
-    p->waited[s][x] = r->rec_tick;
+    p->waited[s][x] = r->ev_tick[h];
     p->st.cross_stream_reuses++;
   }
   return NF_OK;
@@ -92,6 +146,7 @@ static nf_status_t streams_settle(nf_pool_t *p, bool blocking) {
     if (r->done_tick >= r->last_free) continue;
     nf_status_t st;
     if (r->rec_tick <= r->last_free && (st = nf__stream_record(p, x)) != NF_OK) return st;
+    if (blocking) p->ev_hot = p->tick + NF_EV_HOT;
     st = blocking ? NF_BE(p, event_sync, event_sync, r->event) : NF_BE(p, event_query, event_query, r->event);
     if (st == NF_OK) r->done_tick = r->rec_tick;
     else if (blocking || st != NF_ERR_NOT_READY)
@@ -153,11 +208,14 @@ nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
 
 void nf__streams_destroy(nf_pool_t *p) {
   for (uint32_t a = 0; a < p->nstreams; a++) {
-    if (p->streams[a].event) {
+    nf_stream_rec_t *r = &p->streams[a];
+    if (r->event) { // the newest record covers the older ones
       p->st.calls.event_sync++;
-      p->be->ops->event_sync(p->be, p->streams[a].event);
-      p->be->ops->event_destroy(p->be, p->streams[a].event);
-      p->streams[a].event = NULL;
+      p->be->ops->event_sync(p->be, r->event);
     }
+    for (int h = 0; h < NF_EVENTS; h++)
+      if (r->ev[h]) p->be->ops->event_destroy(p->be, r->ev[h]);
+    memset(r->ev, 0, sizeof r->ev);
+    r->event = NULL;
   }
 }

@@ -196,13 +196,8 @@ static nf_status_t retire(nf_pool_t *p, uint64_t m, uint64_t tick) {
   nf_block_t t = {.smask = m, .tick = tick};
   for (; m; m &= m - 1) {
     uint32_t x = (uint32_t)__builtin_ctzll(m);
-    nf_stream_rec_t *r = &p->streams[x];
-    uint64_t need = tick < r->last_free ? tick : r->last_free;
-    if (r->done_tick > need) continue;
-    nf_status_t st;
-    if (r->rec_tick <= need && (st = nf__stream_record(p, x)) != NF_OK) return st;
-    bool done;
-    if ((st = nf__stream_done(p, x, r->rec_tick, true, &done)) != NF_OK) return st;
+    nf_status_t st = nf__stream_wait(p, x, nf__need_tick(&p->streams[x], tick));
+    if (st != NF_OK) return st;
   }
   return nf__block_retired(p, &t) ? NF_OK : nf__error(NF_ERR_BACKEND, "nofrag: views: stream work not complete");
 }

@@ -1,0 +1,220 @@
+// Streams (src/core/stream.c): the per-stream ring of event records, host
+// waits on the oldest record that covers what they need (so that the GPU
+// keeps the work queued after it), frees recording only after a host wait,
+// and cross-stream waits on the oldest covering record. White box: the
+// stream records (core.h) show which record a wait took. The host backend's
+// manual events stand in for GPU work in flight.
+#include "nf_test.h"
+#include "core/core.h"
+
+#define KB 1024ull
+#define G (64 * KB)
+static const nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+
+static nf_pool_t *pool(nf_backend_t **be) {
+  nf_pool_t *p = nft_pool(be, 1ull << 30, G, "limit:64MiB,small_max:8KiB");
+  assert_non_null(p);
+  nf_backend_host_set_manual_events(*be, 1);
+  return p;
+}
+
+static uint32_t sidx(nf_pool_t *p, nf_stream_t s) {
+  uint32_t x = UINT32_MAX;
+  assert_int_equal(nf__stream_index(p, s, &x), NF_OK);
+  return x;
+}
+
+static nf_stats_t stats(nf_pool_t *p) {
+  nf_stats_t s;
+  nf_stats_get(p, &s);
+  return s;
+}
+
+// n alloc/free pairs of a small cached block on stream s: n frees (ticks).
+static void pairs(nf_pool_t *p, nf_stream_t s, int n) {
+  for (int i = 0; i < n; i++) {
+    void *x = nf_alloc(p, 4 * KB, s);
+    assert_non_null(x);
+    assert_int_equal(nf_free(p, x), NF_OK);
+  }
+}
+
+static void done(nf_pool_t *p, nf_backend_t *be) {
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// No host wait yet: frees record nothing (a steady state stays call-free).
+static void test_cold_frees_record_nothing(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  pairs(p, A, 2000);
+  nf_stats_t s = stats(p);
+  assert_int_equal(s.calls.event_record, 0);
+  assert_int_equal(s.calls.event_create, 0);
+  done(p, be);
+}
+
+// After a host wait, frees record every NF_EV_GAP ticks; a wait for older
+// work then synchronizes on the oldest record after it, and the work
+// recorded later stays in flight.
+static void test_wait_takes_oldest_covering_record(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  pairs(p, A, 1);
+  uint32_t a = sidx(p, A);
+  nf_stream_rec_t *r = &p->streams[a];
+  uint64_t t1 = r->last_free;
+  // Nothing covers t1: a fresh record, waited on.
+  assert_int_equal(nf__stream_wait(p, a, t1), NF_OK);
+  nf_stats_t s0 = stats(p);
+  assert_int_equal(s0.calls.event_record, 1);
+  assert_int_equal(s0.calls.event_sync, 1);
+  assert_true(r->done_tick > t1);
+  // Waiting again for what is known complete costs nothing.
+  assert_int_equal(nf__stream_wait(p, a, t1), NF_OK);
+  assert_int_equal(stats(p).calls.event_sync, 1);
+  // Hot: frees record as they go.
+  pairs(p, A, 100);
+  uint64_t need = r->last_free;
+  pairs(p, A, 100);
+  nf_stats_t s1 = stats(p);
+  uint64_t recs = s1.calls.event_record - s0.calls.event_record;
+  assert_true(recs >= 200 / (NF_EV_GAP + 1) - 1 && recs <= 200 / NF_EV_GAP + 1);
+  assert_int_equal(s1.calls.event_sync, 1);
+  uint64_t newest = r->rec_tick;
+  assert_int_equal(nf__stream_wait(p, a, need), NF_OK);
+  assert_int_equal(stats(p).calls.event_sync, 2);
+  assert_int_equal(stats(p).calls.event_record, s1.calls.event_record); // no fresh record
+  assert_true(r->done_tick > need && r->done_tick <= need + NF_EV_GAP + 1);
+  assert_true(r->done_tick < newest);
+  // What was recorded after it is still in flight (the GPU keeps that work).
+  bool ok = true;
+  assert_int_equal(nf__stream_done(p, a, newest, false, &ok), NF_OK);
+  assert_false(ok);
+  done(p, be);
+}
+
+// The ring keeps the last NF_EVENTS records: a wait for work older than
+// all of them takes the oldest kept, still not the newest.
+static void test_ring_keeps_the_last_records(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  pairs(p, A, 1);
+  uint32_t a = sidx(p, A);
+  nf_stream_rec_t *r = &p->streams[a];
+  assert_int_equal(nf__stream_wait(p, a, r->last_free), NF_OK);
+  pairs(p, A, 1);
+  uint64_t need = r->last_free;
+  pairs(p, A, (NF_EVENTS + 4) * (NF_EV_GAP + 1));
+  uint64_t oldest = UINT64_MAX;
+  int kept = 0;
+  for (int h = 0; h < NF_EVENTS; h++)
+    if (r->ev[h]) { kept++; if (r->ev_tick[h] < oldest) oldest = r->ev_tick[h]; }
+  assert_int_equal(kept, NF_EVENTS);
+  assert_true(oldest > need + NF_EV_GAP + 1); // the records right after `need` were overwritten
+  assert_int_equal(stats(p).calls.event_create, NF_EVENTS); // created once, reused
+  assert_int_equal(nf__stream_wait(p, a, need), NF_OK);
+  assert_int_equal(r->done_tick, oldest);
+  assert_true(r->done_tick < r->rec_tick);
+  done(p, be);
+}
+
+// Frees stop recording NF_EV_HOT ticks after the last host wait.
+static void test_recording_ends_without_waits(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  pairs(p, A, 1);
+  uint32_t a = sidx(p, A);
+  assert_int_equal(nf__stream_wait(p, a, p->streams[a].last_free), NF_OK);
+  pairs(p, A, NF_EV_HOT + 64);
+  uint64_t r0 = stats(p).calls.event_record;
+  assert_true(r0 > 1);
+  pairs(p, A, 4 * NF_EV_HOT);
+  assert_int_equal(stats(p).calls.event_record, r0);
+  done(p, be);
+}
+
+// A block freed on A and taken on B: B waits (GPU-side) on the oldest A
+// record after the block's free, not on the newest.
+static void test_cross_stream_waits_on_covering_record(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  pairs(p, A, 1);
+  uint32_t a = sidx(p, A), b = sidx(p, B);
+  nf_stream_rec_t *r = &p->streams[a];
+  assert_int_equal(nf__stream_wait(p, a, r->last_free), NF_OK);
+  void *x = nf_alloc(p, 8 * G, A), *guard = nf_alloc(p, G, A); // the guard keeps x from merging
+  assert_true(x && guard);
+  nft_fill(guard, G, 7);
+  assert_int_equal(nf_free(p, x), NF_OK);
+  uint64_t tx = r->last_free;
+  pairs(p, A, 100); // small arena: x's range untouched
+  uint64_t w0 = stats(p).calls.stream_wait;
+  void *y = nf_alloc(p, 8 * G, B);
+  assert_ptr_equal(y, x);
+  assert_int_equal(stats(p).calls.stream_wait, w0 + 1);
+  assert_true(p->waited[b][a] > tx && p->waited[b][a] <= tx + NF_EV_GAP + 1);
+  assert_true(p->waited[b][a] < r->rec_tick);
+  nft_fill(y, 8 * G, 8);
+  assert_true(nft_check(guard, G, 7));
+  assert_int_equal(nf_free(p, y), NF_OK);
+  assert_int_equal(nf_free(p, guard), NF_OK);
+  done(p, be);
+}
+
+// A free's record is optional: when the backend fails it, the free still
+// succeeds and leaves the pool and the live data as they were.
+static void test_failed_records_do_not_fail_frees(void **state) {
+  (void)state;
+  nf_backend_t *host, *fb;
+  assert_int_equal(nf_backend_host_create(&host, 1ull << 30, G), NF_OK);
+  nf_backend_host_set_manual_events(host, 1);
+  assert_int_equal(nf_backend_fault_create(&fb, host, 0, 0.0, 3), NF_OK);
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  char err[128];
+  assert_int_equal(nf_config_parse(&cfg, "limit:64MiB,small_max:8KiB", err, sizeof err), NF_OK);
+  nf_pool_t *p;
+  assert_int_equal(nf_pool_create(&p, fb, &cfg), NF_OK);
+  pairs(p, A, 1);
+  uint32_t a = sidx(p, A);
+  assert_int_equal(nf__stream_wait(p, a, p->streams[a].last_free), NF_OK);
+  void *keep[64];
+  for (int i = 0; i < 64; i++) { keep[i] = nf_alloc(p, 4 * KB, A); assert_non_null(keep[i]); nft_fill(keep[i], 4 * KB, i); }
+  pairs(p, A, 1); // its granule mapped before the faults start
+  nf_backend_fault_set(fb, 0, 0.5);
+  for (int i = 0; i < 64 * (NF_EV_GAP + 1); i++) {
+    void *x = nf_alloc(p, 4 * KB, A); // cached: no backend call
+    assert_non_null(x);
+    assert_int_equal(nf_free(p, x), NF_OK);
+  }
+  uint64_t calls, failed;
+  nf_backend_fault_counts(fb, &calls, &failed);
+  assert_true(failed > 0);
+  nf_backend_fault_set(fb, 0, 0.0);
+  for (int i = 0; i < 64; i++) { assert_true(nft_check(keep[i], 4 * KB, i)); assert_int_equal(nf_free(p, keep[i]), NF_OK); }
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_backend_host_complete_events(host);
+  nf_pool_destroy(p);
+  nf_backend_destroy(fb); // and host, which it owns
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cold_frees_record_nothing),
+      cmocka_unit_test(test_wait_takes_oldest_covering_record),
+      cmocka_unit_test(test_ring_keeps_the_last_records),
+      cmocka_unit_test(test_recording_ends_without_waits),
+      cmocka_unit_test(test_cross_stream_waits_on_covering_record),
+      cmocka_unit_test(test_failed_records_do_not_fail_frees),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
