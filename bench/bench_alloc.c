@@ -19,7 +19,12 @@
 #define BATCH 1000
 
 int main(int argc, char **argv) {
-  long pairs = argc > 1 ? atol(argv[1]) : 2000000;
+  char *end = NULL;
+  long pairs = argc > 1 ? strtol(argv[1], &end, 10) : 2000000;
+  if (argc > 2 || (argc > 1 && (*end || pairs < BATCH))) {
+    fprintf(stderr, "usage: %s [PAIRS]  (alloc+free pairs per size, at least %d; default 2000000)\n", argv[0], BATCH);
+    return 2;
+  }
   long batches = pairs / BATCH;
   nf_backend_t *be;
   nf_pool_t *p;
