@@ -151,6 +151,12 @@ NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity,
 //! synchronized). Default: events complete at once.
 NF_API void nf_backend_host_set_manual_events(nf_backend_t *be, int manual);
 NF_API void nf_backend_host_complete_events(nf_backend_t *be);
+//! Host backend test hook (manual events): stream `s` works on [addr, addr+n)
+//! from now until an event recorded on `s` afterwards completes. Unmapping any
+//! of it before then is counted (nf_backend_host_violations): the mistake that
+//! on a GPU would fault, or write through the next mapping there.
+NF_API void nf_backend_host_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n);
+NF_API uint64_t nf_backend_host_violations(nf_backend_t *be);
 
 //! Host backend: granules currently created and mappings currently live
 //! (used by tests to prove that destroy leaves nothing behind).

@@ -448,6 +448,60 @@ static void test_host_events(void **state) {
   nf_backend_destroy(be); // e4 leaked: destroy frees it (ASan/valgrind check)
 }
 
+// Declared uses (manual events): unmapping a range a stream may still be
+// using counts a violation; once an event recorded on that stream after the
+// use is complete (synchronized, or every event completed), it does not.
+static void test_host_use_violations(void **state) {
+  (void)state;
+  nf_backend_t *be = host(8 * G, G);
+  const nf_backend_ops_t *o = be->ops;
+  nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2;
+  uintptr_t va;
+  nf_handle_t h[4];
+  nf_event_t e1, e2;
+  assert_int_equal(o->va_reserve(be, 4 * G, 0, &va), NF_OK);
+  for (int i = 0; i < 4; i++) assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h[i]), NF_OK);
+  assert_int_equal(o->event_create(be, &e1), NF_OK);
+  assert_int_equal(o->event_create(be, &e2), NF_OK);
+#define MAP(i) assert_int_equal(o->map(be, va + (i) * G, G, h[i]), NF_OK)
+#define UNMAP(i) assert_int_equal(o->unmap(be, va + (i) * G, G), NF_OK)
+  for (int i = 0; i < 4; i++) MAP(i);
+  nf_backend_host_use(be, s1, (void *)va, G);               // automatic mode: done at once, not tracked
+  UNMAP(0);
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  nf_backend_host_set_manual_events(be, 1);
+  MAP(0);
+  nf_backend_host_use(be, s1, (void *)(va + G / 2), G);     // granules 0 and 1, on s1
+  assert_int_equal(o->event_record(be, e2, s2), NF_OK);     // another stream's event: no help
+  assert_int_equal(o->event_sync(be, e2), NF_OK);
+  UNMAP(2);                                                 // not used: fine
+  UNMAP(1);                                                 // in use: a violation
+  assert_int_equal(nf_backend_host_violations(be), 1);
+  assert_int_equal(o->event_record(be, e1, s1), NF_OK);     // recorded after the use, not complete
+  UNMAP(0);
+  assert_int_equal(nf_backend_host_violations(be), 2);
+  MAP(0);
+  assert_int_equal(o->event_sync(be, e1), NF_OK);           // now it is
+  UNMAP(0);
+  assert_int_equal(nf_backend_host_violations(be), 2);
+  MAP(0);
+  nf_backend_host_use(be, s1, (void *)va, G);               // after e1's record: e1 does not cover it
+  assert_int_equal(o->event_sync(be, e1), NF_OK);
+  UNMAP(0);
+  assert_int_equal(nf_backend_host_violations(be), 3);
+  MAP(0);
+  nf_backend_host_use(be, s2, (void *)va, G);
+  nf_backend_host_complete_events(be);                      // all work done
+  UNMAP(0);
+  UNMAP(3);
+  assert_int_equal(nf_backend_host_violations(be), 3);
+#undef MAP
+#undef UNMAP
+  for (int i = 0; i < 4; i++) assert_int_equal(o->mem_release(be, h[i]), NF_OK);
+  assert_int_equal(o->va_release(be, va, 4 * G), NF_OK);
+  nf_backend_destroy(be); // the events too
+}
+
 // ---------------------------------------------------------------- fault backend
 
 static void test_fault_create_validation(void **state) {
@@ -650,6 +704,7 @@ int main(void) {
       cmocka_unit_test(test_host_usage),
       cmocka_unit_test(test_host_copy),
       cmocka_unit_test(test_host_events),
+      cmocka_unit_test(test_host_use_violations),
       cmocka_unit_test(test_fault_create_validation),
       cmocka_unit_test(test_fault_fail_at),
       cmocka_unit_test(test_fault_p),

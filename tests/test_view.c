@@ -138,6 +138,9 @@ static void check_all(const slot_t *l, int n, const char *when, uint64_t seed, i
 // the time), manual events (stream work held in flight), record_stream,
 // spill, offload / prefetch, trim and limit changes. After every operation
 // the live blocks are checked; the pool checker runs every 16 operations.
+// With manual events each block is declared in use on its streams (as a
+// kernel would be): the host backend counts any unmap of it before an event
+// after that use completed, and there must be none.
 static void run_random(uint64_t seed, const char *conf, bool manual) {
   enum { SLOTS = 40 };
   nf_backend_t *be;
@@ -151,6 +154,9 @@ static void run_random(uint64_t seed, const char *conf, bool manual) {
     nf_stream_t s = (nf_stream_t)(uintptr_t)(1 + nft_rand(&rng) % 3);
     uint64_t r = nft_rand(&rng);
     if (l[i].p && r % 11 == 0) { // offload / prefetch instead of a free
+      // The caller orders its work on the block before the offload's stream
+      // (nf_offload's contract); the host model has no cross-stream order.
+      if (manual) nf_backend_host_complete_events(be);
       if (!l[i].off) {
         if (nf_offload(p, l[i].p, s, r % 2 ? NF_TIER_HOST : NF_TIER_HOST_DETACHED) == NF_OK) l[i].off = 1;
       } else {
@@ -162,7 +168,10 @@ static void run_random(uint64_t seed, const char *conf, bool manual) {
     } else if (l[i].p) {
       if (!l[i].off && !nft_check(l[i].p, l[i].n, l[i].tag))
         fail_msg("seed %llu it %d: block lost its data before its free", (unsigned long long)seed, it);
-      if (r % 7 == 0) assert_int_equal(nf_record_stream(p, l[i].p, s), NF_OK);
+      if (r % 7 == 0) {
+        assert_int_equal(nf_record_stream(p, l[i].p, s), NF_OK);
+        if (!l[i].off) nf_backend_host_use(be, s, l[i].p, l[i].n);
+      }
       assert_int_equal(nf_free(p, l[i].p), NF_OK);
       l[i].p = NULL;
       l[i].off = 0;
@@ -171,6 +180,7 @@ static void run_random(uint64_t seed, const char *conf, bool manual) {
       void *q = nf_alloc(p, n, s);
       if (q) {
         nft_fill(q, n, r);
+        nf_backend_host_use(be, s, q, n);
         l[i] = (slot_t){q, n, r, 0};
       } else {
         assert_int_equal(nf_last_status(), NF_ERR_OOM);
@@ -194,6 +204,9 @@ static void run_random(uint64_t seed, const char *conf, bool manual) {
   nf_stats_t s = stats(p);
   assert_int_equal(nf_pool_check(p), NF_OK);
   assert_true(s.view_reuses > 0 && s.view_moves > 0 && s.view_evictions > 0);
+  if (nf_backend_host_violations(be))
+    fail_msg("seed %llu: %llu unmaps of ranges still in use", (unsigned long long)seed,
+             (unsigned long long)nf_backend_host_violations(be));
   nf_pool_destroy(p);
   uint64_t gr = 1, mp = 1;
   nf_backend_host_usage(be, &gr, &mp);
@@ -204,6 +217,7 @@ static void run_random(uint64_t seed, const char *conf, bool manual) {
 static void test_random_patterns(void **state) {
   const char *conf = "limit:48MiB,views:6,spill:host,spill_limit:32MiB,small_max:8KiB";
   for (uint64_t seed = 1; seed <= 6; seed++) run_random(seed, conf, seed % 2);
+  for (uint64_t seed = 7; seed <= 12; seed++) run_random(seed, conf, true); // work in flight all along
   run_random(nft_env_seed(99), "limit:48MiB,views:64,tight:1", true);
 }
 
@@ -217,6 +231,7 @@ static void test_busy_view_unmapped_after_its_work(void **state) {
   nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
   void *x = nf_alloc(p, 100 * G, A), *y = nf_alloc(p, 100 * G, A); // 56 granules left
   assert_true(x && y);
+  nf_backend_host_use(be, A, x, 100 * G); // A's kernels on x, in flight
   nft_fill(y, 100 * G, 1);
   nf_free(p, x); // x's granules cached, its work in flight
   // Elsewhere (x's range is too small): 56 new granules and 45 of x's
@@ -240,6 +255,7 @@ static void test_busy_view_unmapped_after_its_work(void **state) {
   nft_fill(w, 100 * G, 3);
   assert_true(nft_check(z, 101 * G, 2));
   assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_backend_host_violations(be), 0); // x's range was unmapped only after A's work
   nf_free(p, w);
   nf_free(p, z);
   nf_backend_host_complete_events(be);

@@ -399,6 +399,7 @@ static nf_status_t unmap_locked(host_backend *h, uintptr_t va, size_t size) {
     return errno == ENOMEM ? fail_enomem(h, "unmap: mmap")
                            : nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: unmap: mmap: %s", strerror(errno));
   h->n_maps -= nmaps;
+  if (h->nuses) nf__host_uses_check(h, va, size);
   for (size_t i = i0; i < end;) {
     uint32_t idx = SLOT_REC(r->slot[i]);
     mem_rec *rec = &h->recs[idx];
@@ -564,6 +565,7 @@ static void h_destroy(nf_backend_t *be) {
     free(h->tiers[t].free);
   }
   while (h->events) nf__host_event_free(h, h->events);
+  nf__host_uses_free(h);
   for (size_t i = 0; i < h->nrecs; i++)
     if (h->recs[i].state != REC_FREE && h->recs[i].ext_fd >= 0) close(h->recs[i].ext_fd);
   free(h->ranges);
@@ -608,32 +610,13 @@ NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity,
   return NF_OK;
 }
 
-// The host backend behind `be` (directly or through fault wrappers), or NULL.
-static host_backend *host_of(nf_backend_t *be) {
+host_backend *nf__host_of(nf_backend_t *be) {
   while (be && be->ops != &host_ops) be = be->inner; // through fault wrappers
   return be ? hb(be) : NULL;
 }
 
-NF_API void nf_backend_host_set_manual_events(nf_backend_t *be, int manual) {
-  host_backend *h = host_of(be);
-  if (!h) return;
-  pthread_mutex_lock(&h->mu);
-  h->manual = manual != 0;
-  if (!manual) // leaving manual mode finishes the pretended work
-    for (host_event *e = h->events; e; e = e->next) e->done = true;
-  pthread_mutex_unlock(&h->mu);
-}
-
-NF_API void nf_backend_host_complete_events(nf_backend_t *be) {
-  host_backend *h = host_of(be);
-  if (!h) return;
-  pthread_mutex_lock(&h->mu);
-  for (host_event *e = h->events; e; e = e->next) e->done = true;
-  pthread_mutex_unlock(&h->mu);
-}
-
 NF_API void nf_backend_host_usage(nf_backend_t *be, uint64_t *granules, uint64_t *mappings) {
-  host_backend *h = host_of(be);
+  host_backend *h = nf__host_of(be);
   uint64_t g = 0, m = 0;
   if (h) {
     pthread_mutex_lock(&h->mu);

@@ -72,6 +72,13 @@ typedef struct {
   uint64_t live_granules, mapped_granules;
   uint64_t n_maps;   // mappings (map calls) held: each is at least one kernel memory mapping
   uint64_t max_maps; // NOFRAG_HOST_MAX_MAPS: stands in for vm.max_map_count (tests); 0 = none
+  // Work in flight (host_event.c, manual mode): ranges streams were declared
+  // to use, and per stream the newest event known complete.
+  struct host_use *uses;
+  size_t nuses, capuses;
+  struct host_done *dones;
+  size_t ndones, capdones;
+  uint64_t violations; // unmaps of a range while a stream could still be using it
 } host_backend;
 
 static inline host_backend *hb(nf_backend_t *be) { return (host_backend *)be; }
@@ -85,5 +92,9 @@ nf_status_t nf__host_event_query(nf_backend_t *be, nf_event_t ev);
 nf_status_t nf__host_event_sync(nf_backend_t *be, nf_event_t ev);
 nf_status_t nf__host_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev);
 void nf__host_event_free(host_backend *h, host_event *e); // unlink and free, under the lock
+// unmap: count a violation per declared use of [va, va + size) not known complete (under the lock)
+void nf__host_uses_check(host_backend *h, uintptr_t va, size_t size);
+void nf__host_uses_free(host_backend *h); // destroy
+host_backend *nf__host_of(nf_backend_t *be); // the host backend behind be (through fault wrappers), or NULL
 
 #endif

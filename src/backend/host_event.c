@@ -1,9 +1,105 @@
 // Host backend events (see host.c): recorded events complete at once, or in
 // manual mode only when a test completes them, so that tests can hold
-// "GPU work" in flight.
+// "GPU work" in flight. In manual mode a test may also declare that a stream
+// works on a range (nf_backend_host_use); unmapping it before an event
+// recorded on that stream afterwards is complete counts as a violation: the
+// mistake that on a GPU would fault or write through the next mapping.
 #include "host.h"
 
 #include <stdlib.h>
+
+struct host_use { uintptr_t a, b; nf_stream_t s; uint64_t gen; }; // [a, b) used on s before event gen `gen`
+struct host_done { nf_stream_t s; uint64_t gen; };                 // s's newest event known complete
+
+// Stream s's work before event gen `gen` is complete (under the lock).
+static void stream_done(host_backend *h, nf_stream_t s, uint64_t gen) {
+  for (size_t i = 0; i < h->ndones; i++)
+    if (h->dones[i].s == s) {
+      if (gen > h->dones[i].gen) h->dones[i].gen = gen;
+      return;
+    }
+  if (h->ndones == h->capdones) {
+    size_t cap = h->capdones ? h->capdones * 2 : 8;
+    struct host_done *d = realloc(h->dones, cap * sizeof *d);
+    if (!d) return; // a use then stays "in flight": a false alarm, never a missed one
+    h->dones = d;
+    h->capdones = cap;
+  }
+  h->dones[h->ndones++] = (struct host_done){s, gen};
+}
+
+static bool use_done(const host_backend *h, const struct host_use *u) {
+  for (size_t i = 0; i < h->ndones; i++)
+    if (h->dones[i].s == u->s) return h->dones[i].gen > u->gen;
+  return false;
+}
+
+void nf__host_uses_check(host_backend *h, uintptr_t va, size_t size) {
+  for (size_t i = 0; i < h->nuses; i++) {
+    const struct host_use *u = &h->uses[i];
+    if (u->a < va + size && va < u->b && !use_done(h, u)) h->violations++;
+  }
+}
+
+void nf__host_uses_free(host_backend *h) {
+  free(h->uses);
+  free(h->dones);
+  h->uses = NULL;
+  h->dones = NULL;
+  h->nuses = h->capuses = h->ndones = h->capdones = 0;
+}
+
+NF_API void nf_backend_host_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n) {
+  host_backend *h = nf__host_of(be);
+  if (!h || !n) return;
+  pthread_mutex_lock(&h->mu);
+  if (h->manual) {
+    size_t k = 0; // drop completed uses first
+    for (size_t i = 0; i < h->nuses; i++)
+      if (!use_done(h, &h->uses[i])) h->uses[k++] = h->uses[i];
+    h->nuses = k;
+    if (h->nuses == h->capuses) {
+      size_t cap = h->capuses ? h->capuses * 2 : 64;
+      struct host_use *u = realloc(h->uses, cap * sizeof *u);
+      if (u) { h->uses = u; h->capuses = cap; }
+    }
+    if (h->nuses < h->capuses)
+      h->uses[h->nuses++] = (struct host_use){(uintptr_t)addr, (uintptr_t)addr + n, s, h->event_gen};
+  }
+  pthread_mutex_unlock(&h->mu);
+}
+
+NF_API uint64_t nf_backend_host_violations(nf_backend_t *be) {
+  host_backend *h = nf__host_of(be);
+  if (!h) return 0;
+  pthread_mutex_lock(&h->mu);
+  uint64_t v = h->violations;
+  pthread_mutex_unlock(&h->mu);
+  return v;
+}
+
+// Every event complete: all work done.
+static void complete_all(host_backend *h) {
+  for (host_event *e = h->events; e; e = e->next) e->done = true;
+  h->nuses = 0;
+}
+
+NF_API void nf_backend_host_set_manual_events(nf_backend_t *be, int manual) {
+  host_backend *h = nf__host_of(be);
+  if (!h) return;
+  pthread_mutex_lock(&h->mu);
+  h->manual = manual != 0;
+  if (!manual) complete_all(h); // leaving manual mode finishes the pretended work
+  pthread_mutex_unlock(&h->mu);
+}
+
+NF_API void nf_backend_host_complete_events(nf_backend_t *be) {
+  host_backend *h = nf__host_of(be);
+  if (!h) return;
+  pthread_mutex_lock(&h->mu);
+  complete_all(h);
+  pthread_mutex_unlock(&h->mu);
+}
 
 // Lock the backend and check `ev`: returns the event (lock held) or NULL
 // with *st set (lock held too); ev_unlock ends either.
@@ -57,6 +153,7 @@ nf_status_t nf__host_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s
     e->gen = ++hb(be)->event_gen;
     e->stream = s;
     e->done = !hb(be)->manual;
+    if (e->done) stream_done(hb(be), s, e->gen);
   }
   return ev_unlock(be, st);
 }
@@ -72,9 +169,11 @@ nf_status_t nf__host_event_query(nf_backend_t *be, nf_event_t ev) {
 nf_status_t nf__host_event_sync(nf_backend_t *be, nf_event_t ev) {
   nf_status_t st;
   host_event *t = ev_lock(be, "event_sync", ev, &st);
-  if (t && !t->done)
+  if (t && !t->done) {
     for (host_event *e = hb(be)->events; e; e = e->next)
       if (e->stream == t->stream && e->gen <= t->gen) e->done = true;
+    stream_done(hb(be), t->stream, t->gen);
+  }
   return ev_unlock(be, st);
 }
 

@@ -73,6 +73,8 @@ struct nf_chunk_s {
   // ---- views (view.c)
   uint64_t *stale;   // bitmap: granule i holds a parked view of phys[i] (mapped in the backend, not `mapped`)
   uint64_t *busy;    // bitmap: some non-free block overlaps granule i
+  uint64_t *ptick;   // per granule holding a parked view: the work through it is that of frees up to this
+                     // tick (0: none); allocated at the chunk's first park (NULL: the free run's tick bounds it)
   // ---- end views
 };
 

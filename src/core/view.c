@@ -41,8 +41,10 @@ nf_status_t nf__view_chunk_init(nf_chunk_t *c) {
 void nf__view_chunk_free(nf_chunk_t *c) {
   free(c->stale);
   free(c->busy);
+  free(c->ptick);
   c->stale = NULL;
   c->busy = NULL;
+  c->ptick = NULL;
 }
 
 static inline void span(const nf_pool_t *p, const nf_block_t *b, uint64_t *g0, uint64_t *g1) {
@@ -158,10 +160,15 @@ static bool orderless(const nf_pool_t *p, uint32_t i, uint32_t s) {
   return !x->vmask || nf__block_usable(p, &t, s);
 }
 
-// Granule i leaves its owning place (it stays mapped there, parked).
+// Granule i leaves its owning place (it stays mapped there, parked). The
+// work through that place is its users' so far (vmask / vtick: every free
+// there since it was owned there): the view can go once that is complete,
+// however recent the free range around it is (view_fill, step 2).
 static void park(nf_pool_t *p, uint32_t i) {
   nf_granule_t *x = &p->gran[i];
   nf_chunk_t *o = x->at_c;
+  if (!o->ptick) o->ptick = calloc(o->ngran, sizeof *o->ptick); // out of memory: the run's tick bounds it
+  if (o->ptick) o->ptick[x->at_g] = x->vmask ? x->vtick : 0;
   nf__bit_clr(o->mapped, x->at_g);
   nf__bit_clr(NF_READY(o), x->at_g);
   nf__bit_set(o->stale, x->at_g);
@@ -258,7 +265,13 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     if (cap) // the views cannot be unmapped without a host wait: let placement try elsewhere
       return nf__error(NF_ERR_OOM, "nofrag: views: the range is still mapped elsewhere by work in flight, "
                                    "and a stream is being captured (no host wait possible)");
-    if ((st = retire(p, b->smask, b->tick)) != NF_OK) return st;
+    // The work to wait for: that through these views (they were parked
+    // after it), not the latest free of the range around them, which may
+    // be the block freed just now.
+    uint64_t t = 0;
+    for (uint64_t g = g0; g < g1 && t < b->tick; g++)
+      if (nf__bit(c->stale, g)) t = !c->ptick ? b->tick : c->ptick[g] > t ? c->ptick[g] : t;
+    if ((st = retire(p, b->smask, t < b->tick ? t : b->tick)) != NF_OK) return st;
     for (uint64_t g = g0; g < g1; g++) {
       if (!nf__bit(c->stale, g)) continue;
       uint64_t e = g;
