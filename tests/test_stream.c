@@ -39,6 +39,16 @@ static void pairs(nf_pool_t *p, nf_stream_t s, int n) {
   }
 }
 
+// One free on s, then a host wait for it (on a fresh record): from here on
+// frees record as they go. *x: s's index.
+static nf_stream_rec_t *heat(nf_pool_t *p, nf_stream_t s, uint32_t *x) {
+  pairs(p, s, 1);
+  *x = sidx(p, s);
+  nf_stream_rec_t *r = &p->streams[*x];
+  assert_int_equal(nf__stream_wait(p, *x, r->last_free), NF_OK);
+  return r;
+}
+
 static void done(nf_pool_t *p, nf_backend_t *be) {
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_pool_check(p), NF_OK);
@@ -65,12 +75,9 @@ static void test_wait_takes_oldest_covering_record(void **state) {
   (void)state;
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
-  pairs(p, A, 1);
-  uint32_t a = sidx(p, A);
-  nf_stream_rec_t *r = &p->streams[a];
+  uint32_t a;
+  nf_stream_rec_t *r = heat(p, A, &a); // nothing covered the free: a fresh record, waited on
   uint64_t t1 = r->last_free;
-  // Nothing covers t1: a fresh record, waited on.
-  assert_int_equal(nf__stream_wait(p, a, t1), NF_OK);
   nf_stats_t s0 = stats(p);
   assert_int_equal(s0.calls.event_record, 1);
   assert_int_equal(s0.calls.event_sync, 1);
@@ -105,10 +112,8 @@ static void test_ring_keeps_the_last_records(void **state) {
   (void)state;
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
-  pairs(p, A, 1);
-  uint32_t a = sidx(p, A);
-  nf_stream_rec_t *r = &p->streams[a];
-  assert_int_equal(nf__stream_wait(p, a, r->last_free), NF_OK);
+  uint32_t a;
+  nf_stream_rec_t *r = heat(p, A, &a);
   pairs(p, A, 1);
   uint64_t need = r->last_free;
   pairs(p, A, (NF_EVENTS + 4) * (NF_EV_GAP + 1));
@@ -130,9 +135,8 @@ static void test_recording_ends_without_waits(void **state) {
   (void)state;
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
-  pairs(p, A, 1);
-  uint32_t a = sidx(p, A);
-  assert_int_equal(nf__stream_wait(p, a, p->streams[a].last_free), NF_OK);
+  uint32_t a;
+  heat(p, A, &a);
   pairs(p, A, NF_EV_HOT + 64);
   uint64_t r0 = stats(p).calls.event_record;
   assert_true(r0 > 1);
@@ -147,10 +151,9 @@ static void test_cross_stream_waits_on_covering_record(void **state) {
   (void)state;
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
-  pairs(p, A, 1);
-  uint32_t a = sidx(p, A), b = sidx(p, B);
-  nf_stream_rec_t *r = &p->streams[a];
-  assert_int_equal(nf__stream_wait(p, a, r->last_free), NF_OK);
+  uint32_t a;
+  nf_stream_rec_t *r = heat(p, A, &a);
+  uint32_t b = sidx(p, B);
   void *x = nf_alloc(p, 8 * G, A), *guard = nf_alloc(p, G, A); // the guard keeps x from merging
   assert_true(x && guard);
   nft_fill(guard, G, 7);
@@ -184,9 +187,8 @@ static void test_failed_records_do_not_fail_frees(void **state) {
   assert_int_equal(nf_config_parse(&cfg, "limit:64MiB,small_max:8KiB", err, sizeof err), NF_OK);
   nf_pool_t *p;
   assert_int_equal(nf_pool_create(&p, fb, &cfg), NF_OK);
-  pairs(p, A, 1);
-  uint32_t a = sidx(p, A);
-  assert_int_equal(nf__stream_wait(p, a, p->streams[a].last_free), NF_OK);
+  uint32_t a;
+  heat(p, A, &a);
   void *keep[64];
   for (int i = 0; i < 64; i++) { keep[i] = nf_alloc(p, 4 * KB, A); assert_non_null(keep[i]); nft_fill(keep[i], 4 * KB, i); }
   pairs(p, A, 1); // its granule mapped before the faults start
