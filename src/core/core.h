@@ -132,8 +132,9 @@ enum { NF_GR_UNUSED = 0, NF_GR_FREE = 1, NF_GR_MAPPED = 2 };
 // created lazily), so that a host wait for older work can take the oldest
 // record covering it and leave the GPU the work queued after it (stream.c).
 #define NF_EVENTS 16
-// How long frees keep recording after a host wait (ticks: frees and
-// records), and at most one such record per this many ticks and stream.
+// How long frees keep recording after an eviction's host wait (nf__stream_wait;
+// ticks: frees and records), and at most one such record per this many ticks
+// and stream.
 #define NF_EV_HOT 4096
 #define NF_EV_GAP 16
 typedef struct nf_stream_rec_s {
@@ -463,7 +464,7 @@ nf_status_t nf__streams_poll(nf_pool_t *p);
 nf_status_t nf__stream_record(nf_pool_t *p, uint32_t x);
 nf_status_t nf__stream_done(nf_pool_t *p, uint32_t x, uint64_t tick, bool blocking, bool *done);
 nf_status_t nf__stream_wait(nf_pool_t *p, uint32_t x, uint64_t need); // host wait for x's frees up to need
-void nf__stream_mark(nf_pool_t *p, uint32_t x); // nf_free, after a host wait: maybe record (never fails)
+void nf__stream_mark(nf_pool_t *p, uint32_t x); // nf_free, after an eviction wait: maybe record (never fails)
 nf_status_t nf__pending_add(nf_pool_t *p, nf_block_t *b);
 nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking);
 void nf__streams_destroy(nf_pool_t *p);

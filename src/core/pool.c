@@ -478,7 +478,7 @@ nf_status_t nf_free_ex(nf_pool_t *p, void *ptr, size_t *size, unsigned flags) {
   }
   if (NF_UNLIKELY(p->host_sweep) && p->tick - p->sweep_tick >= 16) nf__host_sweep(p);
   if (NF_UNLIKELY(p->xfers) && !(p->tick & 15) && !p->capture_mask) p->tier.poll(p, false); // xfers: only a tier queues copies
-  if (NF_UNLIKELY(p->tick < p->ev_hot)) nf__stream_mark(p, bs); // after a host wait (stream.c)
+  if (NF_UNLIKELY(p->tick < p->ev_hot)) nf__stream_mark(p, bs); // after an eviction wait (stream.c)
   nf__pub_fast(p, false);
   nf__unlock(&p->lock);
   if (size) *size = req;

@@ -5,11 +5,11 @@
 // its free; a record on stream X at tick r covers every free on X before r.
 // An event is recorded when another stream wants the block (that stream then
 // waits on it: no host blocking) or when granules must be unmapped (the host
-// waits); frees record too, but only for a while after a host wait (so that
-// the next one can wait on an older record: nf__stream_wait), so a steady
-// state that never waits makes no event calls. waited[S][X] keeps the
-// newest X-record stream S already waits on, so one wait orders S after every
-// block X freed before it. Free blocks
+// waits); frees record too, but only for a while after an eviction's host
+// wait (so that the next one can wait on an older record: nf__stream_wait),
+// so a steady state that never evicts makes no event calls. waited[S][X]
+// keeps the newest X-record stream S already waits on, so one wait orders S
+// after every block X freed before it. Free blocks
 // of different streams merge (union of streams), so streams do not fragment
 // the address space.
 #include "core/core.h"
@@ -146,7 +146,6 @@ static nf_status_t streams_settle(nf_pool_t *p, bool blocking) {
     if (r->done_tick >= r->last_free) continue;
     nf_status_t st;
     if (r->rec_tick <= r->last_free && (st = nf__stream_record(p, x)) != NF_OK) return st;
-    if (blocking) p->ev_hot = p->tick + NF_EV_HOT;
     st = blocking ? NF_BE(p, event_sync, event_sync, r->event) : NF_BE(p, event_query, event_query, r->event);
     if (st == NF_OK) r->done_tick = r->rec_tick;
     else if (blocking || st != NF_ERR_NOT_READY)
