@@ -150,7 +150,7 @@ static void rec_free(host_backend *h, uint32_t idx, bool leak) {
 }
 
 // A live (not released) record for handle `hd`, or NULL.
-static mem_rec *rec_of(host_backend *h, nf_handle_t hd, uint32_t *idx) {
+mem_rec *nf__host_rec_of(host_backend *h, nf_handle_t hd, uint32_t *idx) {
   uint64_t i = (hd & 0xFFFFFFFFu);
   if (i == 0 || i > h->nrecs) return NULL;
   mem_rec *r = &h->recs[i - 1];
@@ -243,7 +243,7 @@ static nf_status_t va_release_locked(host_backend *h, uintptr_t va, size_t size)
 
 // A free slot in recs[] (reused or appended), or NULL (out of host memory or
 // at MAX_RECS). Under h->mu.
-static mem_rec *rec_new(host_backend *h, uint32_t *idx) {
+mem_rec *nf__host_rec_new(host_backend *h, uint32_t *idx) {
   if (!h->free_rec && (h->nrecs >= MAX_RECS || !grow((void **)&h->recs, &h->caprecs, h->nrecs + 1, sizeof(mem_rec))))
     return NULL;
   if (h->free_rec) {
@@ -275,7 +275,7 @@ static nf_status_t mem_create_locked(host_backend *h, nf_tier_t tier, size_t siz
   if (!ext_alloc(t, size, &off))
     return nf__backend_fail(&h->base, NF_ERR_OOM, "host backend: out of memory: no contiguous %zu bytes free", size);
   uint32_t idx;
-  mem_rec *r = rec_new(h, &idx); // cannot fail: a slot was made above
+  mem_rec *r = nf__host_rec_new(h, &idx); // cannot fail: a slot was made above
   r->off = off;
   r->size = size;
   r->maps = 0;
@@ -291,7 +291,7 @@ static nf_status_t mem_create_locked(host_backend *h, nf_tier_t tier, size_t siz
 
 static nf_status_t mem_release_locked(host_backend *h, nf_handle_t hd) {
   uint32_t idx;
-  mem_rec *r = rec_of(h, hd, &idx);
+  mem_rec *r = nf__host_rec_of(h, hd, &idx);
   if (!r) return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: mem_release(%#llx): unknown or released handle",
                                   (unsigned long long)hd);
   if (r->maps == 0 && r->ext_fd >= 0) {
@@ -340,7 +340,7 @@ static nf_status_t fail_enomem(host_backend *h, const char *op) {
 
 static nf_status_t map_locked(host_backend *h, uintptr_t va, size_t size, nf_handle_t hd) {
   uint32_t idx;
-  mem_rec *rec = rec_of(h, hd, &idx);
+  mem_rec *rec = nf__host_rec_of(h, hd, &idx);
   if (!rec) return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: map(%#lx): unknown or released handle %#llx",
                                     (unsigned long)va, (unsigned long long)hd);
   if (size != rec->size)
@@ -509,48 +509,6 @@ static nf_status_t h_copy(nf_backend_t *be, uintptr_t dst, uintptr_t src, size_t
   return st;
 }
 
-// ---------------------------------------------------------------- sharing
-// Export: a duplicate of the tier's memfd and the extent's offset. Import: a
-// record over the received fd (not counted against this backend's capacity).
-
-static nf_status_t h_mem_export(nf_backend_t *be, nf_handle_t hd, int *fd, uint64_t *off) {
-  host_backend *h = hb(be);
-  pthread_mutex_lock(&h->mu);
-  uint32_t idx;
-  mem_rec *r = rec_of(h, hd, &idx);
-  nf_status_t st = NF_OK;
-  int src = r ? (r->ext_fd >= 0 ? r->ext_fd : h->tiers[r->tier].fd) : -1;
-  if (!r) st = nf__backend_fail(be, NF_ERR_INVALID, "host backend: mem_export(%#llx): unknown or released handle",
-                                (unsigned long long)hd);
-  else if ((*fd = fcntl(src, F_DUPFD_CLOEXEC, 0)) < 0)
-    st = nf__backend_fail(be, NF_ERR_BACKEND, "host backend: mem_export: dup: %s", strerror(errno));
-  else *off = r->off;
-  pthread_mutex_unlock(&h->mu);
-  return st;
-}
-
-static nf_status_t h_mem_import(nf_backend_t *be, int fd, uint64_t off, size_t size, nf_handle_t *out) {
-  host_backend *h = hb(be);
-  if (size == 0 || size % h->granule)
-    return nf__backend_fail(be, NF_ERR_INVALID, "host backend: mem_import(%zu): size not a multiple of granule %llu", size,
-                            (unsigned long long)h->granule);
-  int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (mine < 0) return nf__backend_fail(be, NF_ERR_BACKEND, "host backend: mem_import: dup: %s", strerror(errno));
-  pthread_mutex_lock(&h->mu);
-  nf_status_t st = NF_OK;
-  uint32_t idx;
-  mem_rec *r = rec_new(h, &idx);
-  if (!r) {
-    st = nf__backend_fail(be, NF_ERR_NOMEM, "host backend: out of host memory");
-  } else {
-    *r = (mem_rec){.off = off, .size = size, .gen = r->gen, .ext_fd = mine, .tier = NF_TIER_DEVICE, .state = REC_LIVE};
-    *out = (uint64_t)r->gen << 32 | (idx + 1);
-  }
-  pthread_mutex_unlock(&h->mu);
-  if (st != NF_OK) close(mine);
-  return st;
-}
-
 // ---------------------------------------------------------------- lifetime
 
 // Frees everything, including what the user leaked: mappings, ranges, memfds, events.
@@ -581,7 +539,7 @@ static const nf_backend_ops_t host_ops = {
     .set_access = h_set_access, .copy = h_copy,               .event_create = nf__host_event_create,
     .event_destroy = nf__host_event_destroy, .event_record = nf__host_event_record, .event_query = nf__host_event_query,
     .event_sync = nf__host_event_sync, .stream_wait = nf__host_stream_wait, .destroy = h_destroy,
-    .mem_export = h_mem_export, .mem_import = h_mem_import,
+    .mem_export = nf__host_mem_export, .mem_import = nf__host_mem_import,
 };
 
 NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity, uint64_t granule) {

@@ -1,5 +1,6 @@
-// Internal to the host backend (host.c: memory ops, host_event.c: events):
-// its records and the backend object. See host.c for the model.
+// Internal to the host backend (host.c: memory ops; host_event.c: events and
+// work in flight; host_share.c: export / import): its records and the
+// backend object. See host.c for the model.
 #ifndef NF_HOST_H
 #define NF_HOST_H
 
@@ -96,5 +97,12 @@ void nf__host_event_free(host_backend *h, host_event *e); // unlink and free, un
 void nf__host_uses_check(host_backend *h, uintptr_t va, size_t size);
 void nf__host_uses_free(host_backend *h); // destroy
 host_backend *nf__host_of(nf_backend_t *be); // the host backend behind be (through fault wrappers), or NULL
+// host.c: a live record for a handle (NULL: unknown or released); a free record slot (NULL: out of memory).
+// Under the lock.
+mem_rec *nf__host_rec_of(host_backend *h, nf_handle_t hd, uint32_t *idx);
+mem_rec *nf__host_rec_new(host_backend *h, uint32_t *idx);
+// host_share.c: the sharing ops.
+nf_status_t nf__host_mem_export(nf_backend_t *be, nf_handle_t hd, int *fd, uint64_t *off);
+nf_status_t nf__host_mem_import(nf_backend_t *be, int fd, uint64_t off, size_t size, nf_handle_t *out);
 
 #endif
