@@ -62,7 +62,7 @@ NF_API void nf_backend_host_use(nf_backend_t *be, nf_stream_t s, const void *add
       size_t cap = h->capuses ? h->capuses * 2 : 64;
       struct host_use *u = realloc(h->uses, cap * sizeof *u);
       if (u) { h->uses = u; h->capuses = cap; }
-    }
+    } // out of host memory: the use goes unchecked (tests only)
     if (h->nuses < h->capuses)
       h->uses[h->nuses++] = (struct host_use){(uintptr_t)addr, (uintptr_t)addr + n, s, h->event_gen};
   }
