@@ -139,7 +139,6 @@ enum { NF_GR_UNUSED = 0, NF_GR_FREE = 1, NF_GR_MAPPED = 2 };
 #define NF_EV_GAP 16
 typedef struct nf_stream_rec_s {
   nf_stream_t handle;
-  nf_event_t event;   // the newest record's event (ev[ev_head]); NULL before the first
   uint64_t rec_tick;  // tick of the newest record (0: none)
   uint64_t done_tick; // tick of a record known complete (every free before it is done)
   uint64_t last_free; // tick of the newest free on this stream
@@ -147,6 +146,8 @@ typedef struct nf_stream_rec_s {
   nf_event_t ev[NF_EVENTS];     // the ring
   uint64_t ev_tick[NF_EVENTS];  // tick of each slot's record (0: never recorded)
 } nf_stream_rec_t;
+// The event of stream r's newest record (meaningful once rec_tick != 0).
+static inline nf_event_t nf__stream_event(const nf_stream_rec_t *r) { return r->ev[r->ev_head]; }
 
 // ------------------------------------------------------------------ hash
 typedef struct nf_map_slot_s { uintptr_t key; nf_block_t *val; } nf_map_slot_t;

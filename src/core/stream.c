@@ -52,24 +52,29 @@ static nf_status_t record(nf_pool_t *p, uint32_t x, bool quiet) {
   st = NF_BE(p, event_record, event_record, r->ev[h], r->handle);
   if (st != NF_OK) return quiet ? st : nf__error(st, "nofrag: event record failed: %s", p->be->err);
   r->ev_head = h;
-  r->event = r->ev[h];
   r->rec_tick = r->ev_tick[h] = ++p->tick;
   return NF_OK;
 }
 
 nf_status_t nf__stream_record(nf_pool_t *p, uint32_t x) { return record(p, x, false); }
 
-// The oldest kept record of stream x at a tick above `need` (it covers x's
-// frees up to need), or -1: none (the newest is older).
-static int ev_cover(const nf_stream_rec_t *r, uint64_t need) {
-  if (r->rec_tick <= need) return -1;
-  int best = (int)r->ev_head;
-  for (uint32_t k = 1; k < NF_EVENTS; k++) {
-    uint32_t h = (r->ev_head + NF_EVENTS - k) % NF_EVENTS;
-    if (!r->ev[h] || r->ev_tick[h] <= need) break;
-    best = (int)h;
+// *h = the ring slot of the oldest kept record of stream x at a tick above
+// `need` (it covers x's frees up to need); none kept (the newest is older):
+// a fresh record's.
+static nf_status_t ev_cover(nf_pool_t *p, uint32_t x, uint64_t need, uint32_t *h) {
+  const nf_stream_rec_t *r = &p->streams[x];
+  if (r->rec_tick <= need) {
+    nf_status_t st = nf__stream_record(p, x);
+    *h = r->ev_head;
+    return st;
   }
-  return best;
+  *h = r->ev_head;
+  for (uint32_t k = 1; k < NF_EVENTS; k++) {
+    uint32_t g = (r->ev_head + NF_EVENTS - k) % NF_EVENTS;
+    if (!r->ev[g] || r->ev_tick[g] <= need) break;
+    *h = g;
+  }
+  return NF_OK;
 }
 
 // Wait on the host until stream x's work up to its free at tick `need` is
@@ -82,12 +87,9 @@ static int ev_cover(const nf_stream_rec_t *r, uint64_t need) {
 nf_status_t nf__stream_wait(nf_pool_t *p, uint32_t x, uint64_t need) {
   nf_stream_rec_t *r = &p->streams[x];
   if (r->done_tick > need) return NF_OK;
-  nf_status_t st;
-  int h = ev_cover(r, need);
-  if (h < 0) {
-    if ((st = nf__stream_record(p, x)) != NF_OK) return st;
-    h = (int)r->ev_head;
-  }
+  uint32_t h;
+  nf_status_t st = ev_cover(p, x, need, &h);
+  if (st != NF_OK) return st;
   p->ev_hot = p->tick + NF_EV_HOT;
   st = NF_BE(p, event_sync, event_sync, r->ev[h]);
   if (st != NF_OK) return nf__error(st, "nofrag: event synchronize failed: %s", p->be->err);
@@ -105,7 +107,7 @@ void nf__stream_mark(nf_pool_t *p, uint32_t x) {
 nf_status_t nf__stream_done(nf_pool_t *p, uint32_t x, uint64_t tick, bool blocking, bool *done) {
   nf_stream_rec_t *r = &p->streams[x];
   if (r->done_tick < tick) {
-    nf_status_t st = blocking ? NF_BE(p, event_sync, event_sync, r->event) : NF_BE(p, event_query, event_query, r->event);
+    nf_status_t st = blocking ? NF_BE(p, event_sync, event_sync, nf__stream_event(r)) : NF_BE(p, event_query, event_query, nf__stream_event(r));
     if (st == NF_OK) r->done_tick = r->rec_tick;
     else if (blocking || st != NF_ERR_NOT_READY)
       return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", p->be->err);
@@ -122,12 +124,9 @@ nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s) {
     nf_stream_rec_t *r = &p->streams[x];
     uint64_t need = nf__need_tick(r, b->tick);
     if (r->done_tick > need || p->waited[s][x] > need) continue;
-    nf_status_t st;
-    int h = ev_cover(r, need); // the oldest record covering b: s waits for no more of x than it must
-    if (h < 0) {
-      if ((st = nf__stream_record(p, x)) != NF_OK) return st;
-      h = (int)r->ev_head;
-    }
+    uint32_t h; // the oldest record covering b: s waits for no more of x than it must
+    nf_status_t st = ev_cover(p, x, need, &h);
+    if (st != NF_OK) return st;
     st = NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, r->ev[h]);
     if (st != NF_OK) return nf__error(st, "nofrag: stream wait failed: %s", p->be->err);
     p->waited[s][x] = r->ev_tick[h];
@@ -146,7 +145,7 @@ static nf_status_t streams_settle(nf_pool_t *p, bool blocking) {
     if (r->done_tick >= r->last_free) continue;
     nf_status_t st;
     if (r->rec_tick <= r->last_free && (st = nf__stream_record(p, x)) != NF_OK) return st;
-    st = blocking ? NF_BE(p, event_sync, event_sync, r->event) : NF_BE(p, event_query, event_query, r->event);
+    st = blocking ? NF_BE(p, event_sync, event_sync, nf__stream_event(r)) : NF_BE(p, event_query, event_query, nf__stream_event(r));
     if (st == NF_OK) r->done_tick = r->rec_tick;
     else if (blocking || st != NF_ERR_NOT_READY)
       return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", p->be->err);
@@ -187,7 +186,7 @@ nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
       nf_status_t st;
       // Freed during a capture: no record covers the free yet.
       if (r->rec_tick <= b->tick && (st = nf__stream_record(p, (uint32_t)__builtin_ctzll(m))) != NF_OK) return st;
-      st = blocking ? NF_BE(p, event_sync, event_sync, r->event) : NF_BE(p, event_query, event_query, r->event);
+      st = blocking ? NF_BE(p, event_sync, event_sync, nf__stream_event(r)) : NF_BE(p, event_query, event_query, nf__stream_event(r));
       if (st == NF_OK) r->done_tick = r->rec_tick;
       else if (blocking || st != NF_ERR_NOT_READY)
         return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", p->be->err);
@@ -208,13 +207,12 @@ nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
 void nf__streams_destroy(nf_pool_t *p) {
   for (uint32_t a = 0; a < p->nstreams; a++) {
     nf_stream_rec_t *r = &p->streams[a];
-    if (r->event) { // the newest record covers the older ones
+    if (r->rec_tick) { // the newest record covers the older ones
       p->st.calls.event_sync++;
-      p->be->ops->event_sync(p->be, r->event);
+      p->be->ops->event_sync(p->be, nf__stream_event(r));
     }
     for (int h = 0; h < NF_EVENTS; h++)
       if (r->ev[h]) p->be->ops->event_destroy(p->be, r->ev[h]);
     memset(r->ev, 0, sizeof r->ev);
-    r->event = NULL;
   }
 }

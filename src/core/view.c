@@ -268,9 +268,9 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     // The work to wait for: that through these views (they were parked
     // after it), not the latest free of the range around them, which may
     // be the block freed just now.
-    uint64_t t = 0;
+    uint64_t t = c->ptick ? 0 : b->tick;
     for (uint64_t g = g0; g < g1 && t < b->tick; g++)
-      if (nf__bit(c->stale, g)) t = !c->ptick ? b->tick : c->ptick[g] > t ? c->ptick[g] : t;
+      if (nf__bit(c->stale, g) && c->ptick[g] > t) t = c->ptick[g];
     if ((st = retire(p, b->smask, t < b->tick ? t : b->tick)) != NF_OK) return st;
     for (uint64_t g = g0; g < g1; g++) {
       if (!nf__bit(c->stale, g)) continue;

@@ -98,7 +98,7 @@ nf_status_t nf__order_block(nf_pool_t *p, const nf_block_t *b, uint32_t s) {
   for (; m; m &= m - 1) {
     uint32_t x = (uint32_t)__builtin_ctzll(m);
     nf_status_t st = nf__stream_record(p, x);
-    if (st == NF_OK) st = NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, p->streams[x].event);
+    if (st == NF_OK) st = NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, nf__stream_event(&p->streams[x]));
     if (st != NF_OK) return nf__error(st, "nofrag: offload: ordering streams failed: %s", p->be->err);
   }
   return NF_OK;
@@ -217,7 +217,7 @@ nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
 
 void nf__xfer_drain(nf_pool_t *p, uint32_t s) {
   nf_stream_rec_t *r = &p->streams[s];
-  if (nf__stream_record(p, s) == NF_OK || r->event) NF_BE(p, event_sync, event_sync, r->event);
+  if (nf__stream_record(p, s) == NF_OK || r->rec_tick) NF_BE(p, event_sync, event_sync, nf__stream_event(r));
 }
 
 void nf__xfer_push(nf_pool_t *p, nf_xfer_t *x) {

@@ -37,7 +37,7 @@ static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, u
       p->st.calls.copy++;
       st = p->be->ops->copy(p->be, (uintptr_t)buf, va + k, n, r->handle);
       if (st == NF_OK && (st = nf__stream_record(p, s)) == NF_OK)
-        st = NF_BE(p, event_sync, event_sync, r->event);
+        st = NF_BE(p, event_sync, event_sync, nf__stream_event(r));
       if (st != NF_OK) { nf__error(st, "nofrag: offload to disk: copy failed: %s", p->be->err); break; }
     } else if (pread(p->disk_fd, buf, n, (off_t)(off + k)) != (ssize_t)n) {
       st = nf__error(NF_ERR_BACKEND, "nofrag: prefetch from disk: read failed: %s", strerror(errno));
