@@ -182,9 +182,57 @@ static void test_view_paths_fail_once(void **state) {
   }
 }
 
+// A placement that fails after views moved a cached granule into its range
+// leaves that granule there, in a free range again. The stream whose work
+// last used it (X, still in flight) must still order the next user: a block
+// placed there on another stream waits for X (before the fix the granule's
+// last users were dropped at the move and the next block got none).
+static void test_failed_placement_keeps_last_users(void **state) {
+  int checked = 0;
+  for (uint64_t off = 1; off <= 16; off++) {
+    nf_backend_t *inner, *be;
+    assert_int_equal(nf_backend_host_create(&inner, 1ull << 30, G), NF_OK);
+    assert_int_equal(nf_backend_fault_create(&be, inner, 0, 0, 1), NF_OK);
+    nf_config_t c;
+    nf_config_default(&c);
+    assert_int_equal(nf_config_parse(&c, "limit:256KiB,views:1000,small_max:4KiB", NULL, 0), NF_OK);
+    nf_pool_t *p = NULL;
+    assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+    nf_backend_host_set_manual_events(inner, 1);
+    nf_stream_t S0 = (nf_stream_t)0x10, X = (nf_stream_t)0x20, S = (nf_stream_t)0x30, S2 = (nf_stream_t)0x40;
+    void *l1 = nf_alloc(p, G, S0), *a = nf_alloc(p, G, X), *l2 = nf_alloc(p, G, S0);
+    assert_true(l1 && a && l2);
+    nf_free(p, a); // X's work on a still in flight (manual events)
+    nf_stats_t s0, s1, s2;
+    nf_stats_get(p, &s0);
+    uint64_t calls = 0, failed = 0;
+    nf_backend_fault_counts(be, &calls, &failed);
+    nf_backend_fault_set(be, calls + off, 0);
+    void *big = nf_alloc(p, 2 * G, S); // room for 1 new granule: a's cached one moves here, then call `off` fails
+    nf_backend_fault_set(be, 0, 0);
+    nf_stats_get(p, &s1);
+    if (!big && s1.view_moves > s0.view_moves) {
+      void *q = nf_alloc(p, 2 * G, S2);
+      assert_non_null(q);
+      nf_stats_get(p, &s2);
+      assert_true(s2.calls.stream_wait + s2.calls.event_sync > s1.calls.stream_wait + s1.calls.event_sync);
+      checked++;
+      nf_free(p, q);
+    }
+    if (big) nf_free(p, big);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_free(p, l1);
+    nf_free(p, l2);
+    nf_backend_host_set_manual_events(inner, 0);
+    destroy_all(p, be, inner);
+  }
+  assert_true(checked > 0); // some offset failed the placement after the move
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_each_call_fails_once),
                                      cmocka_unit_test(test_random_faults),
-                                     cmocka_unit_test(test_view_paths_fail_once)};
+                                     cmocka_unit_test(test_view_paths_fail_once),
+                                     cmocka_unit_test(test_failed_placement_keeps_last_users)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

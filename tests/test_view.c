@@ -10,6 +10,20 @@
 
 #define G (64 * 1024)
 
+// This test binary links with -Wl,--wrap=calloc (tests/CMakeLists.txt): the
+// next calloc of a view tick array (n >= 1024 entries of 8 bytes) fails when
+// armed, the library's calls stay unchanged otherwise.
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+static int fail_tick_calloc;
+void *__wrap_calloc(size_t n, size_t size) {
+  if (fail_tick_calloc && size == 8 && n >= 1024) {
+    fail_tick_calloc = 0;
+    return NULL;
+  }
+  return __real_calloc(n, size);
+}
+
 static nf_stats_t stats(nf_pool_t *p) {
   nf_stats_t s;
   nf_stats_get(p, &s);
@@ -286,10 +300,46 @@ static void test_view_budget(void **state) {
   nf_backend_destroy(be);
 }
 
+// A chunk's park ticks (view.c, park) are allocated at its first park; when
+// that allocation fails, the views parked then must still be unmapped only
+// after the work through them, also once a later park has allocated the
+// ticks (before the fix they read tick 0 there: no wait at all).
+static void test_park_ticks_out_of_memory(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:256KiB,views:1000,small_max:4KiB");
+  nf_backend_host_set_manual_events(be, 1);
+  nf_stream_t S0 = (nf_stream_t)0x10, X = (nf_stream_t)0x20, Y = (nf_stream_t)0x28, S = (nf_stream_t)0x30,
+              S3 = (nf_stream_t)0x40;
+  // Earlier work on X and Y, known complete (their done ticks are above 0).
+  nf_free(p, nf_alloc(p, G, X));
+  nf_free(p, nf_alloc(p, G, Y));
+  assert_int_equal(nf_trim(p), NF_OK);
+  void *a = nf_alloc(p, G, X), *l1 = nf_alloc(p, G, S0), *b = nf_alloc(p, G, Y), *l2 = nf_alloc(p, G, S0);
+  assert_true(a && l1 && b && l2);
+  nf_backend_host_use(be, X, a, G); // X's work on a, in flight
+  nf_free(p, a);
+  nf_backend_host_use(be, Y, b, G);
+  nf_free(p, b);
+  nf_stats_t s0 = stats(p);
+  fail_tick_calloc = 1; // the first park's tick array: out of memory; the second park's allocates it
+  void *n1 = nf_alloc(p, 2 * G, S); // a's and b's granules move here; views stay at a and b
+  fail_tick_calloc = 0;
+  assert_non_null(n1);
+  assert_int_equal(stats(p).view_moves - s0.view_moves, 2);
+  assert_int_equal(nf_set_limit(p, 8 * G), NF_OK); // room: the next blocks land on a's and b's places
+  for (int k = 0; k < 2; k++) assert_non_null(nf_alloc(p, G, S3));
+  assert_true(stats(p).view_evictions - s0.view_evictions >= 2);
+  assert_int_equal(nf_backend_host_violations(be), 0); // neither view unmapped under X's or Y's work
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_backend_host_set_manual_events(be, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_backend_maps_a_granule_twice), cmocka_unit_test(test_steady_state_makes_no_calls),
       cmocka_unit_test(test_random_patterns), cmocka_unit_test(test_busy_view_unmapped_after_its_work),
-      cmocka_unit_test(test_view_budget)};
+      cmocka_unit_test(test_view_budget), cmocka_unit_test(test_park_ticks_out_of_memory)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -116,6 +116,7 @@ typedef struct nf_granule_s {
   uint8_t state;     // NF_GR_*
   uint8_t win;       // host granule also mapped at the host window (offload_detached.c)
   // ---- views (view.c)
+  uint8_t took;       // taken by the placement in progress: its last users are forgotten only if it succeeds
   int32_t prev_free;  // free-list back link (a view's granule leaves the list from its middle)
   uint32_t nviews;    // parked views of this granule (chunk `stale` bits naming it)
   uint32_t at_g;      // where it is `mapped` (when state MAPPED): granule at_g of chunk at_c
@@ -487,6 +488,7 @@ void nf__view_chunk_unmap(nf_pool_t *p, nf_chunk_t *c);
 void nf__view_live(nf_pool_t *p, const nf_block_t *b);
 void nf__view_dead(nf_pool_t *p, const nf_block_t *b, bool merge);
 nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t k_new);
+void nf__view_settle(nf_pool_t *p, nf_block_t *b, uint64_t g0, uint64_t g1, bool placed);
 uint64_t nf__view_adoptable(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
 uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t *st);
 void nf__gran_unlink(nf_pool_t *p, uint32_t i);          // vmm.c

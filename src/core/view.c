@@ -15,7 +15,8 @@
 // Safety: a granule is taken (from the free list, or from its owning place
 // when no non-free block overlaps that place: not `busy`) only after the new
 // block's stream is ordered after the granule's last users (vmask / vtick,
-// merged at every free: a GPU-side event wait, no host wait). A virtual
+// merged at every free: a GPU-side event wait, no host wait); those users
+// are forgotten only once the block is placed (nf__view_settle). A virtual
 // granule is unmapped only once the work on it is known complete. Views live
 // in free address space only: a `busy` granule never has a stale bit.
 #include "core/core.h"
@@ -167,7 +168,12 @@ static bool orderless(const nf_pool_t *p, uint32_t i, uint32_t s) {
 static void park(nf_pool_t *p, uint32_t i) {
   nf_granule_t *x = &p->gran[i];
   nf_chunk_t *o = x->at_c;
-  if (!o->ptick) o->ptick = calloc(o->ngran, sizeof *o->ptick); // out of memory: the run's tick bounds it
+  if (!o->ptick && (o->ptick = calloc(o->ngran, sizeof *o->ptick))) {
+    // Out of memory before (no ptick: step 2 waited for the free run's
+    // tick): the views parked then keep that bound, not a tick of 0.
+    for (uint64_t g = 0; g < o->ngran; g++)
+      if (nf__bit(o->stale, g)) o->ptick[g] = UINT64_MAX;
+  }
   if (o->ptick) o->ptick[x->at_g] = x->vmask ? x->vtick : 0;
   nf__bit_clr(o->mapped, x->at_g);
   nf__bit_clr(NF_READY(o), x->at_g);
@@ -256,7 +262,7 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     else park(p, i);
     unview(p, c, g);
     own(p, c, g, i, true);
-    p->gran[i].vmask = 0;
+    p->gran[i].took = 1; // its last users are forgotten once the block is placed (nf__view_settle)
     p->vw_reuses++;
   }
   // 2. Views of granules owned elsewhere by live data: unmapped, once the
@@ -302,7 +308,7 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     if (st != NF_OK) return nf__error(st, "nofrag: map failed: %s", p->be->err); // the granule stays where it was
     park(p, i);
     own(p, c, g, i, false); // nf__map_range sets access on the run
-    p->gran[i].vmask = 0;
+    p->gran[i].took = 1;
     p->vw_transfers++;
     need--;
   }
@@ -316,6 +322,28 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     if (st != NF_OK) return st;
   }
   return NF_OK;
+}
+
+// After the placement that view_fill served: the granules it took now
+// belong to block b, whose stream was ordered after their last users, so
+// those are forgotten. If the placement failed, the granules stay where they
+// were taken (mapped, in what becomes a free range again) and their last
+// users join b's streams: the next block there, maybe on another stream, is
+// ordered after them (b's stream waited for them, but b holds nothing now).
+void nf__view_settle(nf_pool_t *p, nf_block_t *b, uint64_t g0, uint64_t g1, bool placed) {
+  nf_chunk_t *c = b->chunk;
+  for (uint64_t g = g0; g < g1; g++) {
+    if (!nf__bit(c->mapped, g)) continue;
+    nf_granule_t *x = &p->gran[c->phys[g]];
+    if (!x->took) continue;
+    x->took = 0;
+    if (placed) {
+      x->vmask = 0;
+    } else if (x->vmask) {
+      if (!b->smask || x->vtick > b->tick) b->tick = x->vtick;
+      b->smask |= x->vmask;
+    }
+  }
 }
 
 // Unmap up to `want` parked views lying in free address runs whose work is

@@ -454,6 +454,7 @@ nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b) {
   gran_span(p, b->chunk, b->addr, b->size, &g0, &g1);
   p->vw_blk = p->cfg.views ? b : NULL; // views: the block being placed (b->stream set), its free-time smask/tick
   nf_status_t st = nf__map_range(p, b->chunk, g0, g1, b->size, p->cfg.spill != 0);
+  if (p->vw_blk && p->vw_on) nf__view_settle(p, b, g0, g1, st == NF_OK);
   p->vw_blk = NULL;
   return st;
 }
