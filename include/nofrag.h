@@ -319,7 +319,9 @@ NF_API nf_status_t nf_offload(nf_pool_t *pool, void *ptr, nf_stream_t stream, nf
 //! then counts as a record_stream stream of the block). A block that is not
 //! offloaded but has spilled granules: they move to the device (the host waits
 //! for the block's streams first, since such a block may be in use); else NF_OK,
-//! no-op.
+//! no-op. A copy back queued on a stream other than the block's own counts as
+//! a record_stream stream of the block: freeing it on its own stream does not
+//! let its memory be reused or unmapped before the copy has landed.
 NF_API nf_status_t nf_prefetch(nf_pool_t *pool, void *ptr, nf_stream_t stream);
 
 //! Wait for every copy that nf_offload / nf_prefetch enqueued and finish the

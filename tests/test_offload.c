@@ -509,6 +509,39 @@ static void test_random_faults(void **state) {
   for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) run_random(seeds[i], 0.03);
 }
 
+// A prefetch copy runs on the stream nf_prefetch was given. When that is not
+// the block's stream, the block freed on its own stream must still not be
+// unmapped (or reused) before the copy lands: the copy's stream counts as a
+// user of the block, as with record_stream. Each tier; the detector of the
+// host backend counts unmaps of ranges still in use.
+static void test_prefetch_other_stream(void **state) {
+  nf_tier_t tiers[] = {NF_TIER_HOST_DETACHED, NF_TIER_HOST, NF_TIER_DISK};
+  for (int t = 0; t < 3; t++) {
+    nf_backend_t *be;
+    nf_pool_t *p = nft_pool(&be, 1024 * G, G, "limit:512KiB,views:0");
+    nf_stream_t A = (nf_stream_t)(uintptr_t)1, S = (nf_stream_t)(uintptr_t)2;
+    nf_backend_host_set_manual_events(be, 1);
+    void *b = nf_alloc(p, 4 * G, A), *e = nf_alloc(p, G, A), *c = nf_alloc(p, 2 * G, A);
+    assert_true(b && e && c);
+    nft_fill(b, 4 * G, 7);
+    assert_int_equal(nf_offload(p, b, A, tiers[t]), NF_OK);
+    nf_backend_host_complete_events(be);
+    assert_int_equal(nf_offload_wait(p), NF_OK);
+    assert_int_equal(nf_prefetch(p, b, S), NF_OK);
+    nf_backend_host_use(be, S, b, 4 * G); // the copy back, on S, in flight
+    assert_true(nft_check(b, 4 * G, 7));
+    assert_int_equal(nf_free(p, b), NF_OK); // on A; S's copy still in flight
+    assert_int_equal(nf_offload(p, c, A, NF_TIER_DISK), NF_OK); // something waits for A only
+    void *d = nf_alloc(p, 6 * G, A); // stitching unmaps what lies free: not b's range before S is done
+    assert_non_null(d);
+    if (nf_backend_host_violations(be)) fail_msg("tier %d: b's range unmapped under the prefetch copy", (int)tiers[t]);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_backend_host_set_manual_events(be, 0);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+  }
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
@@ -517,6 +550,7 @@ int main(void) {
       cmocka_unit_test(test_offload_wait_at_limit), cmocka_unit_test(test_offload_detached),
       cmocka_unit_test(test_offload_host), cmocka_unit_test(test_offload_disk),
       cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
+      cmocka_unit_test(test_prefetch_other_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -287,6 +287,14 @@ static void offload_cancel(nf_block_t *b, nf_offl_t *o) {
   o->x = NULL;
 }
 
+// A copy back into b was queued on stream s: like record_stream, s counts
+// as a user of the block, so a free on the block's own stream does not let
+// its range be reused or unmapped (nor a later offload read it) before the
+// copy has landed.
+static void prefetched_on(nf_block_t *b, uint32_t s) {
+  if (s != b->stream) b->extra |= 1ull << s;
+}
+
 static nf_status_t prefetch_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1, bool spilled) {
   nf_chunk_t *c = b->chunk;
   nf_status_t st;
@@ -361,6 +369,7 @@ static nf_status_t prefetch_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64
   }
   free(old);
   x->tick = p->streams[s].rec_tick;
+  prefetched_on(b, s);
   p->st.prefetches++;
   for (uint64_t j = 0; j < x->n; j++) p->gran[x->hg[j]].state = NF_GR_MAPPED; // until stage_drop
   nf__xfer_push(p, x);
@@ -426,8 +435,10 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
     p->st.prefetches++;
   } else if (b->where == NF_TIER_DISK) {
     if ((st = nf__prefetch_disk(p, b, o, s, g0, g1)) != NF_OK) goto out;
+    prefetched_on(b, s);
   } else if (b->where == NF_TIER_HOST_DETACHED) {
     if ((st = nf__prefetch_detached(p, b, o, s, g0, g1)) != NF_OK) goto out;
+    prefetched_on(b, s);
   } else if ((st = prefetch_host(p, b, s, g0, g1, !o)) != NF_OK) {
     goto out;
   }

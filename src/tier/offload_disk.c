@@ -90,12 +90,15 @@ nf_status_t nf__prefetch_disk(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_
   // Mapping counts the range as new granules: take it out of disk first.
   p->away_granules -= o->n;
   nf_status_t st = nf__map_range(p, c, g0, g1, o->n << p->gshift, false);
-  if (st == NF_OK) st = disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s);
+  bool io = st == NF_OK;
+  if (io) st = disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s);
   if (st != NF_OK) {
     // The range must be unmapped again (map_range's own rollback may have
-    // left granules behind on a failing backend).
+    // left granules behind on a failing backend), once the chunks already
+    // queued on s have landed (their source is pageable: asynchronous).
     char msg[512];
     snprintf(msg, sizeof msg, "%s", nf_last_error());
+    if (io) nf__xfer_drain(p, s);
     for (uint64_t g = g0; g < g1; g++)
       for (int t = 0; t < 3 && nf__bit(c->mapped, g); t++) nf__unmap_run(p, c, g, g + 1);
     nf__error(st, "%s", msg);
