@@ -383,6 +383,35 @@ static void test_alloc_at(void **state) {
   void *h = nf_alloc_at(p, 0, g, 100, S(0)); // general pool
   assert_ptr_equal(g, h);
   nf_free(p, h);
+  // An address off the 512-byte grid: refused, nothing changes (a block
+  // there would misalign every block after it).
+  assert_null(nf_alloc_at(p, 0, (char *)g + 100, 1000, S(0)));
+  assert_int_equal(nf_last_status(), NF_ERR_INVALID);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  void *k = nf_alloc(p, 512, S(0));
+  assert_int_equal((uintptr_t)k & 511, 0);
+  nf_free(p, k);
+  // During a capture, a range freed on another stream whose work is not
+  // known complete cannot be re-created there: ordering after that stream
+  // would need event calls. Refused with no event call at all.
+  nf_backend_host_set_manual_events(be, 1);
+  void *e = nf_alloc_private(p, 3, 4096, S(2));
+  assert_non_null(e);
+  assert_int_equal(nf_free(p, e), NF_OK); // S(2)'s work on e in flight
+  assert_int_equal(nf_private_begin(p, 3, S(1)), NF_OK);
+  nf_stats_t s0, s1;
+  nf_stats_get(p, &s0);
+  assert_null(nf_alloc_at(p, 3, e, 4096, S(1)));
+  assert_int_equal(nf_last_status(), NF_ERR_INVALID);
+  nf_stats_get(p, &s1);
+  assert_int_equal(s1.calls.event_record + s1.calls.stream_wait + s1.calls.event_sync + s1.calls.event_query,
+                   s0.calls.event_record + s0.calls.stream_wait + s0.calls.event_sync + s0.calls.event_query);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_private_end(p, 3), NF_OK);
+  nf_backend_host_set_manual_events(be, 0);
+  void *f = nf_alloc_at(p, 3, e, 4096, S(1)); // after the capture: ordered with events, and placed
+  assert_ptr_equal(f, e);
+  nf_free(p, f);
   assert_int_equal(nf_private_release(p, 3), NF_OK);
   assert_int_equal(nf_pool_check(p), NF_OK);
   nf_pool_destroy(p);

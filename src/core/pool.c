@@ -332,6 +332,13 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
                      (unsigned long long)rsize, (unsigned long long)(pv ? pv->id : 0));
       goto fail;
     }
+    if (!nf__capture_ok(p, b, s)) { // ordering after the block's streams needs event calls: not in a capture
+      nf__tlsf_insert(nf__tlsf_of(p, b), b);
+      st = nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_at: [%p, +%llu B) was freed on another stream whose work "
+                     "is not known complete, and a stream is being captured (no event call possible)",
+                     (void *)at, (unsigned long long)rsize);
+      goto fail;
+    }
     off = at - b->addr;
     if ((st = place_block(p, &b, off, rsize, s, false)) != NF_OK) goto fail;
     b->memo = false;
@@ -588,5 +595,9 @@ void *nf_alloc_private(nf_pool_t *p, uint64_t id, size_t size, nf_stream_t strea
 
 void *nf_alloc_at(nf_pool_t *p, uint64_t id, void *addr, size_t size, nf_stream_t stream) {
   if (p && !addr) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_at: NULL address"); return NULL; }
+  if (p && ((uintptr_t)addr & (NF_ALIGN - 1))) { // a block there would misalign every block after it
+    nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_at: %p is not %llu-byte aligned", addr, (unsigned long long)NF_ALIGN);
+    return NULL;
+  }
   return nf__alloc(p, size, stream, id != 0, id, (uintptr_t)addr);
 }
