@@ -15,12 +15,18 @@
 
 // ------------------------------------------------------------ spy backend
 // Forwards to the host backend; counts event calls made while `capturing`.
+// It also numbers event records and keeps, per stream S(0..7), the newest
+// record of each stream it waited on and of each known complete (ordered()).
+typedef struct { nf_event_t e; int s, seq; } spy_ev;
 typedef struct {
   nf_backend_t be;
   nf_backend_ops_t ops;
   nf_backend_t *in;
   int capturing;
   int events_in_capture, events_total;
+  int seq, nev, fail_sync; // fail_sync: syncs of events on stream S(fail_sync) fail (0: none)
+  spy_ev ev[128];
+  int waited[8][8], done[8];
 } spy_t;
 
 #define IN(be) (((spy_t *)(be))->in)
@@ -47,17 +53,49 @@ static nf_status_t sp_acc(nf_backend_t *be, uintptr_t v, size_t n) { FWD(IN(be)-
 static nf_status_t sp_copy(nf_backend_t *be, uintptr_t d, uintptr_t s, size_t n, nf_stream_t st) { FWD(IN(be)->ops->copy(IN(be), d, s, n, st)); }
 static nf_status_t sp_evc(nf_backend_t *be, nf_event_t *o) { FWD(IN(be)->ops->event_create(IN(be), o)); }
 static nf_status_t sp_evd(nf_backend_t *be, nf_event_t e) { FWD(IN(be)->ops->event_destroy(IN(be), e)); }
-static nf_status_t sp_evr(nf_backend_t *be, nf_event_t e, nf_stream_t s) { ev_seen(be); FWD(IN(be)->ops->event_record(IN(be), e, s)); }
-static nf_status_t sp_evq(nf_backend_t *be, nf_event_t e) { ev_seen(be); FWD(IN(be)->ops->event_query(IN(be), e)); }
-static nf_status_t sp_evs(nf_backend_t *be, nf_event_t e) { ev_seen(be); FWD(IN(be)->ops->event_sync(IN(be), e)); }
-static nf_status_t sp_sw(nf_backend_t *be, nf_stream_t s, nf_event_t e) { ev_seen(be); FWD(IN(be)->ops->stream_wait(IN(be), s, e)); }
+static spy_ev *ev_of(spy_t *s, nf_event_t e) { // its latest record (a spare slot if none)
+  for (int i = 0; i < s->nev; i++)
+    if (s->ev[i].e == e) return &s->ev[i];
+  return &s->ev[s->nev < 127 ? s->nev++ : 127];
+}
+static void raise_to(int *x, int v) { *x = v > *x ? v : *x; }
+static nf_status_t sp_evr(nf_backend_t *be, nf_event_t e, nf_stream_t s) {
+  ev_seen(be);
+  *ev_of((spy_t *)be, e) = (spy_ev){e, (int)((uintptr_t)s & 7), ++((spy_t *)be)->seq};
+  FWD(IN(be)->ops->event_record(IN(be), e, s));
+}
+static nf_status_t ev_end(nf_backend_t *be, nf_event_t e, bool sync) { // query or sync
+  spy_t *sp = (spy_t *)be;
+  spy_ev *v = ev_of(sp, e);
+  nf_status_t st = !sync ? IN(be)->ops->event_query(IN(be), e)
+                   : sp->fail_sync && v->s == sp->fail_sync ? NF_ERR_BACKEND : IN(be)->ops->event_sync(IN(be), e);
+  if (st == NF_OK) raise_to(&sp->done[v->s], v->seq);
+  ev_seen(be);
+  FWD(st);
+}
+static nf_status_t sp_evq(nf_backend_t *be, nf_event_t e) { return ev_end(be, e, false); }
+static nf_status_t sp_evs(nf_backend_t *be, nf_event_t e) { return ev_end(be, e, true); }
+static nf_status_t sp_sw(nf_backend_t *be, nf_stream_t s, nf_event_t e) {
+  spy_ev *v = ev_of((spy_t *)be, e);
+  raise_to(&((spy_t *)be)->waited[(uintptr_t)s & 7][v->s], v->seq);
+  ev_seen(be);
+  FWD(IN(be)->ops->stream_wait(IN(be), s, e));
+}
+// Stream w's work from now on runs after stream x's work before record number `mark`.
+static bool ordered(const spy_t *s, nf_stream_t w, nf_stream_t x, int mark) {
+  return s->waited[(uintptr_t)w & 7][(uintptr_t)x & 7] > mark || s->done[(uintptr_t)x & 7] > mark;
+}
 static void sp_destroy(nf_backend_t *be) { nf_backend_destroy(IN(be)); free(be); }
 
 static spy_t *spy_new(uint64_t capacity) {
   spy_t *s = calloc(1, sizeof *s);
   assert_int_equal(nf_backend_host_create(&s->in, capacity, G), NF_OK);
-  s->ops = (nf_backend_ops_t){"spy", sp_gran, sp_cap, sp_var, sp_vaf, sp_mc, sp_mr, sp_map, sp_unmap, sp_acc,
-                              sp_copy, sp_evc, sp_evd, sp_evr, sp_evq, sp_evs, sp_sw, sp_destroy, NULL, NULL};
+  // Named members: optional ops added later stay NULL (not supported).
+  s->ops = (nf_backend_ops_t){.name = "spy", .granularity = sp_gran, .capacity = sp_cap, .va_reserve = sp_var,
+                              .va_release = sp_vaf, .mem_create = sp_mc, .mem_release = sp_mr, .map = sp_map,
+                              .unmap = sp_unmap, .set_access = sp_acc, .copy = sp_copy, .event_create = sp_evc,
+                              .event_destroy = sp_evd, .event_record = sp_evr, .event_query = sp_evq,
+                              .event_sync = sp_evs, .stream_wait = sp_sw, .destroy = sp_destroy};
   s->be.ops = &s->ops;
   s->be.inner = s->in;
   return s;
@@ -74,6 +112,7 @@ static nf_pool_t *spy_pool(spy_t *s, const char *conf) {
 }
 
 static bool overlaps(uintptr_t a, size_t n, uintptr_t b, size_t m) { return a < b + m && b < a + n; }
+static nf_stats_t stats_of(nf_pool_t *p) { nf_stats_t st; nf_stats_get(p, &st); return st; }
 
 // ------------------------------------------------------------ the graph case
 
@@ -418,6 +457,99 @@ static void test_alloc_at(void **state) {
   nf_backend_destroy(be);
 }
 
+// ------------------------------------------------------------ replays on other streams
+// A graph replays on any stream, unseen by the pool: what a released or
+// trimmed pool hands on must come after every stream's work. Streams: A
+// captures, R replays, B uses the memory later. The pool knows R and B, and
+// their work so far is complete.
+enum { SA = 1, SR = 2, SB = 3 };
+static void streams_known(nf_pool_t *p) {
+  nf_free(p, nf_alloc(p, 512, S(SR)));
+  nf_free(p, nf_alloc(p, 512, S(SB)));
+  assert_int_equal(nf_trim(p), NF_OK);
+}
+
+// Hand-back with views: granules of a freed private range taken back by a
+// parked view elsewhere order the taker after the replays too (the
+// granules' last users), not only after the stream that freed the range.
+static void test_hand_back_views_ordered(void **state) {
+  spy_t *s = spy_new(256ull << 20);
+  nf_pool_t *p = spy_pool(s, "limit:576KiB"); // 9 granules
+  streams_known(p);
+  void *v = nf_alloc(p, 3 * G, S(SA)), *w = nf_alloc(p, 5 * G, S(SA));
+  nf_free(p, v);
+  assert_int_equal(nf_private_incref(p, 1), NF_OK);
+  void *tmp = nf_alloc_private(p, 1, 3 * G - 512, S(SA)); // at the limit: 2 of v's granules move here
+  void *keep = nf_alloc_private(p, 1, 512, S(SA));       // tmp's range stays below 3 G
+  nf_free(p, tmp);
+  int mark = s->seq; // a replay on R writes into tmp
+  assert_int_equal(nf_private_release(p, 1), NF_OK);
+  uint64_t r0 = stats_of(p).view_reuses;
+  void *b = nf_alloc(p, 3 * G, S(SB)); // at v: its views take their granules back from tmp's range
+  assert_true(b == v && stats_of(p).view_reuses > r0);
+  if (!ordered(s, S(SB), S(SR), mark)) fail_msg("B uses granules the replay on R writes, with no ordering");
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, b), nf_free(p, w), nf_free(p, keep);
+  nf_pool_destroy(p);
+  nf_backend_destroy(&s->be);
+  (void)state;
+}
+
+// nf_private_trim unmaps a free range only after every stream's work, also
+// of streams whose own frees are all known complete.
+static void test_private_trim_waits_for_replays(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 256ull << 20, G, NULL);
+  assert_int_equal(nf_private_incref(p, 1), NF_OK);
+  assert_int_equal(nf_private_begin(p, 1, S(SA)), NF_OK);
+  void *tmp = nf_alloc(p, 4 * G, S(SA));
+  assert_int_equal(nf_free(p, tmp), NF_OK);
+  assert_int_equal(nf_private_end(p, 1), NF_OK);
+  streams_known(p); // A's work on tmp complete too
+  nf_backend_host_set_manual_events(be, 1);
+  nf_backend_host_use(be, S(SR), tmp, 4 * G); // a replay on R, in flight
+  uint64_t m0 = stats_of(p).mapped;
+  assert_int_equal(nf_private_trim(p, 1), NF_OK);
+  assert_true(stats_of(p).mapped < m0);
+  if (nf_backend_host_violations(be))
+    fail_msg("%llu unmaps under the replay's work", (unsigned long long)nf_backend_host_violations(be));
+  nf_backend_host_set_manual_events(be, 0);
+  assert_int_equal(nf_private_release(p, 1), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  (void)state;
+}
+
+// Hand-back of blocks still pending (record_stream): replays wrote there
+// too. A pending block is freed only by a blocking poll, which a settle of
+// every stream follows, unless the poll fails half-way: here the spy fails
+// the sync of S(4), after y (S(5)) is freed and before x.
+static void test_hand_back_pending(void **state) {
+  spy_t *s = spy_new(256ull << 20);
+  nf_pool_t *p = spy_pool(s, NULL);
+  streams_known(p);
+  assert_int_equal(nf_private_incref(p, 1), NF_OK);
+  void *x = nf_alloc_private(p, 1, 3 * G, S(SA)), *y = nf_alloc_private(p, 1, 5 * G, S(SA));
+  void *keep = nf_alloc_private(p, 1, 512, S(SA)); // y stays between non-free blocks
+  assert_int_equal(nf_record_stream(p, x, S(4)), NF_OK);
+  assert_int_equal(nf_record_stream(p, y, S(5)), NF_OK);
+  nf_free(p, x), nf_free(p, y);
+  int mark = s->seq; // a replay on R writes into y
+  assert_int_equal(nf_private_release(p, 1), NF_OK);
+  s->fail_sync = 4;
+  assert_int_not_equal(nf_trim(p), NF_OK);
+  void *b = nf_alloc(p, 5 * G, S(SB));
+  assert_ptr_equal(b, y);
+  if (!ordered(s, S(SB), S(SR), mark)) fail_msg("B reuses y, where the replay on R writes, with no ordering");
+  s->fail_sync = 0;
+  nf_free(p, b), nf_free(p, keep);
+  assert_int_equal(nf_trim(p), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(&s->be);
+  (void)state;
+}
+
 // ------------------------------------------------------------ randomized
 
 enum { NSLOT = 48, NPOOL = 3, NSTREAM = 3 };
@@ -554,6 +686,9 @@ int main(void) {
       cmocka_unit_test(test_hand_back),
       cmocka_unit_test(test_capture_no_events),
       cmocka_unit_test(test_alloc_at),
+      cmocka_unit_test(test_hand_back_views_ordered),
+      cmocka_unit_test(test_private_trim_waits_for_replays),
+      cmocka_unit_test(test_hand_back_pending),
       cmocka_unit_test(test_randomized),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

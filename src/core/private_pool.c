@@ -23,9 +23,11 @@
 // the capture, record_stream records are made lazily by nf__pending_poll.
 //
 // Hand-back: when the last user releases a pool, its chunks join the general
-// pool. Live blocks stay valid where they are; free blocks become general free
-// blocks ordered after every stream the pool knows (as if freed on each of
-// them now), since graph replays may have run on any of them.
+// pool. Live blocks stay valid where they are; free and pending blocks become
+// ordered after every stream the pool knows (as if freed on each of them
+// now), since graph replays may have run on any of them -- and so do the
+// granules of free ranges, which views may move or take back (view.c).
+// nf_private_trim likewise unmaps only after every stream's work.
 #include "core/core.h"
 
 #include <pthread.h>
@@ -86,19 +88,32 @@ static void routes_drop(nf_pool_t *p, const nf_priv_t *pv) {
   capture_mask_update(p);
 }
 
-// The last user is gone: chunks join the general pool (see the header).
-static void hand_back(nf_pool_t *p, nf_priv_t *pv) {
-  routes_drop(p, pv);
+// Graph replays may have used pv's non-live blocks on any stream, unseen:
+// they are stamped as freed on every stream now.
+static void stamp_all(nf_pool_t *p, const nf_priv_t *pv) {
   uint64_t all = p->nstreams >= 64 ? ~0ull : (1ull << p->nstreams) - 1;
   uint64_t t = ++p->tick;
   for (uint32_t x = 0; x < p->nstreams; x++) p->streams[x].last_free = t;
+  for (nf_chunk_t *c = p->chunks; c; c = c->next)
+    for (nf_block_t *b = c->priv == pv ? c->first : NULL; b; b = b->next)
+      if (b->state != NF_BLK_LIVE) { // pending ones too: freed later, by nf__pending_poll, with these
+        b->smask = all;
+        b->tick = t;
+      }
+}
+
+// The last user is gone: chunks join the general pool (see the header).
+static void hand_back(nf_pool_t *p, nf_priv_t *pv) {
+  routes_drop(p, pv);
+  stamp_all(p, pv);
   for (nf_chunk_t *c = p->chunks; c; c = c->next) {
     if (c->priv != pv) continue;
     for (nf_block_t *b = c->first; b; b = b->next) {
       if (b->state != NF_BLK_FREE) continue;
       nf__tlsf_remove(&pv->tlsf[b->arena], b);
-      b->smask = all;
-      b->tick = t;
+      // Its granules' last users become every stream as well: a view taking
+      // one orders its new user after them (view.c, order).
+      if (p->vw_on) nf__view_dead(p, b, true);
     }
     c->priv = NULL;
     p->fx++;
@@ -255,6 +270,10 @@ nf_status_t nf_private_trim(nf_pool_t *p, uint64_t id) {
   else if (p->capture_mask)
     st = nf__error(NF_ERR_INVALID, "nofrag: nf_private_trim: a stream is being captured; trim after nf_private_end");
   if (st == NF_OK) st = nf__pending_poll(p, true);
+  // Replays may still write the free ranges on a stream whose own frees are
+  // all known complete, which the blocking settle would skip: every stream's
+  // work up to now is waited for.
+  if (st == NF_OK) stamp_all(p, pv);
   if (st == NF_OK) nf__unmap_cached_in(p, pv, UINT64_MAX, true, &st);
   if (st == NF_OK) st = nf__granules_release(p, p->cfg.retain >> p->gshift);
   nf__pub_full(p);
