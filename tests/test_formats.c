@@ -6,6 +6,7 @@
 
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 static const char text_trace[] =
     "# a small trace on two streams\n"
@@ -16,6 +17,38 @@ static const char text_trace[] =
     "free_completed 4096 512 0 14\n"
     "alloc 4096 100 7 3600000015\n"
     "free_completed 8192 1048576 7 3600000016\n";
+
+// Write `n` bytes to a fresh temp file (gzip-compressed when gz); its name
+// goes to `path` (the caller unlinks).
+static void write_tmp(char *path, size_t len, const char *text, size_t n, int gz) {
+  snprintf(path, len, "/tmp/nf_formats_XXXXXX");
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  if (gz) {
+    close(fd);
+    gzFile f = gzopen(path, "wb");
+    assert_non_null(f);
+    if (n) assert_int_equal(gzwrite(f, text, (unsigned)n), (int)n);
+    assert_int_equal(gzclose(f), Z_OK);
+  } else {
+    assert_int_equal(write(fd, text, n), (ssize_t)n);
+    close(fd);
+  }
+}
+
+// Parse an RMM log from a buffer (mode 2, named "buf") or through a plain
+// (0) or gzip (1) file (named by its path, in `name`).
+static nf_status_t rmm_load_mode(nf_trace_t *t, int mode, const char *text, size_t n, char *name, size_t namelen,
+                                 char *err, size_t errlen) {
+  if (mode == 2) {
+    snprintf(name, namelen, "buf");
+    return nf__trace_parse_rmm_buffer(t, name, text, n, err, errlen);
+  }
+  write_tmp(name, namelen, text, n, mode);
+  nf_status_t st = nf__trace_load_rmm(t, name, err, errlen);
+  unlink(name);
+  return st;
+}
 
 static void build(nf_trace_t *t, nf__trace_ops *o) {
   char err[256] = "";
@@ -95,13 +128,223 @@ static void test_rmm_errors(void **state) {
        "bad.csv:2: Size overflows 64 bits"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    char err[256] = "";
-    nf_trace_t t;
-    assert_int_equal(nf__trace_parse_rmm_buffer(&t, "bad.csv", cases[i].body, strlen(cases[i].body), err,
-                                                sizeof err), NF_ERR_INVALID);
-    if (strncmp(err, cases[i].msg, strlen(cases[i].msg)) != 0) fail_msg("case %zu: got '%s'", i, err);
-    assert_null(t.events);
+    for (int mode = 0; mode < 3; mode++) { // plain file, gzip file, buffer: the same message
+      char err[256] = "", name[64], want[320];
+      nf_trace_t t;
+      nf_status_t st = rmm_load_mode(&t, mode, cases[i].body, strlen(cases[i].body), name, sizeof name, err,
+                                     sizeof err);
+      snprintf(want, sizeof want, "%s%s", name, cases[i].msg + strlen("bad.csv"));
+      if (st != NF_ERR_INVALID || strncmp(err, want, strlen(want)) != 0)
+        fail_msg("case %zu mode %d: status %d, got '%s', want '%s'", i, mode, st, err, want);
+      assert_null(t.events);
+      assert_null(t.name);
+    }
   }
+}
+
+// Longer lines than the reader's 1 MiB chunks and NF_TRACE_MAX_LINE, in every
+// mode. Each case: the input, and the message after the name ("" = accepted).
+static void test_rmm_long_lines(void **state) {
+  (void)state;
+  const size_t big = (3u << 20) + 12345, hl = strlen("Thread,Time,Action,Pointer,Size,Stream");
+  char *text = malloc(big + 256);
+  assert_non_null(text);
+  for (int c = 0; c < 6; c++) {
+    size_t n = 0;
+    const char *msg = NULL;
+    switch (c) {
+    case 0: // not a log at all, its first line longer than any buffer: still "not an RMM log"
+      memset(text, 'x', big);
+      n = big;
+      msg = ":1: not an RMM log";
+      break;
+    case 1: // the header, a '\r', then junk: refused as too long (it was accepted before streaming)
+      memcpy(text, "Thread,Time,Action,Pointer,Size,Stream\r", hl + 1);
+      memset(text + hl + 1, 'j', big);
+      n = hl + 1 + big;
+      strcpy(text + n, "\n1,t,free,0x1,1,0\n");
+      n += strlen(text + n);
+      msg = ":1: line too long (more than 4096 bytes)";
+      break;
+    case 2: // a row of NF_TRACE_MAX_LINE + 1 bytes (CRLF): too long; of exactly the limit: fine
+    case 3: {
+      size_t row = NF_TRACE_MAX_LINE + (c == 2);
+      n = (size_t)sprintf(text, "Thread,Time,Action,Pointer,Size,Stream\r\n");
+      memset(text + n, '0', row); // Thread padded with zeros up to the row's length
+      const char tail[] = "1,t,allocate,0x10,5,0";
+      memcpy(text + n + row - (sizeof tail - 1), tail, sizeof tail - 1);
+      n += row;
+      n += (size_t)sprintf(text + n, "\r\n");
+      msg = c == 2 ? ":2: line too long (more than 4096 bytes)" : "";
+      break;
+    }
+    case 4: // a row far longer than a chunk, after the header: too long, named by its line
+      n = (size_t)sprintf(text, "Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0x10,5,0\n");
+      memset(text + n, '1', big);
+      n += big;
+      msg = ":3: line too long (more than 4096 bytes)";
+      break;
+    case 5: // nothing at all
+      n = 0;
+      msg = ":1: not an RMM log";
+      break;
+    }
+    for (int mode = 0; mode < 3; mode++) {
+      char err[256] = "", name[64], want[320];
+      nf_trace_t t;
+      nf_status_t st = rmm_load_mode(&t, mode, text, n, name, sizeof name, err, sizeof err);
+      if (!*msg) {
+        if (st != NF_OK) fail_msg("case %d mode %d: %s", c, mode, err);
+        assert_int_equal(t.n_events, 1);
+        assert_int_equal(t.events[0].size, 5);
+        nf__trace_free(&t);
+        continue;
+      }
+      snprintf(want, sizeof want, "%s%s", name, msg);
+      if (st != NF_ERR_INVALID || strncmp(err, want, strlen(want)) != 0)
+        fail_msg("case %d mode %d: status %d, got '%s', want '%s'", c, mode, st, err, want);
+      assert_null(t.events);
+    }
+  }
+  free(text);
+}
+
+// A log several times the reader's 1 MiB chunk (the file is streamed, not
+// read whole): rows of many lengths cross every chunk boundary, including a
+// row of exactly NF_TRACE_MAX_LINE bytes whose '\r' ends one chunk and '\n'
+// starts the next, and a longest row straddling another; LF and CRLF rows,
+// blank lines, skipped failures, and a last row with no newline. Plain and
+// gzip files give exactly the events the in-memory parse gives, which are
+// the rows written.
+static void test_rmm_stream(void **state) {
+  (void)state;
+  const size_t chunk = (size_t)1 << 20, total = 3 * chunk + 5000;
+  char *text = malloc(total + 2 * NF_TRACE_MAX_LINE);
+  size_t cap = total / 16, n_exp = 0, off = 0, line = 1;
+  nf_trace_event_t *exp = calloc(cap, sizeof *exp);
+  assert_non_null(text);
+  assert_non_null(exp);
+  off = (size_t)sprintf(text, "Thread,Time,Action,Pointer,Size,Stream\n");
+  uint64_t seed = nft_env_seed(7);
+  int live = 0, did_exact = 0, did_straddle = 0;
+  // A row of `len` bytes before its terminator: body_fmt, its Thread padded
+  // with leading zeros to that length.
+  #define ROW(len, crlf, body_fmt, ...)                                                        \
+    do {                                                                                      \
+      char body_[160];                                                                        \
+      int bl_ = snprintf(body_, sizeof body_, body_fmt, __VA_ARGS__);                         \
+      assert_true((size_t)bl_ + 1 <= (size_t)(len));                                          \
+      memset(text + off, '0', (size_t)(len) - (size_t)bl_);                                   \
+      memcpy(text + off + (len) - (size_t)bl_, body_, (size_t)bl_);                           \
+      off += (len);                                                                           \
+      if (crlf) text[off++] = '\r';                                                           \
+      text[off++] = '\n';                                                                     \
+      line++;                                                                                 \
+    } while (0)
+  while (off < total) {
+    uint64_t r = nft_rand(&seed);
+    int crlf = (int)(r & 1);
+    size_t len = 80 + (size_t)(r >> 8) % 200; // row length before its terminator
+    size_t exact_at = chunk - NF_TRACE_MAX_LINE - 1; // '\r' at chunk - 1, '\n' at chunk
+    if (!did_exact && off + 600 >= exact_at) {
+      // A filler row landing exactly on exact_at, then the longest CRLF row.
+      ROW(exact_at - off - 1, 0, "3,t,allocate failure,(nil),%d,0", 1);
+      assert_int_equal(off, exact_at);
+      len = NF_TRACE_MAX_LINE, crlf = 1, did_exact = 1;
+    } else if (!did_straddle && off + NF_TRACE_MAX_LINE / 2 >= 2 * chunk) {
+      len = NF_TRACE_MAX_LINE, crlf = 0, did_straddle = 1; // LF, crossing the second boundary
+    } else if ((r >> 40) % 23 == 0) { // blank line, LF or CRLF
+      text[off] = '\r';
+      off += (size_t)crlf;
+      text[off++] = '\n';
+      line++;
+      continue;
+    } else if ((r >> 40) % 23 == 1) {
+      ROW(len, crlf, "5,12:00:00:000001,allocate failure,(nil),%llu,0", (unsigned long long)(r >> 20));
+      continue;
+    }
+    nf_trace_event_t e = {.action = live ? NF_TRACE_FREE_COMPLETED : NF_TRACE_ALLOC,
+                          .addr = 0x7f0000000000ull + (n_exp / 2) * 4096, .size = 1 + (r >> 44),
+                          .stream = (r >> 30) & 3, .time_us = (n_exp % 86400ull) * 1000000ull + n_exp % 1000000};
+    uint64_t us = e.time_us, s = us / 1000000;
+    ROW(len, crlf, "%llu,%02llu:%02llu:%02llu:%06llu,%s,0x%llx,%llu,%s%llx", (unsigned long long)(r >> 50),
+        (unsigned long long)(s / 3600), (unsigned long long)(s / 60 % 60), (unsigned long long)(s % 60),
+        (unsigned long long)(us % 1000000), live ? "free" : "allocate", (unsigned long long)e.addr,
+        (unsigned long long)e.size, e.stream ? "0x" : "", (unsigned long long)e.stream);
+    e.line = (uint32_t)line; // ROW counted the row's line
+
+    assert_true(n_exp < cap);
+    exp[n_exp++] = e;
+    live = !live;
+  }
+  #undef ROW
+  // The last row has no terminator at all.
+  off += (size_t)sprintf(text + off, "9,t,allocate,0x%llx,77,0", 0x7e0000000000ull);
+  exp[n_exp++] = (nf_trace_event_t){.action = NF_TRACE_ALLOC, .addr = 0x7e0000000000ull, .size = 77,
+                                    .line = (uint32_t)++line};
+  assert_true(did_exact && did_straddle && off > 3 * chunk);
+  assert_memory_equal(text + chunk - 1, "\r\n", 2); // the exact row's terminator spans the first boundary
+
+  for (int mode = 0; mode < 3; mode++) {
+    char err[256] = "", name[64];
+    nf_trace_t t;
+    if (rmm_load_mode(&t, mode, text, off, name, sizeof name, err, sizeof err) != NF_OK)
+      fail_msg("mode %d: %s", mode, err);
+    assert_int_equal(t.n_events, n_exp);
+    for (size_t i = 0; i < n_exp; i++) {
+      const nf_trace_event_t *a = &t.events[i], *b = &exp[i];
+      if (a->action != b->action || a->line != b->line || a->addr != b->addr || a->size != b->size ||
+          a->stream != b->stream || a->time_us != b->time_us)
+        fail_msg("mode %d event %zu: line %u addr %llx size %llu stream %llu time %llu, want line %u addr %llx size "
+                 "%llu stream %llu time %llu", mode, i, a->line, (unsigned long long)a->addr,
+                 (unsigned long long)a->size, (unsigned long long)a->stream, (unsigned long long)a->time_us, b->line,
+                 (unsigned long long)b->addr, (unsigned long long)b->size, (unsigned long long)b->stream,
+                 (unsigned long long)b->time_us);
+    }
+    nf__trace_free(&t);
+  }
+
+  // A bad row past the first chunks is named by its line, from a file as from memory.
+  off += (size_t)sprintf(text + off, "\n1,t,allocate,0x10,5\n");
+  for (int mode = 0; mode < 3; mode++) {
+    char err[256] = "", name[64], want[128];
+    nf_trace_t t;
+    assert_int_equal(rmm_load_mode(&t, mode, text, off, name, sizeof name, err, sizeof err), NF_ERR_INVALID);
+    snprintf(want, sizeof want, "%s:%zu: missing field Stream", name, line + 1);
+    if (strncmp(err, want, strlen(want)) != 0) fail_msg("mode %d: got '%s', want '%s'", mode, err, want);
+  }
+  free(text);
+  free(exp);
+}
+
+// File-level errors: unreadable, and a gzip stream cut short (read whole
+// before streaming, a cut stream was silently taken as a shorter log).
+static void test_rmm_file_errors(void **state) {
+  (void)state;
+  char err[256] = "", path[64];
+  nf_trace_t t;
+  assert_int_equal(nf__trace_load_rmm(&t, "/nonexistent/x.csv", err, sizeof err), NF_ERR_INVALID);
+  assert_non_null(strstr(err, "/nonexistent/x.csv: cannot open"));
+  assert_null(t.name);
+  size_t n = 200000, off = 0;
+  char *text = malloc(n * 48 + 64);
+  assert_non_null(text);
+  off = (size_t)sprintf(text, "Thread,Time,Action,Pointer,Size,Stream\n");
+  for (size_t i = 0; i < n; i++)
+    off += (size_t)sprintf(text + off, "1,t,%s,0x%zx,512,0\n", i & 1 ? "free" : "allocate", i / 2 * 4096);
+  write_tmp(path, sizeof path, text, off, 1);
+  FILE *f = fopen(path, "r+b");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long sz = ftell(f);
+  assert_int_equal(ftruncate(fileno(f), sz / 2), 0);
+  fclose(f);
+  assert_int_equal(nf__trace_load_rmm(&t, path, err, sizeof err), NF_ERR_INVALID);
+  assert_true(strncmp(err, path, strlen(path)) == 0);
+  if (!strstr(err, "read error")) fail_msg("%s", err);
+  assert_null(t.events);
+  unlink(path);
+  free(text);
 }
 
 
@@ -142,12 +385,52 @@ static void test_cli_pickle_and_convert(void **state) {
   assert_int_equal(system(args), 0);
 }
 
+// Zero sizes on the replay command line (here rather than in test_replay.c's
+// bad-input test only to keep this change to its own files): --limit 0 meant
+// "no limit" and --granule 0 "the default", silently; both are now refused,
+// exit 2, in every spelling, before the trace is read. --conf limit:0 stays
+// the library's "unset".
+static void test_cli_zero_sizes(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  char path[64], args[512], out[4096];
+  const char t[] = "alloc 4096 1048576 0 1\nfree_completed 4096 1048576 0 2\n";
+  write_tmp(path, sizeof path, t, sizeof t - 1, 0);
+  static const char *const limits[] = {"--limit 0", "--limit=0", "--limit 0GiB", "--limit 0B --min-capacity",
+                                       "--conf limit:8MiB --limit 0"};
+  for (size_t i = 0; i < sizeof limits / sizeof *limits; i++) {
+    snprintf(args, sizeof args, "replay %s %s", path, limits[i]);
+    int rc = nft_run_cli(args, out, sizeof out);
+    if (rc != 2 || !strstr(out, "the limit must be > 0 (to replay without a limit, leave --limit out)"))
+      fail_msg("%s: exit %d, output:\n%s", limits[i], rc, out);
+    assert_null(strstr(out, "peak")); // refused up front: no summary
+  }
+  snprintf(args, sizeof args, "replay %s --granule 0", path);
+  assert_int_equal(nft_run_cli(args, out, sizeof out), 2);
+  if (!strstr(out, "nofrag: --granule '0': the granule must be a power of two >= 4 KiB")) fail_msg("%s", out);
+  // What still works: no --limit (none), a real limit, and --conf limit:0 (the library's "unset").
+  snprintf(args, sizeof args, "replay %s", path);
+  assert_int_equal(nft_run_cli(args, out, sizeof out), 0);
+  assert_non_null(strstr(out, "limit                 none"));
+  snprintf(args, sizeof args, "replay %s --limit 4MiB --json", path);
+  assert_int_equal(nft_run_cli(args, out, sizeof out), 0);
+  assert_non_null(strstr(out, "\"limit\":4194304"));
+  snprintf(args, sizeof args, "replay %s --conf limit:0", path);
+  assert_int_equal(nft_run_cli(args, out, sizeof out), 0);
+  unlink(path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rmm_round_trip),
       cmocka_unit_test(test_rmm_accepts),
       cmocka_unit_test(test_rmm_errors),
+      cmocka_unit_test(test_rmm_long_lines),
+      cmocka_unit_test(test_rmm_stream),
+      cmocka_unit_test(test_rmm_file_errors),
       cmocka_unit_test(test_cli_pickle_and_convert),
+      cmocka_unit_test(test_cli_zero_sizes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -198,6 +198,73 @@ static void test_file_errors(void **state) {
   free(text);
 }
 
+// Files are streamed in 1 MiB chunks through the reader the RMM loader
+// shares (nf__trace_read_lines): a trace several chunks long, lines of many
+// lengths (comments, CRLF) across every boundary, a longest line (exactly
+// NF_TRACE_MAX_LINE bytes) whose '\n' starts the second chunk, and a last
+// line without newline loads from plain and gzip files exactly as from memory.
+static void test_stream_chunks(void **state) {
+  (void)state;
+  const size_t chunk = (size_t)1 << 20, total = 3 * chunk + 777;
+  char *text = malloc(total + 2 * NF_TRACE_MAX_LINE);
+  assert_non_null(text);
+  uint64_t seed = nft_env_seed(11);
+  size_t off = 0, lines = 0;
+  int did_exact = 0;
+  while (off < total) {
+    uint64_t r = nft_rand(&seed);
+    size_t pad = (size_t)(r >> 8) % 300;
+    if (!did_exact && off + 700 >= chunk - NF_TRACE_MAX_LINE) {
+      // A comment up to chunk - NF_TRACE_MAX_LINE, then a longest line ending at chunk - 1.
+      size_t k = chunk - NF_TRACE_MAX_LINE - off - 1;
+      text[off] = '#';
+      memset(text + off + 1, 'c', k - 1);
+      off += k;
+      text[off++] = '\n';
+      int w = sprintf(text + off, "alloc %zu 1 0 1", lines);
+      memset(text + off + w, ' ', NF_TRACE_MAX_LINE - (size_t)w);
+      off += NF_TRACE_MAX_LINE;
+      assert_int_equal(off, chunk);
+      text[off++] = '\n';
+      lines += 2, did_exact = 1;
+      continue;
+    }
+    if (r % 5 == 0) { // a comment of `pad` bytes
+      text[off++] = '#';
+      memset(text + off, 'x', pad);
+      off += pad;
+    } else {
+      off += (size_t)sprintf(text + off, "alloc %llu %llu %llu %zu%*s", (unsigned long long)(r >> 20), (unsigned long long)pad,
+                             (unsigned long long)(r & 3), lines, (int)(pad % 7), "");
+    }
+    if (r & 8) text[off++] = '\r';
+    text[off++] = '\n';
+    lines++;
+  }
+  off += (size_t)sprintf(text + off, "free_completed 5 6 7 8"); // no final newline
+  assert_true(did_exact);
+  nf_trace_t m, t;
+  char err[256] = "", path[64];
+  if (nf__trace_parse_buffer(&m, "mem", text, off, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  assert_true(m.n_events > 10000);
+  assert_int_equal(m.events[m.n_events - 1].line, lines + 1);
+  for (int gz = 0; gz < 2; gz++) {
+    write_tmp(path, sizeof path, text, off, gz);
+    if (nf__trace_load(&t, path, err, sizeof err) != NF_OK) fail_msg("gz %d: %s", gz, err);
+    assert_int_equal(t.n_events, m.n_events);
+    for (size_t i = 0; i < m.n_events; i++) {
+      const nf_trace_event_t *a = &t.events[i], *b = &m.events[i];
+      if (a->action != b->action || a->line != b->line || a->addr != b->addr || a->size != b->size ||
+          a->stream != b->stream || a->time_us != b->time_us)
+        fail_msg("gz %d event %zu (line %u) differs", gz, i, b->line);
+    }
+    nf__trace_free(&t);
+    unlink(path);
+  }
+  nf__trace_free(&m);
+  free(text);
+}
+
 static void build(const char *text, nf__trace_ops *o, nf_status_t want, const char *msg) {
   nf_trace_t t;
   char err[256] = "";
@@ -332,6 +399,7 @@ int main(void) {
       cmocka_unit_test(test_malformed),
       cmocka_unit_test(test_line_too_long),
       cmocka_unit_test(test_file_errors),
+      cmocka_unit_test(test_stream_chunks),
       cmocka_unit_test(test_ops),
       cmocka_unit_test(test_ops_many),
       cmocka_unit_test(test_shared_gpt2),

@@ -33,8 +33,8 @@ static const char usage[] =
     "device (host backend, 2 TiB of untouched memory).\n"
     "\n"
     "options:\n"
-    "  --limit BYTES     physical memory limit (default: none). BYTES takes B, KiB, MiB, GiB,\n"
-    "                    TiB or KB, MB, GB, TB suffixes, e.g. 24GiB\n"
+    "  --limit BYTES     physical memory limit, > 0 (default: none; leave it out for no limit).\n"
+    "                    BYTES takes B, KiB, MiB, GiB, TiB or KB, MB, GB, TB suffixes, e.g. 24GiB\n"
     "  --granule BYTES   granule size, a power of two >= 4 KiB (default 2MiB, as on CUDA)\n"
     "  --conf STRING     pool configuration 'key:value,...' (as NOFRAG_CONF); --limit and\n"
     "                    --granule override it\n"
@@ -317,6 +317,18 @@ static int cmd_replay(int argc, char **argv) {
             "pass it as --conf to replay with it\n", env_conf);
   if (cli.limit_str && parse_bytes("limit", cli.limit_str, &ro.cfg.limit) != 0) return 2;
   if (cli.granule_str && parse_bytes("granule", cli.granule_str, &ro.granule) != 0) return 2;
+  // 0 is the library's "unset" (limit: the backend's capacity, granule: the
+  // backend's); given on the command line it is a mistake, not a request.
+  if (cli.limit_str && ro.cfg.limit == 0) {
+    fprintf(stderr, "nofrag: --limit '%s': the limit must be > 0 (to replay without a limit, leave --limit out)\n",
+            cli.limit_str);
+    return 2;
+  }
+  if (cli.granule_str && ro.granule == 0) {
+    fprintf(stderr, "nofrag: --granule '%s': the granule must be a power of two >= 4 KiB (for the default, 2MiB, "
+            "leave --granule out)\n", cli.granule_str);
+    return 2;
+  }
   if (ro.granule) ro.cfg.granule = ro.granule;
   uint64_t g_eff = ro.cfg.granule ? ro.cfg.granule : NF_REPLAY_GRANULE;
   if (ro.cfg.limit && ro.cfg.limit < g_eff) { // the pool would refuse it; say so before any work

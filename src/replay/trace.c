@@ -141,21 +141,93 @@ static nf_status_t parse_line(parser_t *ps, const char *s, size_t n) {
   return push_event(ps, &ev);
 }
 
-// Parse every complete line of buf[0..len); returns in *used how many bytes
-// were consumed. With `final`, a last line without '\n' is parsed too.
-static nf_status_t parse_lines(parser_t *ps, const char *buf, size_t len, int final, size_t *used) {
+// ---------------------------------------------------------------- lines
+
+// Hand every complete line of buf[0..len) to fn, numbering on from *line;
+// returns in *used how many bytes were consumed. With `final`, a last line
+// without '\n' is handed over too.
+static nf_status_t split_lines(nf__trace_line_fn fn, void *ctx, size_t *line, const char *buf, size_t len,
+                               int final, size_t *used) {
   size_t off = 0;
   while (off < len) {
     const char *nl = memchr(buf + off, '\n', len - off);
     if (!nl && !final) break;
     size_t n = nl ? (size_t)(nl - (buf + off)) : len - off;
-    ps->line++;
-    nf_status_t st = parse_line(ps, buf + off, n);
+    nf_status_t st = fn(ctx, ++*line, buf + off, n);
     if (st != NF_OK) return st;
     off += n + (nl ? 1 : 0);
   }
   *used = off;
   return NF_OK;
+}
+
+nf_status_t nf__trace_split_lines(const char *buf, size_t len, nf__trace_line_fn fn, void *ctx) {
+  size_t line = 0, used = 0;
+  return split_lines(fn, ctx, &line, buf ? buf : "", buf ? len : 0, 1, &used);
+}
+
+#define CHUNK ((size_t)1 << 20)
+
+nf_status_t nf__trace_read_lines(const char *path, size_t max_line, nf__trace_line_fn fn, void *ctx, char *err,
+                                 size_t errlen) {
+  if (!path) { nf__trace_set_err(err, errlen, "<trace>: no path"); return NF_ERR_INVALID; }
+  errno = 0;
+  gzFile gz = gzopen(path, "rb");
+  if (!gz) {
+    nf__trace_set_err(err, errlen, "%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
+    return NF_ERR_INVALID;
+  }
+  // A carried-over partial line is at most max_line bytes (else it is
+  // already an error), so CHUNK + that always has room for a read.
+  size_t bufsz = CHUNK + max_line + 1, line = 0, have = 0;
+  char *buf = malloc(bufsz);
+  nf_status_t st = NF_OK;
+  if (!buf) { nf__trace_set_err(err, errlen, "%s: out of memory", path); st = NF_ERR_NOMEM; }
+  gzbuffer(gz, 256 * 1024);
+  while (st == NF_OK) {
+    int got = gzread(gz, buf + have, (unsigned)CHUNK);
+    if (got <= 0) {
+      // Truncated or corrupt gzip data shows up here (Z_BUF_ERROR "unexpected
+      // end of file", Z_DATA_ERROR) and must not be blamed on the cut line.
+      int zerr = Z_OK;
+      const char *msg = gzerror(gz, &zerr);
+      if (got < 0 || (zerr != Z_OK && zerr != Z_STREAM_END)) {
+        size_t pl = strlen(path); // zlib prefixes its message with the path
+        if (zerr != Z_ERRNO && strncmp(msg, path, pl) == 0 && strncmp(msg + pl, ": ", 2) == 0) msg += pl + 2;
+        nf__trace_set_err(err, errlen, "%s:%zu: read error: %s", path, line + 1,
+                zerr == Z_ERRNO ? strerror(errno) : msg);
+        st = NF_ERR_INVALID;
+        break;
+      }
+      got = 0;
+    }
+    have += (size_t)got;
+    size_t used = 0;
+    st = split_lines(fn, ctx, &line, buf, have, got == 0, &used);
+    if (st != NF_OK || got == 0) break;
+    memmove(buf, buf + used, have - used);
+    have -= used;
+    if (have > max_line) {
+      // The line's start is enough to refuse it (fn says why: too long, or
+      // not the header it expected); what follows is never read.
+      st = fn(ctx, ++line, buf, have);
+      if (st == NF_OK) {
+        nf__trace_set_err(err, errlen, "%s:%zu: line too long (more than %zu bytes)", path, line, max_line);
+        st = NF_ERR_INVALID;
+      }
+    }
+  }
+  gzclose(gz);
+  free(buf);
+  return st;
+}
+
+// ---------------------------------------------------------------- text traces
+
+static nf_status_t text_line(void *ctx, size_t line, const char *s, size_t n) {
+  parser_t *ps = ctx;
+  ps->line = line;
+  return parse_line(ps, s, n);
 }
 
 static void trace_reset(nf_trace_t *t) { memset(t, 0, sizeof *t); }
@@ -179,62 +251,17 @@ nf_status_t nf__trace_parse_buffer(nf_trace_t *t, const char *name, const char *
                                    char *err, size_t errlen) {
   parser_t ps;
   nf_status_t st = trace_begin(t, &ps, name, err, errlen);
-  size_t used = 0;
-  if (st == NF_OK) st = parse_lines(&ps, buf ? buf : "", buf ? len : 0, 1, &used);
+  if (st == NF_OK) st = nf__trace_split_lines(buf, len, text_line, &ps);
   if (st != NF_OK) nf__trace_free(t);
   return st;
 }
 
-#define CHUNK ((size_t)1 << 20)
-
 nf_status_t nf__trace_load(nf_trace_t *t, const char *path, char *err, size_t errlen) {
   trace_reset(t);
   if (!path) { nf__trace_set_err(err, errlen, "<trace>: no path"); return NF_ERR_INVALID; }
-  errno = 0;
-  gzFile gz = gzopen(path, "rb");
-  if (!gz) {
-    nf__trace_set_err(err, errlen, "%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
-    return NF_ERR_INVALID;
-  }
-  // A carried-over partial line is at most NF_TRACE_MAX_LINE bytes (else it
-  // is already an error), so CHUNK + that always has room for a read.
-  size_t bufsz = CHUNK + NF_TRACE_MAX_LINE + 1;
-  char *buf = malloc(bufsz);
   parser_t ps;
-  nf_status_t st = buf ? trace_begin(t, &ps, path, err, errlen) : NF_ERR_NOMEM;
-  if (!buf) nf__trace_set_err(err, errlen, "%s: out of memory", path);
-  gzbuffer(gz, 256 * 1024);
-  size_t have = 0;
-  while (st == NF_OK) {
-    int got = gzread(gz, buf + have, (unsigned)CHUNK);
-    if (got <= 0) {
-      // Truncated or corrupt gzip data shows up here (Z_BUF_ERROR "unexpected
-      // end of file", Z_DATA_ERROR) and must not be blamed on the cut line.
-      int zerr = Z_OK;
-      const char *msg = gzerror(gz, &zerr);
-      if (got < 0 || (zerr != Z_OK && zerr != Z_STREAM_END)) {
-        size_t pl = strlen(path); // zlib prefixes its message with the path
-        if (zerr != Z_ERRNO && strncmp(msg, path, pl) == 0 && strncmp(msg + pl, ": ", 2) == 0) msg += pl + 2;
-        nf__trace_set_err(err, errlen, "%s:%zu: read error: %s", path, ps.line + 1,
-                zerr == Z_ERRNO ? strerror(errno) : msg);
-        st = NF_ERR_INVALID;
-        break;
-      }
-      got = 0;
-    }
-    have += (size_t)got;
-    size_t used = 0;
-    st = parse_lines(&ps, buf, have, got == 0, &used);
-    if (st != NF_OK || got == 0) break;
-    memmove(buf, buf + used, have - used);
-    have -= used;
-    if (have > NF_TRACE_MAX_LINE) {
-      nf__trace_set_err(err, errlen, "%s:%zu: line too long (more than %d bytes)", path, ps.line + 1, NF_TRACE_MAX_LINE);
-      st = NF_ERR_INVALID;
-    }
-  }
-  gzclose(gz);
-  free(buf);
+  nf_status_t st = trace_begin(t, &ps, path, err, errlen);
+  if (st == NF_OK) st = nf__trace_read_lines(path, NF_TRACE_MAX_LINE, text_line, &ps, err, errlen);
   if (st != NF_OK) nf__trace_free(t);
   return st;
 }

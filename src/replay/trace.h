@@ -127,4 +127,21 @@ void nf__trace_set_err(char *err, size_t errlen, const char *fmt, ...)
     ;
 void nf__trace_quote(char *out, size_t outlen, const char *s, size_t n);
 
+// The line reader both formats share, so that a file is split into lines
+// exactly as a buffer is. `fn` gets each line without its '\n' (a '\r'
+// before it is the parser's business), numbered from 1, the last line too
+// when the input does not end in '\n'; its first error stops the read.
+typedef nf_status_t (*nf__trace_line_fn)(void *ctx, size_t line, const char *s, size_t n);
+// Every line of buf[0..len) (buf may be NULL when len is 0).
+nf_status_t nf__trace_split_lines(const char *buf, size_t len, nf__trace_line_fn fn, void *ctx);
+// Every line of the file at `path`, gzip-compressed or not, streamed: the
+// memory used is about 1 MiB whatever the file's size. A line of more than
+// `max_line` bytes is not read to its end: `fn` gets its first max_line + 1
+// bytes or more (n > max_line) and must refuse it ("line too long", or a
+// header check failing); if it does not, that is the error. Errors of the
+// reader itself: "FILE: cannot open: ...", "FILE:LINE: read error: ..."
+// (a corrupt or truncated gzip stream), "FILE: out of memory".
+nf_status_t nf__trace_read_lines(const char *path, size_t max_line, nf__trace_line_fn fn, void *ctx,
+                                 char *err, size_t errlen);
+
 #endif

@@ -10,14 +10,11 @@
 // program's demand must not see them.
 #include "trace.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
 
 #define RMM_HEADER "Thread,Time,Action,Pointer,Size,Stream"
-#define RMM_MAX_FILE ((size_t)1 << 34) // 16 GiB of text: far above any real log
 
 // Hex with optional 0x (Pointer; Stream when RMM wrote it as a pointer) or,
 // with `dec_ok` and no 0x, decimal. 0 ok, 1 not a number, 2 overflow.
@@ -138,60 +135,65 @@ static nf_status_t parse_row(nf_trace_t *t, size_t line, const char *s, size_t n
   return push(t, &ev, err, errlen);
 }
 
-nf_status_t nf__trace_parse_rmm_buffer(nf_trace_t *t, const char *name, const char *buf, size_t len, char *err,
-                                       size_t errlen) {
-  memset(t, 0, sizeof *t);
-  t->name = strdup(name ? name : "<trace>");
-  if (!t->name) { nf__trace_set_err(err, errlen, "%s: out of memory", name ? name : "<trace>"); return NF_ERR_NOMEM; }
-  if (!buf) len = 0;
-  if (!nf__trace_is_rmm(buf ? buf : "", len)) {
-    nf__trace_set_err(err, errlen, "%s:1: not an RMM log: the first line must be '" RMM_HEADER "'", t->name);
-    nf__trace_free(t);
+// Line 1 must be the header; every later line is a row.
+typedef struct rmm_reader_s {
+  nf_trace_t *t;
+  char *err;
+  size_t errlen;
+  int header; // line 1 was the header
+} rmm_reader_t;
+
+static nf_status_t rmm_line(void *ctx, size_t line, const char *s, size_t n) {
+  rmm_reader_t *r = ctx;
+  if (line > 1) return parse_row(r->t, line, s, n, r->err, r->errlen);
+  if (!nf__trace_is_rmm(s, n)) {
+    nf__trace_set_err(r->err, r->errlen, "%s:1: not an RMM log: the first line must be '" RMM_HEADER "'", r->t->name);
     return NF_ERR_INVALID;
   }
-  const char *nl = memchr(buf, '\n', len);
-  size_t off = nl ? (size_t)(nl - buf) + 1 : len, line = 1;
-  while (off < len) {
-    nl = memchr(buf + off, '\n', len - off);
-    size_t n = nl ? (size_t)(nl - (buf + off)) : len - off;
-    nf_status_t st = parse_row(t, ++line, buf + off, n, err, errlen);
-    if (st != NF_OK) { nf__trace_free(t); return st; }
-    off += n + (nl ? 1 : 0);
+  if (n && s[n - 1] == '\r') n--;
+  if (n > NF_TRACE_MAX_LINE) { // the header, then junk after a '\r'
+    nf__trace_set_err(r->err, r->errlen, "%s:1: line too long (more than %d bytes)", r->t->name, NF_TRACE_MAX_LINE);
+    return NF_ERR_INVALID;
   }
+  r->header = 1;
   return NF_OK;
 }
 
-nf_status_t nf__trace_load_rmm(nf_trace_t *t, const char *path, char *err, size_t errlen) {
+static nf_status_t rmm_begin(nf_trace_t *t, rmm_reader_t *r, const char *name, char *err, size_t errlen) {
   memset(t, 0, sizeof *t);
-  gzFile gz = gzopen(path, "rb");
-  if (!gz) { nf__trace_set_err(err, errlen, "%s: cannot open", path); return NF_ERR_INVALID; }
-  size_t cap = (size_t)1 << 20, len = 0;
-  char *buf = malloc(cap);
-  nf_status_t st = NF_OK;
-  for (;;) {
-    if (!buf) { nf__trace_set_err(err, errlen, "%s: out of memory", path); st = NF_ERR_NOMEM; break; }
-    if (len == cap) {
-      if (cap >= RMM_MAX_FILE) { nf__trace_set_err(err, errlen, "%s: log too large", path); st = NF_ERR_INVALID; break; }
-      char *nb = realloc(buf, cap * 2);
-      if (!nb) { nf__trace_set_err(err, errlen, "%s: out of memory", path); st = NF_ERR_NOMEM; break; }
-      buf = nb;
-      cap *= 2;
-    }
-    size_t want = cap - len > ((size_t)1 << 30) ? (size_t)1 << 30 : cap - len;
-    int got = gzread(gz, buf + len, (unsigned)want);
-    if (got < 0) {
-      int zerr;
-      nf__trace_set_err(err, errlen, "%s: read error: %s", path, gzerror(gz, &zerr));
-      st = NF_ERR_INVALID;
-      break;
-    }
-    if (got == 0) break;
-    len += (size_t)got;
+  *r = (rmm_reader_t){.t = t, .err = err, .errlen = errlen};
+  t->name = strdup(name ? name : "<trace>");
+  if (!t->name) { nf__trace_set_err(err, errlen, "%s: out of memory", name ? name : "<trace>"); return NF_ERR_NOMEM; }
+  return NF_OK;
+}
+
+// After the last line: an input with no line at all has no header either.
+static nf_status_t rmm_end(nf_status_t st, rmm_reader_t *r) {
+  if (st == NF_OK && !r->header) {
+    nf__trace_set_err(r->err, r->errlen, "%s:1: not an RMM log: the first line must be '" RMM_HEADER "'", r->t->name);
+    st = NF_ERR_INVALID;
   }
-  gzclose(gz);
-  if (st == NF_OK) st = nf__trace_parse_rmm_buffer(t, path, buf, len, err, errlen);
-  free(buf);
+  if (st != NF_OK) nf__trace_free(r->t);
   return st;
+}
+
+nf_status_t nf__trace_parse_rmm_buffer(nf_trace_t *t, const char *name, const char *buf, size_t len, char *err,
+                                       size_t errlen) {
+  rmm_reader_t r;
+  nf_status_t st = rmm_begin(t, &r, name, err, errlen);
+  if (st == NF_OK) st = nf__trace_split_lines(buf, len, rmm_line, &r);
+  return rmm_end(st, &r);
+}
+
+// Streamed line by line (nf__trace_read_lines): memory grows with the events
+// kept, never with the text, so a gzip bomb of rows that keep nothing
+// ("allocate failure") or a bad row after gigabytes of text costs ~1 MiB.
+nf_status_t nf__trace_load_rmm(nf_trace_t *t, const char *path, char *err, size_t errlen) {
+  rmm_reader_t r;
+  nf_status_t st = rmm_begin(t, &r, path, err, errlen);
+  // A row may end in a '\r' past the NF_TRACE_MAX_LINE bytes parse_row takes.
+  if (st == NF_OK) st = nf__trace_read_lines(path, NF_TRACE_MAX_LINE + 1, rmm_line, &r, err, errlen);
+  return rmm_end(st, &r);
 }
 
 nf_status_t nf__trace_write_rmm(const nf_trace_t *t, FILE *out, size_t *written) {
