@@ -236,6 +236,13 @@ NF_API nf_status_t nf_set_limit(nf_pool_t *pool, uint64_t limit);
 //! The pool's configuration as it is in force (limit resolved, granule known).
 NF_API void nf_pool_config(nf_pool_t *pool, nf_config_t *cfg);
 
+//! Let device `device` read and write this pool's memory too (several GPUs in
+//! one process; torch.cuda's enablePeerAccess): what is mapped now and all
+//! that is mapped later. Idempotent; the pool's own device is a no-op.
+//! NF_ERR_UNSUPPORTED when the backend has no peers (the host backend) or the
+//! driver reports no P2P path (copy with cudaMemcpyPeer instead).
+NF_API nf_status_t nf_pool_add_peer(nf_pool_t *pool, int device);
+
 //! Counts of backend calls, one field per call kind.
 typedef struct nf_calls_s {
   uint64_t va_reserve, va_release, create, release, map, unmap, set_access;

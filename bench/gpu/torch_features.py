@@ -140,7 +140,13 @@ def case_compile(torch, alloc):
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.item()))
         times.append(time.perf_counter() - t0)
-    return {"losses": [v.hex() for v in losses], "median_step_s": statistics.median(times[5:])}
+    # Graph trees re-create checkpointed blocks (setCheckpointPoolState): the
+    # cumulative counters must still balance (freed never above allocated).
+    ms = torch.cuda.memory_stats()
+    counters = {k: ms.get(f"requested_bytes.all.{k}") for k in ("allocated", "freed", "current")}
+    return {"losses": [v.hex() for v in losses], "median_step_s": statistics.median(times[5:]),
+            "requested_bytes": counters,
+            "counters_balance": (counters["allocated"] or 0) >= (counters["freed"] or 0)}
 
 
 def case_cudnn(torch, alloc):
@@ -225,6 +231,10 @@ def case_history(torch, alloc, out_dir):
     peak = torch.cuda.max_memory_allocated() if alloc == "native" else _nofrag_stats()["live_peak"]
     res = {"segments": len(snap.get("segments", [])), "trace_entries": sum(len(t) for t in snap["device_traces"]),
            "run_live_peak_net": int(peak - base), "dump_bytes": os.path.getsize(path)}
+    # Trace times are microseconds since the epoch in PyTorch's format.
+    last = [t[-1]["time_us"] for t in snap["device_traces"] if t and "time_us" in t[-1]]
+    res["time_us_off_s"] = round(last[0] / 1e6 - time.time(), 1) if last else None
+    times_ok = bool(last) and abs(res["time_us_off_s"]) < 3600
     res["trace_plot_bytes"] = len(_memory_viz.trace_plot(snap))
     res["segment_plot_bytes"] = len(_memory_viz.segment_plot(snap))
     cli = os.path.join(ROOT, "build", "nofrag")
@@ -246,9 +256,10 @@ def case_history(torch, alloc, out_dir):
         res["replay_exact"] = exact
         res["replay_diff_bytes"] = (res["run_live_peak_net"] - res["replay_peak_live"]
                                     if isinstance(res.get("replay_peak_live"), int) else None)
-        res["pass"] = bool(res["trace_plot_bytes"] and res["segment_plot_bytes"] and res.get("replay_status") == "ok")
+        res["pass"] = bool(res["trace_plot_bytes"] and res["segment_plot_bytes"] and res.get("replay_status") == "ok"
+                           and times_ok)
     else:
-        res["pass"] = exact
+        res["pass"] = exact and times_ok
     del m, opt
     return res
 
@@ -299,6 +310,12 @@ def case_ipc(torch, alloc):
     ctx = mp.get_context("spawn")
     q_in, q_out = ctx.Queue(), ctx.Queue()
     t = torch.zeros(1 << 20, device="cuda")
+    # Sharing one block again and again (a tensor sent to many workers) must
+    # not open new fds each time (nofrag exports granules as fds).
+    fd0 = len(os.listdir("/proc/self/fd"))
+    for _ in range(200):
+        t.untyped_storage()._share_cuda_()
+    fds_grown = len(os.listdir("/proc/self/fd")) - fd0
     p = ctx.Process(target=_ipc_child, args=(q_in, q_out, alloc))
     p.start()
     q_in.put(t)
@@ -322,10 +339,12 @@ def case_ipc(torch, alloc):
     del t
     torch.cuda.synchronize()
     torch.cuda.ipc_collect()  # frees what the child has released
-    res = {"child_write_seen": seen_child_write, "child_tensor_seen": seen_child_tensor, "child_rc": p.exitcode}
+    res = {"child_write_seen": seen_child_write, "child_tensor_seen": seen_child_tensor, "child_rc": p.exitcode,
+           "fds_grown_by_200_shares": fds_grown}
     if alloc.startswith("nofrag"):
         res["live_after"] = _nofrag_stats()["live"]
-    res["pass"] = seen_child_write and seen_child_tensor and p.exitcode == 0 and not res.get("live_after")
+    res["pass"] = (seen_child_write and seen_child_tensor and p.exitcode == 0 and not res.get("live_after")
+                   and fds_grown < 8)
     return res
 
 

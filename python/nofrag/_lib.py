@@ -231,6 +231,7 @@ def _declare(lib):
         "nf_free": (i, [vp, vp]),
         "nf_trim": (i, [vp]),
         "nf_set_limit": (i, [vp, _u64]),
+        "nf_pool_add_peer": (i, [vp, ctypes.c_int]),
         "nf_stats_get": (None, [vp, ctypes.POINTER(NfStats)]),
         "nf_stats_reset_peaks": (None, [vp]),
         "nf_pool_check": (i, [vp]),
@@ -321,7 +322,7 @@ def path():
 
 
 def last_error():
-    """The plug-in's last error message (any thread), else the calling thread's."""
+    """The plug-in's last error on the calling thread (else any thread's), else the library's."""
     lib = load()
     msg = lib.nf_torch_last_error() or b""
     if not msg:

@@ -176,3 +176,11 @@ class Pool:
     def set_limit(self, limit: int) -> None:
         """Change the physical limit, in bytes (nf_set_limit)."""
         _lib.check(_lib.load().nf_set_limit(self.handle, int(limit)), f"nf_set_limit({int(limit)})")
+
+    def add_peer(self, device: int) -> None:
+        """Let GPU ``device`` read and write this pool's memory too (nf_pool_add_peer).
+
+        Raises NofragError (status unsupported) on the host backend or where the
+        driver reports no P2P path between the two devices.
+        """
+        _lib.check(_lib.load().nf_pool_add_peer(self.handle, int(device)), f"nf_pool_add_peer({int(device)})")

@@ -71,6 +71,13 @@ class TestPool(unittest.TestCase):
             self.assertIn("double free", str(cm.exception))
             self.assertEqual(pool.stats()["frees"], 1)  # nothing changed
 
+    def test_add_peer_on_host_backend_is_unsupported(self):
+        with nofrag.Pool(CONF) as pool:
+            with self.assertRaises(nofrag.NofragError) as cm:
+                pool.add_peer(1)
+            self.assertEqual(cm.exception.status_name, "NF_ERR_UNSUPPORTED")
+            self.assertIn("no peer devices", str(cm.exception))
+
     def test_interior_pointer_free_raises(self):
         with nofrag.Pool(CONF) as pool:
             p = pool.alloc(MiB)

@@ -6,6 +6,7 @@
 //   mem_create   cuMemCreate (with tier)  mem_release cuMemRelease
 //   map          cuMemMap (one handle)    unmap       cuMemUnmap (any mapped run)
 //   set_access   cuMemSetAccess (a run)   granularity cuMemGetAllocationGranularity
+//   add_peer     (more devices in set_access: peer access; optional)
 //   capacity     cuMemGetInfo             copy        cuMemcpyAsync (offload, prefetch, spill)
 //   event_*      cuEventCreate/Record/Query/Synchronize/Destroy
 //   stream_wait  cuStreamWaitEvent
@@ -49,6 +50,11 @@ typedef struct nf_backend_ops_s {
   // (cuMemImportFromShareableHandle; released with mem_release).
   nf_status_t (*mem_export)(nf_backend_t *be, nf_handle_t h, int *fd, uint64_t *off);
   nf_status_t (*mem_import)(nf_backend_t *be, int fd, uint64_t off, size_t size, nf_handle_t *out);
+  // Optional (NULL: not supported), for several GPUs in one process: every
+  // later set_access also grants device `device` read/write (cuMemSetAccess
+  // with one descriptor per device). What is mapped already is the core's to
+  // re-grant (nf_pool_add_peer).
+  nf_status_t (*add_peer)(nf_backend_t *be, int device);
 } nf_backend_ops_t;
 
 struct nf_backend_s {

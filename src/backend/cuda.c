@@ -88,6 +88,7 @@ _Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
 typedef struct {
   CUresult (*Init)(unsigned);
   CUresult (*DeviceGet)(CUdevice *, int);
+  CUresult (*DeviceCanAccessPeer)(int *, CUdevice, CUdevice);
   CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
   CUresult (*DevicePrimaryCtxRelease)(CUdevice);
   CUresult (*CtxSetCurrent)(CUcontext);
@@ -124,6 +125,7 @@ static const struct {
 #define S(f, v) {"cu" #f, v, offsetof(cu_fns_t, f)}
     S(Init, "cuInit"),
     S(DeviceGet, "cuDeviceGet"),
+    S(DeviceCanAccessPeer, "cuDeviceCanAccessPeer"),
     S(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
     S(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"),
     S(CtxSetCurrent, "cuCtxSetCurrent"),
@@ -202,6 +204,7 @@ typedef struct {
   int ordinal;
   CUcontext ctx;                 // the device's primary context (retained)
   atomic_int handle_type[2];     // per tier: requestedHandleTypes that works (-1 = untried)
+  _Atomic uint64_t peers;        // other devices (ordinal bits) granted access by set_access (add_peer)
 } cuda_be_t;
 
 static cuda_be_t *CB(nf_backend_t *be) { return (cuda_be_t *)be; }
@@ -380,18 +383,48 @@ static nf_status_t op_unmap(nf_backend_t *be, uintptr_t va, size_t size) {
   return NF_OK;
 }
 
-// Read/write for this device over a run of mapped granules. The core calls it
-// once per contiguous run (the driver cost is per handle either way, but one
-// call per run saves the per-call overhead).
+// Read/write for this device and its peers (add_peer) over a run of mapped
+// granules. The core calls it once per contiguous run (the driver cost is per
+// handle either way, but one call per run saves the per-call overhead).
 static nf_status_t op_set_access(nf_backend_t *be, uintptr_t va, size_t size) {
-  CUmemAccessDesc d;
-  memset(&d, 0, sizeof d);
-  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  d.location.id = CB(be)->ordinal;
-  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUmemAccessDesc d[65];
+  size_t n = 0;
+  memset(d, 0, sizeof d);
+  d[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d[n].location.id = CB(be)->ordinal;
+  d[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (uint64_t m = atomic_load(&CB(be)->peers); m; m &= m - 1) {
+    d[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d[n].location.id = __builtin_ctzll(m);
+    d[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
   char what[96];
-  snprintf(what, sizeof what, "cuMemSetAccess(0x%llx, %zu B)", (unsigned long long)va, size);
-  CU_CALL(be, what, cu.MemSetAccess((CUdeviceptr)va, size, &d, 1));
+  snprintf(what, sizeof what, "cuMemSetAccess(0x%llx, %zu B, %zu devices)", (unsigned long long)va, size, n);
+  CU_CALL(be, what, cu.MemSetAccess((CUdeviceptr)va, size, d, n));
+  return NF_OK;
+}
+
+// Later set_access calls grant `device` too (the core re-grants what is mapped
+// already). Refused when the driver says that device cannot reach this one's
+// memory (no P2P path): copies must then go through cudaMemcpyPeer.
+static nf_status_t op_add_peer(nf_backend_t *be, int device) {
+  cuda_be_t *c = CB(be);
+  if (device == c->ordinal) return NF_OK;
+  if (device < 0 || device >= 64)
+    return nf__backend_fail(be, NF_ERR_INVALID, "add_peer: device %d out of range 0..63", device);
+  CUdevice pd = 0;
+  int can = 0;
+  char what[96];
+  CUresult r = cu.DeviceGet(&pd, device); // no context needed
+  if (r == CUDA_ERROR_INVALID_DEVICE)
+    return nf__backend_fail(be, NF_ERR_INVALID, "add_peer: no CUDA device %d", device);
+  if (r != CUDA_SUCCESS) return cu_fail(be, r, "cuDeviceGet");
+  snprintf(what, sizeof what, "cuDeviceCanAccessPeer(%d, %d)", device, c->ordinal);
+  CU_CALL(be, what, cu.DeviceCanAccessPeer(&can, pd, c->dev));
+  if (!can)
+    return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "add_peer: device %d cannot access device %d's memory (no P2P)",
+                            device, c->ordinal);
+  atomic_fetch_or(&c->peers, 1ull << device);
   return NF_OK;
 }
 
@@ -481,6 +514,7 @@ static const nf_backend_ops_t cuda_ops = {
     .map = op_map,
     .unmap = op_unmap,
     .set_access = op_set_access,
+    .add_peer = op_add_peer,
     .copy = op_copy,
     .event_create = op_event_create,
     .event_destroy = op_event_destroy,
@@ -529,6 +563,7 @@ nf_status_t nf_backend_cuda_create(nf_backend_t **out, int device) {
   c->ordinal = device;
   atomic_init(&c->handle_type[0], -1);
   atomic_init(&c->handle_type[1], -1);
+  atomic_init(&c->peers, 0);
   r = cu.DevicePrimaryCtxRetain(&c->ctx, dev);
   if (r != CUDA_SUCCESS) {
     free(c);

@@ -115,6 +115,11 @@ static nf_status_t f_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s
 static nf_status_t f_event_query(nf_backend_t *be, nf_event_t ev) { FORWARD(be, event_query, ev); }
 static nf_status_t f_event_sync(nf_backend_t *be, nf_event_t ev) { FORWARD(be, event_sync, ev); }
 static nf_status_t f_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) { FORWARD(be, stream_wait, s, ev); }
+static nf_status_t f_add_peer(nf_backend_t *be, int device) {
+  nf_backend_t *in = fb(be)->inner;
+  if (!in->ops->add_peer) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "the %s backend has no peer devices", in->ops->name);
+  FORWARD(be, add_peer, device);
+}
 
 static void f_destroy(nf_backend_t *be) {
   fault_backend *f = fb(be);
@@ -141,6 +146,7 @@ static const nf_backend_ops_t fault_ops = {
     .event_query = f_event_query,
     .event_sync = f_event_sync,
     .stream_wait = f_stream_wait,
+    .add_peer = f_add_peer,
     .destroy = f_destroy,
 };
 

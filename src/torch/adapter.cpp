@@ -194,7 +194,7 @@ std::shared_ptr<cca::AllocatorState> NofragAllocator::getCheckpointState(c10::De
 cca::CheckpointDelta NofragAllocator::setCheckpointPoolState(c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> pps) {
   auto* st = dynamic_cast<PoolState*>(pps.get());
   TORCH_CHECK(st, "nofrag: setCheckpointPoolState: not a nofrag checkpoint");
-  nf_pool_t* p = pool(device);
+  (void)pool(device); // made (or its error raised) before anything is freed
   uint64_t key;
   {
     std::lock_guard<std::mutex> g(routes_mu_);
@@ -203,13 +203,14 @@ cca::CheckpointDelta NofragAllocator::setCheckpointPoolState(c10::DeviceIndex de
   cca::CheckpointDelta delta;
   for (void* q : live_of(device, st->id)) {
     if (tracing_.load()) trace_free(q);
+    if (nexported_.load() != 0) ipc_forget(q);
     nf_torch_free_any(q);
     delta.ptrs_freed.push_back(q);
   }
   RelaxedCapture g(captures_.load() != 0);
   for (size_t i = 0; i < st->live.size(); i++) {
     void* q = st->live[i].first;
-    void* r = nf_alloc_at(p, key, q, st->live[i].second, (nf_stream_t)st->streams[i]);
+    void* r = nf_torch_alloc_at(device, key, q, st->live[i].second, (void*)st->streams[i]);
     TORCH_CHECK(r == q, "nofrag: setCheckpointPoolState: cannot re-create the block at ", q, ": ", lib_error());
     delta.dataptrs_allocd.emplace_back(r, r, &delete_fn, c10::Device(c10::DeviceType::CUDA, device));
   }

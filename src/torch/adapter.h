@@ -39,6 +39,7 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
@@ -192,6 +193,24 @@ class NofragAllocator final : public Pluggable {
 
   std::string name() override { return "nofrag"; }
 
+  // ------------------------------------------------------------ peers
+  // torch.cuda's get_p2p_access calls this before copies between two devices
+  // with P2P: `dev` will access `dev_to_access`'s memory. cuMemMap'ed memory
+  // needs a grant per mapping (cudaDeviceEnablePeerAccess covers cudaMalloc's
+  // only, which the base does): nofrag grants it on every mapping of that pool.
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    Pluggable::enablePeerAccess(dev, dev_to_access);
+    TORCH_CHECK(nf_torch_add_peer(dev_to_access, dev) == 0, "nofrag: enablePeerAccess(", (int)dev, ", ",
+                (int)dev_to_access, "): ", nf_torch_last_error());
+  }
+  // Without P2P, a plain device-to-device copy between two devices' cuMemMap'ed
+  // memory fails; cudaMemcpyPeerAsync stages it (as PyTorch's allocator does).
+  cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count, cudaStream_t stream,
+                          bool p2p_enabled) override {
+    if (p2p_enabled || dstDevice == srcDevice) return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+  }
+
   // ------------------------------------------------------------ stats
 
   double getMemoryFraction(c10::DeviceIndex device) override { return nf_torch_get_fraction(device); }
@@ -282,8 +301,19 @@ class NofragAllocator final : public Pluggable {
     c10::DeviceIndex dev;
     const std::map<uint64_t, MempoolId_t>* ids;
     std::vector<cda::SegmentInfo> segs;
+    bool failed = false; // an exception (bad_alloc) stopped the walk's copy
+    // Called from C (nf_torch_walk, under the pool's lock): an exception must
+    // not unwind through it, so it is caught here and the walk's result dropped.
     static void cb(void* ctx, const nf_torch_seg_t* seg, const nf_torch_blk_t* blk) {
       auto* w = static_cast<Walk*>(ctx);
+      if (w->failed) return;
+      try {
+        add(w, seg, blk);
+      } catch (...) {
+        w->failed = true;
+      }
+    }
+    static void add(Walk* w, const nf_torch_seg_t* seg, const nf_torch_blk_t* blk) {
       if (seg) {
         cda::SegmentInfo si;
         si.device = w->dev;
@@ -368,6 +398,7 @@ class NofragAllocator final : public Pluggable {
     nf_pool_t* p = nf_torch_pool_get(device, 0);
     if (!p) return;
     if (nf_private_use_count(p, key) == 1) {
+      c10::cuda::CUDAGuard on(device); // the pool's device, not the caller's current one
       if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
       if (nf_private_trim(p, key) != NF_OK) fprintf(stderr, "nofrag: releasePool: %s\n", lib_error());
     }
@@ -409,7 +440,7 @@ class NofragAllocator final : public Pluggable {
   // The block's granules are exported as POSIX fds, which the receiving
   // process (also under nofrag) fetches with pidfd_getfd (src/torch/ipc.c
   // says what permission that needs). The fds stay open until the block is
-  // freed.
+  // freed; sharing a block again reuses its export.
   void* getBaseAllocation(void* ptr, size_t* size) override;
 
   cca::ShareableHandle shareIpcHandle(void* ptr) override;
@@ -424,7 +455,14 @@ class NofragAllocator final : public Pluggable {
 
  private:
   std::mutex routes_mu_, stats_mu_, obs_mu_, hist_mu_, ipc_mu_;
-  std::unordered_map<void*, std::vector<int>> exported_; // ipc_mu_
+  // A block's export (ipc_mu_): made once, closed when the block is freed;
+  // sharing the same block again returns the same handle (no new fds).
+  struct Exported {
+    std::vector<int> fds;
+    std::string handle;
+    ptrdiff_t off;
+  };
+  std::unordered_map<void*, Exported> exported_;
   std::atomic<int> nexported_{0};
   std::vector<Route> routes_;
   std::map<MempoolId_t, uint64_t> keys_;

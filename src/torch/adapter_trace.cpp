@@ -68,6 +68,7 @@ cca::SnapshotInfo NofragAllocator::snapshot(MempoolId_t mempool, bool include_tr
     if (!p) continue;
     Walk w{this, (c10::DeviceIndex)d, &ids, {}};
     nf_torch_walk(p, &Walk::cb, &w);
+    TORCH_CHECK(!w.failed, "nofrag: snapshot: out of host memory while listing device ", d, "'s segments");
     for (auto& seg : w.segs)
       if (!only || seg.owner_private_pool_id == mempool) out.segments.push_back(std::move(seg));
   }
@@ -77,7 +78,8 @@ cca::SnapshotInfo NofragAllocator::snapshot(MempoolId_t mempool, bool include_tr
     for (size_t d = 0; d < traces_.size(); d++)
       for (const auto& te : traces_[d]) {
         out.device_traces[d].push_back(te);
-        out.device_traces[d].back().time_.t_ = conv(te.time_.approx_t_);
+        // PyTorch's snapshots carry microseconds (its tsc_to_us); conv gives ns.
+        out.device_traces[d].back().time_.t_ = conv(te.time_.approx_t_) / 1000;
       }
   }
   out.config_metadata.garbage_collection_threshold = 0.0;
@@ -158,6 +160,13 @@ cca::ShareableHandle NofragAllocator::shareIpcHandle(void* ptr) {
   size_t n = 0;
   int dev = device_of(ptr, &n);
   TORCH_CHECK(dev >= 0, "nofrag: shareIpcHandle: ", ptr, " is not a live nofrag block");
+  {
+    // Shared before (a tensor sent to several processes, or again): the same
+    // fds serve every receiver; a new export each time leaked fds per share.
+    std::lock_guard<std::mutex> g(ipc_mu_);
+    auto it = exported_.find(ptr);
+    if (it != exported_.end()) return cca::ShareableHandle{it->second.off, it->second.handle};
+  }
   nf_pool_t* p = nf_torch_pool_get(dev, 0);
   std::vector<int> fds(n / 4096 + 4); // granules are >= 4 KiB
   std::string buf(64 + fds.size() * 32, '\0');
@@ -166,13 +175,14 @@ cca::ShareableHandle NofragAllocator::shareIpcHandle(void* ptr) {
   nf_status_t st = nf_ipc_export(p, ptr, &buf[0], buf.size(), fds.data(), fds.size(), &nfds, &off);
   TORCH_CHECK(st == NF_OK, "nofrag: shareIpcHandle: ", lib_error());
   fds.resize(nfds);
-  {
-    std::lock_guard<std::mutex> g(ipc_mu_);
-    auto& v = exported_[ptr];
-    v.insert(v.end(), fds.begin(), fds.end());
-    nexported_.store((int)exported_.size());
-  }
   buf.resize(strlen(buf.c_str()));
+  std::lock_guard<std::mutex> g(ipc_mu_);
+  auto ins = exported_.emplace(ptr, Exported{fds, buf, (ptrdiff_t)off});
+  if (!ins.second) { // another thread exported it meanwhile: keep the first export
+    for (int fd : fds) close(fd);
+    return cca::ShareableHandle{ins.first->second.off, ins.first->second.handle};
+  }
+  nexported_.store((int)exported_.size());
   return cca::ShareableHandle{(ptrdiff_t)off, buf};
 }
 
@@ -182,14 +192,20 @@ std::shared_ptr<void> NofragAllocator::getIpcDevPtr(std::string handle) {
   nf_ipc_map_t* m = nullptr;
   nf_status_t st = nf_ipc_import(nf_pool_backend(pool(dev)), handle.c_str(), &base, &m);
   TORCH_CHECK(st == NF_OK, "nofrag: getIpcDevPtr: ", lib_error());
-  return std::shared_ptr<void>(base, [m](void*) { nf_ipc_close(m); });
+  // Unmapping does not wait for kernels still reading the range (as in
+  // PyTorch's expandable segments): wait for the device the range is on.
+  return std::shared_ptr<void>(base, [m, dev](void*) {
+    c10::cuda::CUDAGuard on(dev);
+    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+    nf_ipc_close(m);
+  });
 }
 
 void NofragAllocator::ipc_forget(void* ptr) {
   std::lock_guard<std::mutex> g(ipc_mu_);
   auto it = exported_.find(ptr);
   if (it == exported_.end()) return;
-  for (int fd : it->second) close(fd);
+  for (int fd : it->second.fds) close(fd);
   exported_.erase(it);
   nexported_.store((int)exported_.size());
 }

@@ -55,7 +55,8 @@ static char *g_conf;              // nf_torch_configure string (NULL: use NOFRAG
 static atomic_int g_pools;        // pools created (configure refuses once > 0)
 static int g_device_count = -1;   // from init_fn
 static char g_err[512];           // last plug-in error (any thread), under g_mu
-static _Thread_local char t_err[512];
+static _Thread_local char t_err[512]; // nf_torch_last_error's copy of g_err
+static _Thread_local char t_own[512]; // this thread's own last plug-in error ("" : none yet)
 
 typedef void (*nft_throw_fn)(const char *func, const char *file, uint32_t line, const char *msg);
 static _Atomic(nft_throw_fn) g_throw;
@@ -92,6 +93,7 @@ static void nft_error(const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  memcpy(t_own, buf, sizeof t_own);
   pthread_mutex_lock(&g_mu);
   memcpy(g_err, buf, sizeof g_err);
   pthread_mutex_unlock(&g_mu);
@@ -144,6 +146,7 @@ static nf_pool_t *torch_pool_get(int device, int create) {
   pthread_once(&g_once, nft_init_once);
   pthread_mutex_lock(&g_mu);
   pool = nft_create_locked(device);
+  if (!pool) memcpy(t_own, g_err, sizeof t_own); // this thread's error now
   pthread_mutex_unlock(&g_mu);
   if (!pool && g_verbose) fprintf(stderr, "nofrag: %s\n", g_err);
   return pool;
@@ -228,6 +231,34 @@ NF_API void *nf_torch_alloc(size_t size, int device, void *stream) { return allo
 
 NF_API void *nf_torch_alloc_private(size_t size, int device, void *stream, uint64_t id) {
   return alloc_impl(size, device, stream, id);
+}
+
+// nf_alloc_at in private pool `id` (a checkpoint's block re-created at its
+// address), counted like any allocation: its free is counted too, so without
+// this the "freed" statistics overtook "allocated".
+NF_API void *nf_torch_alloc_at(int device, uint64_t id, void *addr, size_t size, void *stream) {
+  nf_pool_t *pool = torch_pool_get(device, 0);
+  if (!pool) return NULL;
+  void *r = nf_alloc_at(pool, id, addr, size, (nf_stream_t)stream);
+  if (r) {
+    atomic_fetch_add_explicit(&devs[device].bytes_alloc, size, memory_order_relaxed);
+    atomic_fetch_add_explicit(&devs[device].allocs, 1, memory_order_relaxed);
+  }
+  return r;
+}
+
+// Device `peer` reads and writes `device`'s memory (torch's enablePeerAccess
+// for a copy between the two): the pool is made if needed, so that the grant
+// is checked now rather than when the copy faults.
+NF_API int nf_torch_add_peer(int device, int peer) {
+  nf_pool_t *pool = torch_pool_get(device, 1);
+  if (!pool) return -1;
+  nf_status_t st = nf_pool_add_peer(pool, peer);
+  if (st != NF_OK) {
+    nft_error("device %d: peer access for device %d: %s: %s", device, peer, nf_status_str(st), nf_last_error());
+    return -1;
+  }
+  return 0;
 }
 
 static void count_free(nft_dev_t *d, size_t n) {
@@ -444,7 +475,10 @@ NF_API void nf_torch_shutdown(void) {
   for (int i = 0; i < NFT_MAX_DEVICES; i++) nf_torch_reset_counters(i);
 }
 
+// The calling thread's own last error first: an OOM message must not be
+// another thread's failure that landed in between (g_err is process-wide).
 NF_API const char *nf_torch_last_error(void) {
+  if (t_own[0]) return t_own;
   pthread_mutex_lock(&g_mu);
   memcpy(t_err, g_err, sizeof t_err);
   pthread_mutex_unlock(&g_mu);

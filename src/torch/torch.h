@@ -95,6 +95,14 @@ NF_API nf_pool_t *nf_torch_pool_get(int device, int create);
 //! nf_torch_alloc served from private pool `id` (nf_alloc_private).
 NF_API void *nf_torch_alloc_private(size_t size, int device, void *stream, uint64_t id);
 
+//! Let device `peer` read and write `device`'s pool (made if needed): what is
+//! mapped now and later (nf_pool_add_peer). 0, or -1 (nf_torch_last_error).
+NF_API int nf_torch_add_peer(int device, int peer);
+
+//! nf_alloc_at on `device`'s pool (re-create a checkpoint's block at `addr` in
+//! private pool `id`), counted in nf_torch_counters like nf_torch_alloc.
+NF_API void *nf_torch_alloc_at(int device, uint64_t id, void *addr, size_t size, void *stream);
+
 //! Free a live block of whichever device's pool holds it (the deleter knows
 //! only the pointer); returns the device, or -1 (not a live nofrag block).
 NF_API int nf_torch_free_any(void *ptr);

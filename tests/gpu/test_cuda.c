@@ -28,6 +28,14 @@ static CUresult (*cuStreamCreate)(CUstream *, unsigned);
 static CUresult (*cuStreamSynchronize)(CUstream);
 static CUresult (*cuStreamDestroy)(CUstream);
 static CUresult (*cuCtxSynchronize)(void);
+static CUresult (*cuDeviceGetCount)(int *);
+static CUresult (*cuDeviceGet)(int *, int);
+static CUresult (*cuDeviceCanAccessPeer)(int *, int, int);
+static CUresult (*cuDevicePrimaryCtxRetain)(void **, int);
+static CUresult (*cuDevicePrimaryCtxRelease)(int);
+static CUresult (*cuCtxSetCurrent)(void *);
+static CUresult (*cuCtxGetCurrent)(void **);
+static CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
 
 static int failures, checks;
 static FILE *jout;
@@ -559,6 +567,66 @@ static void test_pool_destroy_returns_memory(nf_backend_t *be) {
   CHECK(f2 + (64ull << 20) >= f0, "destroy left %lld MiB in use", (long long)(f0 - f2) >> 20);
 }
 
+// Peer access (nf_pool_add_peer): the pool's own device is a no-op, a device
+// that does not exist is refused. With two or more GPUs, each peer with a P2P
+// path copies a block mapped before the call and one mapped after it from
+// its own context (the copy engine of the peer reads device 0's mappings:
+// without the grant the driver faults); without a path, UNSUPPORTED.
+static void test_pool_peers(nf_backend_t *be) {
+  printf("-- pool: peer access\n");
+  int n = 0;
+  DRV(cuDeviceGetCount(&n));
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  nf_pool_t *pool = NULL;
+  OKP(nf_pool_create(&pool, be, &cfg));
+  if (!pool) return;
+  OKP(nf_pool_add_peer(pool, 0));
+  CHECK(nf_pool_add_peer(pool, n) == NF_ERR_INVALID, "device %d does not exist: %s", n, nf_last_error());
+  size_t bytes = 8u << 20;
+  void *before = nf_alloc(pool, bytes, NULL);
+  CHECK(before != NULL, "alloc: %s", nf_last_error());
+  if (before) dev_fill((uintptr_t)before, bytes, 31);
+  void *mine = NULL;
+  for (int d = 1; d < n && before; d++) {
+    int dev0 = 0, devd = 0, can = 0;
+    DRV(cuDeviceGet(&dev0, 0));
+    DRV(cuDeviceGet(&devd, d));
+    DRV(cuDeviceCanAccessPeer(&can, devd, dev0));
+    nf_status_t st = nf_pool_add_peer(pool, d);
+    if (!can) {
+      CHECK(st == NF_ERR_UNSUPPORTED, "device %d has no P2P path to 0: %s", d, nf_status_str(st));
+      continue;
+    }
+    CHECK(st == NF_OK, "add_peer(%d): %s", d, nf_last_error());
+    void *after = nf_alloc(pool, bytes, NULL);
+    CHECK(after != NULL, "alloc: %s", nf_last_error());
+    if (!after) continue;
+    dev_fill((uintptr_t)after, bytes, 32);
+    DRV(cuCtxSynchronize());
+    void *ctx = NULL, *cur = NULL;
+    DRV(cuCtxGetCurrent(&cur));
+    DRV(cuDevicePrimaryCtxRetain(&ctx, devd));
+    DRV(cuCtxSetCurrent(ctx));
+    // Peer reads: device d copies each block within device 0's memory.
+    if (!mine) mine = nf_alloc(pool, bytes, NULL);
+    CHECK(mine != NULL, "alloc: %s", nf_last_error());
+    if (mine) {
+      DRV(cuMemcpyDtoD((CUdeviceptr)mine, (CUdeviceptr)before, bytes));
+      CHECK(dev_check((uintptr_t)mine, bytes, 31), "device %d: block mapped before add_peer reads wrong", d);
+      DRV(cuMemcpyDtoD((CUdeviceptr)mine, (CUdeviceptr)after, bytes));
+      CHECK(dev_check((uintptr_t)mine, bytes, 32), "device %d: block mapped after add_peer reads wrong", d);
+    }
+    DRV(cuCtxSetCurrent(cur));
+    DRV(cuDevicePrimaryCtxRelease(devd));
+    nf_free(pool, after);
+  }
+  if (n < 2) printf("   (one GPU: the peer copies need a second device; not run)\n");
+  if (mine) nf_free(pool, mine);
+  if (before) nf_free(pool, before);
+  nf_pool_destroy(pool);
+}
+
 // Spill past the limit, then offload/prefetch cycles with the copies queued
 // behind other work on the stream, both tiers; every block's pattern is
 // checked after it comes back. Also the bandwidth of one 512 MiB offload and
@@ -713,6 +781,14 @@ int main(int argc, char **argv) {
   cuStreamSynchronize = sym(lib, "cuStreamSynchronize");
   cuStreamDestroy = sym(lib, "cuStreamDestroy_v2");
   cuCtxSynchronize = sym(lib, "cuCtxSynchronize");
+  cuDeviceGetCount = sym(lib, "cuDeviceGetCount");
+  cuDeviceGet = sym(lib, "cuDeviceGet");
+  cuDeviceCanAccessPeer = sym(lib, "cuDeviceCanAccessPeer");
+  cuDevicePrimaryCtxRetain = sym(lib, "cuDevicePrimaryCtxRetain");
+  cuDevicePrimaryCtxRelease = sym(lib, "cuDevicePrimaryCtxRelease_v2");
+  cuCtxSetCurrent = sym(lib, "cuCtxSetCurrent");
+  cuCtxGetCurrent = sym(lib, "cuCtxGetCurrent");
+  cuMemcpyDtoD = sym(lib, "cuMemcpyDtoD_v2");
   jout = fopen(outp, "w");
   if (!jout) jout = fopen("/dev/null", "w");
   fprintf(jout, "{\n");
@@ -721,6 +797,7 @@ int main(int argc, char **argv) {
   test_pool_steady_and_streams(be);
   test_pool_views(be);
   test_pool_destroy_returns_memory(be);
+  test_pool_peers(be);
   test_pool_spill_offload(be);
   fprintf(jout, "\"checks\": %d, \"failures\": %d\n}\n", checks, failures);
   fclose(jout);

@@ -1,0 +1,223 @@
+// Peer access (src/core/peer.c): after nf_pool_add_peer, another device may
+// use every live block -- the ones mapped before the call, the ones mapped
+// later, and those placed on a cached view (a mapping reused with no new
+// grant). A spying backend models cuMemSetAccess: a mapping starts with no
+// access, set_access grants the owner and the peers added so far, unmap drops
+// the grant. The tests check each live block's granules through that model.
+#include "nf_test.h"
+
+#include "backend/backend.h"
+#include "core/core.h"
+
+#define G (64 * 1024)
+#define S(x) ((nf_stream_t)(uintptr_t)(x))
+#define MAXG 4096
+
+typedef struct {
+  nf_backend_t be;
+  nf_backend_ops_t ops;
+  nf_backend_t *in;
+  uint64_t peers;           // add_peer so far
+  uintptr_t granted[MAXG];  // granules whose mapping grants peer 1 (0: empty slot)
+  int fail_access_in;       // >0: the n-th next set_access fails
+} spy_t;
+
+#define SP(be) ((spy_t *)(be))
+#define IN(be) (SP(be)->in)
+#define FWD(call)                                                                  \
+  do {                                                                             \
+    nf_status_t st_ = (call);                                                      \
+    if (st_ != NF_OK) snprintf((be)->err, sizeof (be)->err, "%s", IN(be)->err); \
+    return st_;                                                                    \
+  } while (0)
+
+static void grant(spy_t *s, uintptr_t va, size_t n, bool on) {
+  for (uintptr_t a = va; a < va + n; a += G) {
+    int hole = -1, at = -1;
+    for (int i = 0; i < MAXG; i++) {
+      if (s->granted[i] == a) at = i;
+      if (!s->granted[i] && hole < 0) hole = i;
+    }
+    if (on && at < 0) {
+      assert_true(hole >= 0);
+      s->granted[hole] = a;
+    }
+    if (!on && at >= 0) s->granted[at] = 0;
+  }
+}
+
+static bool granted(const spy_t *s, uintptr_t a) {
+  for (int i = 0; i < MAXG; i++)
+    if (s->granted[i] == a) return true;
+  return false;
+}
+
+static nf_status_t sp_gran(nf_backend_t *be, nf_tier_t t, size_t *o) { FWD(IN(be)->ops->granularity(IN(be), t, o)); }
+static nf_status_t sp_cap(nf_backend_t *be, nf_tier_t t, uint64_t *a, uint64_t *b) { FWD(IN(be)->ops->capacity(IN(be), t, a, b)); }
+static nf_status_t sp_var(nf_backend_t *be, size_t n, size_t al, uintptr_t *o) { FWD(IN(be)->ops->va_reserve(IN(be), n, al, o)); }
+static nf_status_t sp_vaf(nf_backend_t *be, uintptr_t v, size_t n) { FWD(IN(be)->ops->va_release(IN(be), v, n)); }
+static nf_status_t sp_mc(nf_backend_t *be, nf_tier_t t, size_t n, nf_handle_t *o) { FWD(IN(be)->ops->mem_create(IN(be), t, n, o)); }
+static nf_status_t sp_mr(nf_backend_t *be, nf_handle_t h) { FWD(IN(be)->ops->mem_release(IN(be), h)); }
+static nf_status_t sp_map(nf_backend_t *be, uintptr_t v, size_t n, nf_handle_t h) {
+  grant(SP(be), v, n, false); // a new mapping has no access yet
+  FWD(IN(be)->ops->map(IN(be), v, n, h));
+}
+static nf_status_t sp_unmap(nf_backend_t *be, uintptr_t v, size_t n) {
+  nf_status_t st = IN(be)->ops->unmap(IN(be), v, n);
+  if (st == NF_OK) grant(SP(be), v, n, false);
+  FWD(st);
+}
+static nf_status_t sp_acc(nf_backend_t *be, uintptr_t v, size_t n) {
+  if (SP(be)->fail_access_in > 0 && --SP(be)->fail_access_in == 0)
+    return nf__backend_fail(be, NF_ERR_BACKEND, "spy: injected set_access failure");
+  nf_status_t st = IN(be)->ops->set_access(IN(be), v, n);
+  if (st == NF_OK && (SP(be)->peers & 2)) grant(SP(be), v, n, true);
+  FWD(st);
+}
+static nf_status_t sp_peer(nf_backend_t *be, int d) {
+  SP(be)->peers |= 1ull << d;
+  return NF_OK;
+}
+static nf_status_t sp_copy(nf_backend_t *be, uintptr_t d, uintptr_t s, size_t n, nf_stream_t st) { FWD(IN(be)->ops->copy(IN(be), d, s, n, st)); }
+static nf_status_t sp_evc(nf_backend_t *be, nf_event_t *o) { FWD(IN(be)->ops->event_create(IN(be), o)); }
+static nf_status_t sp_evd(nf_backend_t *be, nf_event_t e) { FWD(IN(be)->ops->event_destroy(IN(be), e)); }
+static nf_status_t sp_evr(nf_backend_t *be, nf_event_t e, nf_stream_t s) { FWD(IN(be)->ops->event_record(IN(be), e, s)); }
+static nf_status_t sp_evq(nf_backend_t *be, nf_event_t e) { FWD(IN(be)->ops->event_query(IN(be), e)); }
+static nf_status_t sp_evs(nf_backend_t *be, nf_event_t e) { FWD(IN(be)->ops->event_sync(IN(be), e)); }
+static nf_status_t sp_sw(nf_backend_t *be, nf_stream_t s, nf_event_t e) { FWD(IN(be)->ops->stream_wait(IN(be), s, e)); }
+static void sp_destroy(nf_backend_t *be) {
+  nf_backend_destroy(IN(be));
+  free(be);
+}
+
+static spy_t *spy_new(uint64_t capacity) {
+  spy_t *s = calloc(1, sizeof *s);
+  assert_non_null(s);
+  assert_int_equal(nf_backend_host_create(&s->in, capacity, G), NF_OK);
+  s->ops = (nf_backend_ops_t){.name = "spy", .granularity = sp_gran, .capacity = sp_cap, .va_reserve = sp_var,
+                              .va_release = sp_vaf, .mem_create = sp_mc, .mem_release = sp_mr, .map = sp_map,
+                              .unmap = sp_unmap, .set_access = sp_acc, .copy = sp_copy, .event_create = sp_evc,
+                              .event_destroy = sp_evd, .event_record = sp_evr, .event_query = sp_evq,
+                              .event_sync = sp_evs, .stream_wait = sp_sw, .destroy = sp_destroy,
+                              .add_peer = sp_peer};
+  s->be.ops = &s->ops;
+  s->be.inner = s->in;
+  return s;
+}
+
+static nf_pool_t *spy_pool(spy_t *s, const char *conf) {
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  char err[128];
+  assert_int_equal(nf_config_parse(&cfg, conf, err, sizeof err), NF_OK);
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, &s->be, &cfg), NF_OK);
+  return p;
+}
+
+// Every granule under live block `ptr` (size n) is granted to the peer.
+static bool block_granted(const spy_t *s, const void *ptr, size_t n) {
+  uintptr_t a = (uintptr_t)ptr & ~(uintptr_t)(G - 1);
+  for (; a < (uintptr_t)ptr + n; a += G)
+    if (!granted(s, a)) return false;
+  return true;
+}
+
+enum { NB = 24 };
+
+// A workload with holes, stitched blocks and reuse of cached views (the
+// pattern of test_view's steps): `steps` rounds; every live block keeps its
+// pattern; with `check_peer`, every block placed is granted to the peer.
+static void churn(nf_pool_t *p, spy_t *s, void **b, size_t *n, uint64_t *seed, int steps, bool check_peer) {
+  for (int it = 0; it < steps; it++) {
+    int i = (int)(nft_rand(seed) % NB);
+    if (b[i]) {
+      assert_true(nft_check(b[i], n[i], (uint64_t)i + 1));
+      assert_int_equal(nf_free(p, b[i]), NF_OK);
+      b[i] = NULL;
+      continue;
+    }
+    n[i] = (size_t)(nft_rand(seed) % (6 * G)) + 512;
+    b[i] = nf_alloc(p, n[i], S((nft_rand(seed) & 1) + 1));
+    if (!b[i]) continue; // at the limit: the next frees make room
+    nft_fill(b[i], n[i], (uint64_t)i + 1);
+    if (check_peer) assert_true(block_granted(s, b[i], n[i]));
+  }
+  assert_int_equal(nf_pool_check(p), NF_OK);
+}
+
+static void test_peer_sees_old_new_and_view_blocks(void **state) {
+  (void)state;
+  spy_t *s = spy_new(64 * (uint64_t)G);
+  nf_pool_t *p = spy_pool(s, "limit:2097152");
+  void *b[NB] = {0};
+  size_t n[NB] = {0};
+  uint64_t seed = nft_env_seed(11);
+  churn(p, s, b, n, &seed, 400, false);
+  nf_stats_t st;
+  nf_stats_get(p, &st);
+  assert_true(st.view_reuses + st.calls.map > 0);
+  assert_int_equal(nf_pool_add_peer(p, 1), NF_OK);
+  for (int i = 0; i < NB; i++)
+    if (b[i]) assert_true(block_granted(s, b[i], n[i])); // mapped before the call
+  churn(p, s, b, n, &seed, 2000, true); // growth, stitching and cached views after it
+  nf_stats_get(p, &st);
+  assert_true(st.view_reuses > 0); // the view path was exercised
+  assert_int_equal(nf_pool_add_peer(p, 1), NF_OK); // idempotent
+  for (int i = 0; i < NB; i++)
+    if (b[i]) assert_int_equal(nf_free(p, b[i]), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(&s->be);
+}
+
+// A failing grant returns the backend's error and leaves every block usable;
+// asking again grants what the first call missed.
+static void test_peer_grant_failure(void **state) {
+  (void)state;
+  spy_t *s = spy_new(64 * (uint64_t)G);
+  nf_pool_t *p = spy_pool(s, "limit:2097152");
+  void *b[NB] = {0};
+  size_t n[NB] = {0};
+  uint64_t seed = nft_env_seed(12);
+  churn(p, s, b, n, &seed, 300, false);
+  s->fail_access_in = 1;
+  assert_int_equal(nf_pool_add_peer(p, 1), NF_ERR_BACKEND);
+  assert_non_null(strstr(nf_last_error(), "injected set_access failure"));
+  for (int i = 0; i < NB; i++)
+    if (b[i]) assert_true(nft_check(b[i], n[i], (uint64_t)i + 1));
+  assert_int_equal(nf_pool_add_peer(p, 1), NF_OK);
+  for (int i = 0; i < NB; i++)
+    if (b[i]) assert_true(block_granted(s, b[i], n[i]));
+  churn(p, s, b, n, &seed, 500, true);
+  for (int i = 0; i < NB; i++)
+    if (b[i]) assert_int_equal(nf_free(p, b[i]), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(&s->be);
+}
+
+// Bad input gets a clear error; a backend without peers says so.
+static void test_peer_errors(void **state) {
+  (void)state;
+  assert_int_equal(nf_pool_add_peer(NULL, 1), NF_ERR_INVALID);
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 16 * (uint64_t)G, G, NULL);
+  assert_non_null(p);
+  assert_int_equal(nf_pool_add_peer(p, -1), NF_ERR_INVALID);
+  assert_int_equal(nf_pool_add_peer(p, 1), NF_ERR_UNSUPPORTED);
+  assert_non_null(strstr(nf_last_error(), "no peer devices"));
+  void *x = nf_alloc(p, G, S(1));
+  assert_non_null(x);
+  assert_int_equal(nf_free(p, x), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+int main(void) {
+  setenv("NOFRAG_QUIET_OOM", "1", 1); // the churn hits the limit on purpose
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_peer_sees_old_new_and_view_blocks),
+      cmocka_unit_test(test_peer_grant_failure),
+      cmocka_unit_test(test_peer_errors),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
