@@ -55,6 +55,12 @@ typedef struct nf_backend_ops_s {
   // with one descriptor per device). What is mapped already is the core's to
   // re-grant (nf_pool_add_peer).
   nf_status_t (*add_peer)(nf_backend_t *be, int device);
+  // Optional (NULL: no bound): NF_OK when `n` more mappings fit the backend's
+  // bound on them (the host backend: vm.max_map_count, each mapped granule
+  // run being a kernel mapping), else an error with the message. The core
+  // asks before mapping a request, which would otherwise map up to the bound,
+  // fail and unmap it all again. A query: changes nothing.
+  nf_status_t (*map_room)(nf_backend_t *be, uint64_t n);
 } nf_backend_ops_t;
 
 struct nf_backend_s {

@@ -115,6 +115,11 @@ static nf_status_t f_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s
 static nf_status_t f_event_query(nf_backend_t *be, nf_event_t ev) { FORWARD(be, event_query, ev); }
 static nf_status_t f_event_sync(nf_backend_t *be, nf_event_t ev) { FORWARD(be, event_sync, ev); }
 static nf_status_t f_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) { FORWARD(be, stream_wait, s, ev); }
+// A query, not counted (call numbers stay those of the ops that act).
+static nf_status_t f_map_room(nf_backend_t *be, uint64_t n) {
+  nf_backend_t *in = fb(be)->inner;
+  return in->ops->map_room ? pass(be, in->ops->map_room(in, n)) : NF_OK;
+}
 static nf_status_t f_add_peer(nf_backend_t *be, int device) {
   nf_backend_t *in = fb(be)->inner;
   if (!in->ops->add_peer) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "the %s backend has no peer devices", in->ops->name);
@@ -147,6 +152,7 @@ static const nf_backend_ops_t fault_ops = {
     .event_sync = f_event_sync,
     .stream_wait = f_stream_wait,
     .add_peer = f_add_peer,
+    .map_room = f_map_room,
     .destroy = f_destroy,
 };
 

@@ -73,6 +73,8 @@ typedef struct {
   uint64_t live_granules, mapped_granules;
   uint64_t n_maps;   // mappings (map calls) held: each is at least one kernel memory mapping
   uint64_t max_maps; // NOFRAG_HOST_MAX_MAPS: stands in for vm.max_map_count (tests); 0 = none
+  void *spare;       // a page mapped outside every range, given up when the mapping bound refuses an unmap (host.c)
+  size_t page;
   // Work in flight (host_event.c, manual mode): ranges streams were declared
   // to use, and per stream the newest event known complete.
   struct host_use *uses;

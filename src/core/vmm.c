@@ -381,6 +381,25 @@ static void map_rollback(nf_pool_t *p, nf_chunk_t *c, const uint64_t *mine, uint
   }
 }
 
+// The backend's bound on mappings (host backend: vm.max_map_count, or
+// NOFRAG_HOST_MAX_MAPS; each mapped granule is a mapping of its own): a
+// request of `k` granules that cannot fit is refused before any is mapped,
+// not mapped up to the bound and unmapped again (two kernel calls a granule;
+// a single huge request needs 65k of them at vm.max_map_count). `early`
+// (before gran_acquire, which may stitch): only when the bound could not be
+// met even with every mapping of this pool gone. After: parked views are
+// unmapped first, as when a map fails (nf__view_evict_all). NF_ERR_BACKEND
+// as for a failed map, not NF_ERR_OOM: a larger limit would not help (the
+// replay's capacity search must not take it for one), and the message names
+// the bound and the remedy.
+static bool room(nf_pool_t *p, uint64_t k) { return !p->be->ops->map_room || p->be->ops->map_room(p->be, k) == NF_OK; }
+static nf_status_t map_room(nf_pool_t *p, uint64_t k, bool early) {
+  uint64_t ours = p->gran_mapped + p->vw_count;
+  if (room(p, early ? (k > ours ? k - ours : 0) : k)) return NF_OK;
+  if (!early && p->vw_count && nf__view_evict_all(p) && room(p, k)) return NF_OK;
+  return nf__error(NF_ERR_BACKEND, "nofrag: map failed: %s", p->be->err);
+}
+
 // Set access on every not-ready granule of [g0, g1), once per run.
 nf_status_t nf__set_ready(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
   for (uint64_t g = g0; g < g1;) {
@@ -405,8 +424,10 @@ nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
   // moved here without unmapping them where stitching would run.
   if (p->vw_blk && (st = nf__view_fill(p, c, g0, g1, nf__gran_room(p, size))) != NF_OK) return st;
   for (uint64_t g = g0; g < g1; g++) k += !nf__bit(c->mapped, g);
+  if (k && (st = map_room(p, k, true)) != NF_OK) return st;
   st = gran_acquire(p, k, c, g0, g1, size, spill, &host);
   if (st != NF_OK) return st;
+  if (k && (st = map_room(p, k, false)) != NF_OK) return st;
   uint64_t small[4] = {0}, *mine = small; // granules mapped by this call
   if (g1 - g0 > 256 && !(mine = calloc(((g1 - g0) + 63) >> 6, sizeof *mine)))
     return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
