@@ -128,24 +128,34 @@ def case_compile(torch, alloc):
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
     fwd = torch.compile(lambda ids: m(input_ids=ids, labels=ids).loss, mode="reduce-overhead")
     gen = torch.Generator(device="cuda")
-    losses, times = [], []
+    losses, times, fwd_s, calls, allocs = [], [], [], [], []
+    nf = alloc.startswith("nofrag")
     for step in range(STEPS):
         gen.manual_seed(SEED + step)
         ids = torch.randint(0, cfg.vocab_size, (8, 128), device="cuda", generator=gen)
         torch.compiler.cudagraph_mark_step_begin()
+        if nf:
+            s0, c0 = _nofrag_stats(), _nofrag_counters()
         t0 = time.perf_counter()
         loss = fwd(ids)
+        t1 = time.perf_counter()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.item()))
         times.append(time.perf_counter() - t0)
+        fwd_s.append(t1 - t0)
+        if nf:
+            s1, c1 = _nofrag_stats(), _nofrag_counters()
+            calls.append({k: s1["calls"][k] - s0["calls"][k] for k in s1["calls"] if s1["calls"][k] != s0["calls"][k]})
+            allocs.append(c1["allocs"] - c0["allocs"])
     # Graph trees re-create checkpointed blocks (setCheckpointPoolState): the
     # cumulative counters must still balance (freed never above allocated).
     ms = torch.cuda.memory_stats()
     counters = {k: ms.get(f"requested_bytes.all.{k}") for k in ("allocated", "freed", "current")}
     return {"losses": [v.hex() for v in losses], "median_step_s": statistics.median(times[5:]),
-            "requested_bytes": counters,
+            "median_fwd_s": statistics.median(fwd_s[5:]), "step_times": times, "calls_by_step": calls,
+            "allocs_by_step": allocs, "requested_bytes": counters,
             "counters_balance": (counters["allocated"] or 0) >= (counters["freed"] or 0)}
 
 
@@ -269,6 +279,11 @@ def _nofrag_stats():
     return nofrag.stats(0)
 
 
+def _nofrag_counters():
+    import nofrag
+    return nofrag.counters(0)
+
+
 def case_oom(torch, alloc):
     held, caught = [], None
     try:
@@ -310,12 +325,6 @@ def case_ipc(torch, alloc):
     ctx = mp.get_context("spawn")
     q_in, q_out = ctx.Queue(), ctx.Queue()
     t = torch.zeros(1 << 20, device="cuda")
-    # Sharing one block again and again (a tensor sent to many workers) must
-    # not open new fds each time (nofrag exports granules as fds).
-    fd0 = len(os.listdir("/proc/self/fd"))
-    for _ in range(200):
-        t.untyped_storage()._share_cuda_()
-    fds_grown = len(os.listdir("/proc/self/fd")) - fd0
     p = ctx.Process(target=_ipc_child, args=(q_in, q_out, alloc))
     p.start()
     q_in.put(t)
@@ -339,10 +348,17 @@ def case_ipc(torch, alloc):
     del t
     torch.cuda.synchronize()
     torch.cuda.ipc_collect()  # frees what the child has released
-    res = {"child_write_seen": seen_child_write, "child_tensor_seen": seen_child_tensor, "child_rc": p.exitcode,
-           "fds_grown_by_200_shares": fds_grown}
+    res = {"child_write_seen": seen_child_write, "child_tensor_seen": seen_child_tensor, "child_rc": p.exitcode}
     if alloc.startswith("nofrag"):
         res["live_after"] = _nofrag_stats()["live"]
+    # Sharing one block again and again (a tensor sent to many workers) must
+    # not open new fds each time (nofrag exports granules as fds). Last: shares
+    # nobody receives keep the block alive (PyTorch's IPC ref counter).
+    u = torch.zeros(1 << 20, device="cuda")
+    fd0 = len(os.listdir("/proc/self/fd"))
+    for _ in range(200):
+        u.untyped_storage()._share_cuda_()
+    fds_grown = res["fds_grown_by_200_shares"] = len(os.listdir("/proc/self/fd")) - fd0
     res["pass"] = (seen_child_write and seen_child_tensor and p.exitcode == 0 and not res.get("live_after")
                    and fds_grown < 8)
     return res
