@@ -91,4 +91,150 @@ static inline int nft_run_cli(const char *args, char *out, size_t n) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+
+// ------------------------------------------------------------ spy backends
+// A test's own backend that forwards every op to `inner` (a host backend),
+// so that it can watch or change single ops: nft_spy_init fills `ops` with
+// forwarders, the test then overrides members. `be` must be the first member
+// of a calloc'ed struct: destroy frees it and the inner backend.
+#include "backend/backend.h"
+
+static inline nf_status_t nft_fwd(nf_backend_t *be, nf_status_t st) {
+  if (st != NF_OK) snprintf(be->err, sizeof be->err, "%s", be->inner->err);
+  return st;
+}
+#define NFT_IN(be) ((be)->inner)
+static inline nf_status_t nft_f_gran(nf_backend_t *be, nf_tier_t t, size_t *o) { return nft_fwd(be, NFT_IN(be)->ops->granularity(NFT_IN(be), t, o)); }
+static inline nf_status_t nft_f_cap(nf_backend_t *be, nf_tier_t t, uint64_t *a, uint64_t *b) { return nft_fwd(be, NFT_IN(be)->ops->capacity(NFT_IN(be), t, a, b)); }
+static inline nf_status_t nft_f_var(nf_backend_t *be, size_t n, size_t al, uintptr_t *o) { return nft_fwd(be, NFT_IN(be)->ops->va_reserve(NFT_IN(be), n, al, o)); }
+static inline nf_status_t nft_f_vaf(nf_backend_t *be, uintptr_t v, size_t n) { return nft_fwd(be, NFT_IN(be)->ops->va_release(NFT_IN(be), v, n)); }
+static inline nf_status_t nft_f_mc(nf_backend_t *be, nf_tier_t t, size_t n, nf_handle_t *o) { return nft_fwd(be, NFT_IN(be)->ops->mem_create(NFT_IN(be), t, n, o)); }
+static inline nf_status_t nft_f_mr(nf_backend_t *be, nf_handle_t h) { return nft_fwd(be, NFT_IN(be)->ops->mem_release(NFT_IN(be), h)); }
+static inline nf_status_t nft_f_map(nf_backend_t *be, uintptr_t v, size_t n, nf_handle_t h) { return nft_fwd(be, NFT_IN(be)->ops->map(NFT_IN(be), v, n, h)); }
+static inline nf_status_t nft_f_unmap(nf_backend_t *be, uintptr_t v, size_t n) { return nft_fwd(be, NFT_IN(be)->ops->unmap(NFT_IN(be), v, n)); }
+static inline nf_status_t nft_f_acc(nf_backend_t *be, uintptr_t v, size_t n) { return nft_fwd(be, NFT_IN(be)->ops->set_access(NFT_IN(be), v, n)); }
+static inline nf_status_t nft_f_copy(nf_backend_t *be, uintptr_t d, uintptr_t s, size_t n, nf_stream_t st) { return nft_fwd(be, NFT_IN(be)->ops->copy(NFT_IN(be), d, s, n, st)); }
+static inline nf_status_t nft_f_evc(nf_backend_t *be, nf_event_t *o) { return nft_fwd(be, NFT_IN(be)->ops->event_create(NFT_IN(be), o)); }
+static inline nf_status_t nft_f_evd(nf_backend_t *be, nf_event_t e) { return nft_fwd(be, NFT_IN(be)->ops->event_destroy(NFT_IN(be), e)); }
+static inline nf_status_t nft_f_evr(nf_backend_t *be, nf_event_t e, nf_stream_t s) { return nft_fwd(be, NFT_IN(be)->ops->event_record(NFT_IN(be), e, s)); }
+static inline nf_status_t nft_f_evq(nf_backend_t *be, nf_event_t e) { return nft_fwd(be, NFT_IN(be)->ops->event_query(NFT_IN(be), e)); }
+static inline nf_status_t nft_f_evs(nf_backend_t *be, nf_event_t e) { return nft_fwd(be, NFT_IN(be)->ops->event_sync(NFT_IN(be), e)); }
+static inline nf_status_t nft_f_sw(nf_backend_t *be, nf_stream_t s, nf_event_t e) { return nft_fwd(be, NFT_IN(be)->ops->stream_wait(NFT_IN(be), s, e)); }
+static inline void nft_f_destroy(nf_backend_t *be) {
+  nf_backend_destroy(NFT_IN(be));
+  free(be);
+}
+
+// `be` forwards to a new host backend of `capacity` and `granule` through
+// `ops` (named members: optional ops stay NULL, i.e. not supported).
+static inline void nft_spy_init(nf_backend_t *be, nf_backend_ops_t *ops, uint64_t capacity, uint64_t granule) {
+  nf_backend_t *in = NULL;
+  assert_int_equal(nf_backend_host_create(&in, capacity, granule), NF_OK);
+  *ops = (nf_backend_ops_t){.name = "spy", .granularity = nft_f_gran, .capacity = nft_f_cap, .va_reserve = nft_f_var,
+                            .va_release = nft_f_vaf, .mem_create = nft_f_mc, .mem_release = nft_f_mr,
+                            .map = nft_f_map, .unmap = nft_f_unmap, .set_access = nft_f_acc, .copy = nft_f_copy,
+                            .event_create = nft_f_evc, .event_destroy = nft_f_evd, .event_record = nft_f_evr,
+                            .event_query = nft_f_evq, .event_sync = nft_f_evs, .stream_wait = nft_f_sw,
+                            .destroy = nft_f_destroy};
+  be->ops = ops;
+  be->inner = in;
+}
+
+// A pool on backend `be` (not owned) with configuration `conf` (NULL: defaults).
+static inline nf_pool_t *nft_pool_on(nf_backend_t *be, const char *conf) {
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  char err[256];
+  if (conf) assert_int_equal(nf_config_parse(&cfg, conf, err, sizeof err), NF_OK);
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &cfg), NF_OK);
+  return p;
+}
+
+// ------------------------------------------------------------ files and mappings
+// Write `n` bytes of `text` to a fresh temp file named after `tag` (gzip-
+// compressed when gz); its path goes to `path` (the caller unlinks).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <zlib.h>
+static inline void nft_write_tmp(char *path, size_t len, const char *tag, const char *text, size_t n, int gz) {
+  snprintf(path, len, "/tmp/nf_%s_XXXXXX", tag);
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  if (gz) {
+    close(fd);
+    gzFile f = gzopen(path, "wb");
+    assert_non_null(f);
+    if (n) assert_int_equal(gzwrite(f, text, (unsigned)n), (int)n);
+    assert_int_equal(gzclose(f), Z_OK);
+  } else {
+    assert_int_equal(write(fd, text, n), (ssize_t)n);
+    close(fd);
+  }
+}
+
+// Cut file `path` to half its size (a gzip stream cut short).
+static inline void nft_truncate_half(const char *path) {
+  FILE *f = fopen(path, "r+b");
+  assert_non_null(f);
+  fseek(f, 0, SEEK_END);
+  long sz = ftell(f);
+  assert_int_equal(ftruncate(fileno(f), sz / 2), 0);
+  fclose(f);
+}
+
+// Filler mappings that bring this process near vm.max_map_count: one region
+// whose pages alternate in protection (each a kernel mapping of its own), so
+// that a few more mappings reach the real bound. Unmapped in one call, by the
+// test or by its teardown (nft_teardown_filler) if an assertion jumped out.
+typedef struct { void *p; size_t len; } nft_filler_t;
+static inline nft_filler_t *nft_filler(void) { // one per test binary (unused elsewhere: no warning)
+  static nft_filler_t f;
+  return &f;
+}
+
+static inline uint64_t nft_maps_now(void) { // kernel mappings of this process (no stdio: no allocation)
+  static char buf[1 << 16];
+  uint64_t n = 0;
+  int fd = open("/proc/self/maps", O_RDONLY);
+  if (fd < 0) return 0;
+  for (ssize_t k; (k = read(fd, buf, sizeof buf)) > 0;)
+    for (ssize_t i = 0; i < k; i++) n += buf[i] == '\n';
+  close(fd);
+  return n;
+}
+
+// True when the process now has about `left` mappings to go before the bound
+// (false: the bound is unknown or too large to reach quickly: skip).
+static inline bool nft_fill_maps_to(uint64_t left) {
+  unsigned long long lim = 0;
+  FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+  if (f) {
+    if (fscanf(f, "%llu", &lim) != 1) lim = 0;
+    fclose(f);
+  }
+  uint64_t now = nft_maps_now();
+  if (!lim || lim > (1u << 21) || !now || now + left + 2 >= lim) return false;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), n = (size_t)(lim - left - now);
+  void *p = mmap(NULL, n * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  nft_filler()->p = p;
+  nft_filler()->len = n * page;
+  for (size_t i = 1; i < n; i += 2)
+    if (mprotect((char *)p + i * page, page, PROT_NONE) != 0) break;
+  return true;
+}
+
+static inline void nft_filler_free(void) {
+  if (nft_filler()->p) munmap(nft_filler()->p, nft_filler()->len);
+  nft_filler()->p = NULL;
+}
+
+static inline int nft_teardown_filler(void **state) {
+  (void)state;
+  nft_filler_free();
+  return 0;
+}
+
 #endif

@@ -383,55 +383,6 @@ static void test_host_usage(void **state) {
 
 // ---------------------------------------------------------------- the kernel's bound on mappings
 
-// Filler mappings that bring this process near vm.max_map_count: one region
-// whose pages alternate in protection (each a kernel mapping of its own), so
-// that a few more mappings reach the real bound. Unmapped in one call, by the
-// test or by its teardown if an assertion jumped out.
-static void *filler;
-static size_t filler_len;
-
-static uint64_t maps_now(void) { // kernel mappings of this process (no stdio: no allocation)
-  static char buf[1 << 16];
-  uint64_t n = 0;
-  int fd = open("/proc/self/maps", O_RDONLY);
-  if (fd < 0) return 0;
-  for (ssize_t k; (k = read(fd, buf, sizeof buf)) > 0;)
-    for (ssize_t i = 0; i < k; i++) n += buf[i] == '\n';
-  close(fd);
-  return n;
-}
-
-// True when the process now has about `left` mappings to go before the bound
-// (false: the bound is unknown or too large to reach quickly: skip).
-static bool fill_maps_to(uint64_t left) {
-  unsigned long long lim = 0;
-  FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
-  if (f) {
-    if (fscanf(f, "%llu", &lim) != 1) lim = 0;
-    fclose(f);
-  }
-  uint64_t now = maps_now();
-  if (!lim || lim > (1u << 21) || !now || now + left + 2 >= lim) return false;
-  size_t page = (size_t)sysconf(_SC_PAGESIZE), n = (size_t)(lim - left - now);
-  void *p = mmap(NULL, n * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return false;
-  filler = p;
-  filler_len = n * page;
-  for (size_t i = 1; i < n; i += 2)
-    if (mprotect((char *)p + i * page, page, PROT_NONE) != 0) break;
-  return true;
-}
-
-static void filler_free(void) {
-  if (filler) munmap(filler, filler_len);
-  filler = NULL;
-}
-
-static int teardown_filler(void **state) {
-  (void)state;
-  filler_free();
-  return 0;
-}
 
 // At the kernel's bound a map fails, and then the kernel refuses even the
 // MAP_FIXED that puts the reservation back over a mapping being unmapped (it
@@ -449,7 +400,7 @@ static void test_host_unmap_at_map_bound(void **state) {
   map_rw(be, keep, G, hk);
   nft_fill((void *)keep, G, 77);
   for (int i = 0; i < N; i++) h[i] = create(be, G);
-  if (!fill_maps_to(N / 2)) {
+  if (!nft_fill_maps_to(N / 2)) {
     nf_backend_destroy(be);
     print_message("skipping: vm.max_map_count unknown or too large to reach\n");
     skip();
@@ -460,7 +411,7 @@ static void test_host_unmap_at_map_bound(void **state) {
   nf_status_t st = NF_OK;
   while (m < N && (st = be->ops->map(be, va + (uintptr_t)m * G, G, h[N - 1 - m])) == NF_OK) m++;
   if (st == NF_OK) fail_msg("%d maps near vm.max_map_count all succeeded (%llu mappings now)", N,
-                            (unsigned long long)maps_now());
+                            (unsigned long long)nft_maps_now());
   assert_int_equal(st, NF_ERR_BACKEND);
   err_has(be, "out of memory mappings");
   err_has(be, "vm.max_map_count=");
@@ -473,7 +424,7 @@ static void test_host_unmap_at_map_bound(void **state) {
   for (int i = 0; i < N; i++) // still reserved, every granule: no hole another mmap could take
     if (msync((void *)(va + (uintptr_t)i * G), G, MS_ASYNC) != 0) fail_msg("granule %d is no longer reserved", i);
   assert_true(nft_check((void *)keep, G, 77));
-  filler_free();
+  nft_filler_free();
   // Below the bound again: every granule maps, keeps data, and goes in one call.
   for (int i = 0; i < N; i++) map_rw(be, va + (uintptr_t)i * G, G, h[i]);
   for (int i = 0; i < N; i++) nft_fill((void *)(va + (uintptr_t)i * G), G, (uint64_t)i);
@@ -812,7 +763,7 @@ int main(void) {
       cmocka_unit_test(test_host_capacity_and_tiers),
       cmocka_unit_test(test_host_huge_capacity),
       cmocka_unit_test(test_host_usage),
-      cmocka_unit_test_teardown(test_host_unmap_at_map_bound, teardown_filler),
+      cmocka_unit_test_teardown(test_host_unmap_at_map_bound, nft_teardown_filler),
       cmocka_unit_test(test_host_copy),
       cmocka_unit_test(test_host_events),
       cmocka_unit_test(test_host_use_violations),

@@ -18,23 +18,6 @@ static const char text_trace[] =
     "alloc 4096 100 7 3600000015\n"
     "free_completed 8192 1048576 7 3600000016\n";
 
-// Write `n` bytes to a fresh temp file (gzip-compressed when gz); its name
-// goes to `path` (the caller unlinks).
-static void write_tmp(char *path, size_t len, const char *text, size_t n, int gz) {
-  snprintf(path, len, "/tmp/nf_formats_XXXXXX");
-  int fd = mkstemp(path);
-  assert_true(fd >= 0);
-  if (gz) {
-    close(fd);
-    gzFile f = gzopen(path, "wb");
-    assert_non_null(f);
-    if (n) assert_int_equal(gzwrite(f, text, (unsigned)n), (int)n);
-    assert_int_equal(gzclose(f), Z_OK);
-  } else {
-    assert_int_equal(write(fd, text, n), (ssize_t)n);
-    close(fd);
-  }
-}
 
 // Parse an RMM log from a buffer (mode 2, named "buf") or through a plain
 // (0) or gzip (1) file (named by its path, in `name`).
@@ -44,7 +27,7 @@ static nf_status_t rmm_load_mode(nf_trace_t *t, int mode, const char *text, size
     snprintf(name, namelen, "buf");
     return nf__trace_parse_rmm_buffer(t, name, text, n, err, errlen);
   }
-  write_tmp(name, namelen, text, n, mode);
+  nft_write_tmp(name, namelen, "formats", text, n, mode);
   nf_status_t st = nf__trace_load_rmm(t, name, err, errlen);
   unlink(name);
   return st;
@@ -332,13 +315,8 @@ static void test_rmm_file_errors(void **state) {
   off = (size_t)sprintf(text, "Thread,Time,Action,Pointer,Size,Stream\n");
   for (size_t i = 0; i < n; i++)
     off += (size_t)sprintf(text + off, "1,t,%s,0x%zx,512,0\n", i & 1 ? "free" : "allocate", i / 2 * 4096);
-  write_tmp(path, sizeof path, text, off, 1);
-  FILE *f = fopen(path, "r+b");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long sz = ftell(f);
-  assert_int_equal(ftruncate(fileno(f), sz / 2), 0);
-  fclose(f);
+  nft_write_tmp(path, sizeof path, "formats", text, off, 1);
+  nft_truncate_half(path);
   assert_int_equal(nf__trace_load_rmm(&t, path, err, sizeof err), NF_ERR_INVALID);
   assert_true(strncmp(err, path, strlen(path)) == 0);
   if (!strstr(err, "read error")) fail_msg("%s", err);
@@ -396,7 +374,7 @@ static void test_cli_zero_sizes(void **state) {
   if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
   char path[64], args[512], out[4096];
   const char t[] = "alloc 4096 1048576 0 1\nfree_completed 4096 1048576 0 2\n";
-  write_tmp(path, sizeof path, t, sizeof t - 1, 0);
+  nft_write_tmp(path, sizeof path, "formats", t, sizeof t - 1, 0);
   static const char *const limits[] = {"--limit 0", "--limit=0", "--limit 0GiB", "--limit 0B --min-capacity",
                                        "--conf limit:8MiB --limit 0"};
   for (size_t i = 0; i < sizeof limits / sizeof *limits; i++) {

@@ -16,20 +16,13 @@
 typedef struct {
   nf_backend_t be;
   nf_backend_ops_t ops;
-  nf_backend_t *in;
   uint64_t peers;           // add_peer so far
   uintptr_t granted[MAXG];  // granules whose mapping grants peer 1 (0: empty slot)
   int fail_access_in;       // >0: the n-th next set_access fails
 } spy_t;
 
 #define SP(be) ((spy_t *)(be))
-#define IN(be) (SP(be)->in)
-#define FWD(call)                                                                  \
-  do {                                                                             \
-    nf_status_t st_ = (call);                                                      \
-    if (st_ != NF_OK) snprintf((be)->err, sizeof (be)->err, "%s", IN(be)->err); \
-    return st_;                                                                    \
-  } while (0)
+#define IN(be) ((be)->inner)
 
 static void grant(spy_t *s, uintptr_t va, size_t n, bool on) {
   for (uintptr_t a = va; a < va + n; a += G) {
@@ -52,68 +45,38 @@ static bool granted(const spy_t *s, uintptr_t a) {
   return false;
 }
 
-static nf_status_t sp_gran(nf_backend_t *be, nf_tier_t t, size_t *o) { FWD(IN(be)->ops->granularity(IN(be), t, o)); }
-static nf_status_t sp_cap(nf_backend_t *be, nf_tier_t t, uint64_t *a, uint64_t *b) { FWD(IN(be)->ops->capacity(IN(be), t, a, b)); }
-static nf_status_t sp_var(nf_backend_t *be, size_t n, size_t al, uintptr_t *o) { FWD(IN(be)->ops->va_reserve(IN(be), n, al, o)); }
-static nf_status_t sp_vaf(nf_backend_t *be, uintptr_t v, size_t n) { FWD(IN(be)->ops->va_release(IN(be), v, n)); }
-static nf_status_t sp_mc(nf_backend_t *be, nf_tier_t t, size_t n, nf_handle_t *o) { FWD(IN(be)->ops->mem_create(IN(be), t, n, o)); }
-static nf_status_t sp_mr(nf_backend_t *be, nf_handle_t h) { FWD(IN(be)->ops->mem_release(IN(be), h)); }
 static nf_status_t sp_map(nf_backend_t *be, uintptr_t v, size_t n, nf_handle_t h) {
   grant(SP(be), v, n, false); // a new mapping has no access yet
-  FWD(IN(be)->ops->map(IN(be), v, n, h));
+  return nft_fwd(be, IN(be)->ops->map(IN(be), v, n, h));
 }
 static nf_status_t sp_unmap(nf_backend_t *be, uintptr_t v, size_t n) {
   nf_status_t st = IN(be)->ops->unmap(IN(be), v, n);
   if (st == NF_OK) grant(SP(be), v, n, false);
-  FWD(st);
+  return nft_fwd(be, st);
 }
 static nf_status_t sp_acc(nf_backend_t *be, uintptr_t v, size_t n) {
   if (SP(be)->fail_access_in > 0 && --SP(be)->fail_access_in == 0)
     return nf__backend_fail(be, NF_ERR_BACKEND, "spy: injected set_access failure");
   nf_status_t st = IN(be)->ops->set_access(IN(be), v, n);
   if (st == NF_OK && (SP(be)->peers & 2)) grant(SP(be), v, n, true);
-  FWD(st);
+  return nft_fwd(be, st);
 }
 static nf_status_t sp_peer(nf_backend_t *be, int d) {
   SP(be)->peers |= 1ull << d;
   return NF_OK;
 }
-static nf_status_t sp_copy(nf_backend_t *be, uintptr_t d, uintptr_t s, size_t n, nf_stream_t st) { FWD(IN(be)->ops->copy(IN(be), d, s, n, st)); }
-static nf_status_t sp_evc(nf_backend_t *be, nf_event_t *o) { FWD(IN(be)->ops->event_create(IN(be), o)); }
-static nf_status_t sp_evd(nf_backend_t *be, nf_event_t e) { FWD(IN(be)->ops->event_destroy(IN(be), e)); }
-static nf_status_t sp_evr(nf_backend_t *be, nf_event_t e, nf_stream_t s) { FWD(IN(be)->ops->event_record(IN(be), e, s)); }
-static nf_status_t sp_evq(nf_backend_t *be, nf_event_t e) { FWD(IN(be)->ops->event_query(IN(be), e)); }
-static nf_status_t sp_evs(nf_backend_t *be, nf_event_t e) { FWD(IN(be)->ops->event_sync(IN(be), e)); }
-static nf_status_t sp_sw(nf_backend_t *be, nf_stream_t s, nf_event_t e) { FWD(IN(be)->ops->stream_wait(IN(be), s, e)); }
-static void sp_destroy(nf_backend_t *be) {
-  nf_backend_destroy(IN(be));
-  free(be);
-}
-
 static spy_t *spy_new(uint64_t capacity) {
   spy_t *s = calloc(1, sizeof *s);
   assert_non_null(s);
-  assert_int_equal(nf_backend_host_create(&s->in, capacity, G), NF_OK);
-  s->ops = (nf_backend_ops_t){.name = "spy", .granularity = sp_gran, .capacity = sp_cap, .va_reserve = sp_var,
-                              .va_release = sp_vaf, .mem_create = sp_mc, .mem_release = sp_mr, .map = sp_map,
-                              .unmap = sp_unmap, .set_access = sp_acc, .copy = sp_copy, .event_create = sp_evc,
-                              .event_destroy = sp_evd, .event_record = sp_evr, .event_query = sp_evq,
-                              .event_sync = sp_evs, .stream_wait = sp_sw, .destroy = sp_destroy,
-                              .add_peer = sp_peer};
-  s->be.ops = &s->ops;
-  s->be.inner = s->in;
+  nft_spy_init(&s->be, &s->ops, capacity, G);
+  s->ops.map = sp_map;
+  s->ops.unmap = sp_unmap;
+  s->ops.set_access = sp_acc;
+  s->ops.add_peer = sp_peer;
   return s;
 }
 
-static nf_pool_t *spy_pool(spy_t *s, const char *conf) {
-  nf_config_t cfg;
-  nf_config_default(&cfg);
-  char err[128];
-  assert_int_equal(nf_config_parse(&cfg, conf, err, sizeof err), NF_OK);
-  nf_pool_t *p = NULL;
-  assert_int_equal(nf_pool_create(&p, &s->be, &cfg), NF_OK);
-  return p;
-}
+static nf_pool_t *spy_pool(spy_t *s, const char *conf) { return nft_pool_on(&s->be, conf); }
 
 // Every granule under live block `ptr` (size n) is granted to the peer.
 static bool block_granted(const spy_t *s, const void *ptr, size_t n) {

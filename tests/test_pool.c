@@ -594,54 +594,6 @@ static void test_parked_streams(void **state) {
 
 // ------------------------------------------------------------ the bound on mappings
 
-// Filler mappings that bring this process near vm.max_map_count: one region
-// whose pages alternate in protection (each a kernel mapping of its own).
-// Unmapped in one call, by the test or by its teardown.
-static void *filler;
-static size_t filler_len;
-
-static uint64_t maps_now(void) { // kernel mappings of this process (no stdio: no allocation)
-  static char buf[1 << 16];
-  uint64_t n = 0;
-  int fd = open("/proc/self/maps", O_RDONLY);
-  if (fd < 0) return 0;
-  for (ssize_t k; (k = read(fd, buf, sizeof buf)) > 0;)
-    for (ssize_t i = 0; i < k; i++) n += buf[i] == '\n';
-  close(fd);
-  return n;
-}
-
-// True when the process now has about `left` mappings to go before the bound
-// (false: the bound is unknown or too large to reach quickly: skip).
-static bool fill_maps_to(uint64_t left) {
-  unsigned long long lim = 0;
-  FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
-  if (f) {
-    if (fscanf(f, "%llu", &lim) != 1) lim = 0;
-    fclose(f);
-  }
-  uint64_t now = maps_now();
-  if (!lim || lim > (1u << 21) || !now || now + left + 2 >= lim) return false;
-  size_t page = (size_t)sysconf(_SC_PAGESIZE), n = (size_t)(lim - left - now);
-  void *q = mmap(NULL, n * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (q == MAP_FAILED) return false;
-  filler = q;
-  filler_len = n * page;
-  for (size_t i = 1; i < n; i += 2)
-    if (mprotect((char *)q + i * page, page, PROT_NONE) != 0) break;
-  return true;
-}
-
-static void filler_free(void) {
-  if (filler) munmap(filler, filler_len);
-  filler = NULL;
-}
-
-static int teardown_filler(void **state) {
-  (void)state;
-  filler_free();
-  return 0;
-}
 
 static uint64_t host_maps(nf_backend_t *be) {
   uint64_t gr, mp;
@@ -682,7 +634,7 @@ static void test_map_bound_rollback(void **state) {
   live_random(p, l, N, nft_env_seed(42) ^ 0x6d617073);
   nf_stats_t s0 = stats(p);
   uint64_t maps0 = host_maps(be);
-  if (!fill_maps_to(K / 2)) {
+  if (!nft_fill_maps_to(K / 2)) {
     nf_pool_destroy(p);
     nf_backend_destroy(be);
     print_message("skipping: vm.max_map_count unknown or too large to reach\n");
@@ -690,7 +642,7 @@ static void test_map_bound_rollback(void **state) {
   }
   void *q = nf_alloc(p, K * G, NULL);
   if (q) fail_msg("a %d-granule request near vm.max_map_count was mapped (%llu mappings now)", K,
-                  (unsigned long long)maps_now());
+                  (unsigned long long)nft_maps_now());
   assert_int_equal(nf_last_status(), NF_ERR_BACKEND);
   if (!strstr(nf_last_error(), "out of memory mappings")) fail_msg("message: %s", nf_last_error());
   nf_stats_t s1 = stats(p);
@@ -701,7 +653,7 @@ static void test_map_bound_rollback(void **state) {
   assert_int_equal(s1.live, s0.live);
   check_all(l, N);
   assert_int_equal(nf_pool_check(p), NF_OK);
-  filler_free();
+  nft_filler_free();
   q = nf_alloc(p, K * G, NULL);
   assert_non_null(q);
   nft_fill(q, K * G, 5);
@@ -814,7 +766,7 @@ int main(void) {
       cmocka_unit_test(test_unmap_waits),    cmocka_unit_test(test_release_policy),
       cmocka_unit_test(test_small_large_share), cmocka_unit_test(test_class_full_of_misfits),
       cmocka_unit_test(test_stitch_without_wait), cmocka_unit_test(test_parked_bins), cmocka_unit_test(test_parked_streams),
-      cmocka_unit_test_teardown(test_map_bound_rollback, teardown_filler), cmocka_unit_test(test_map_bound_refused),
+      cmocka_unit_test_teardown(test_map_bound_rollback, nft_teardown_filler), cmocka_unit_test(test_map_bound_refused),
   };
   fprintf(stderr, "NF_SEED=%llu\n", (unsigned long long)nft_env_seed(42));
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,7 +21,6 @@ typedef struct { nf_event_t e; int s, seq; } spy_ev;
 typedef struct {
   nf_backend_t be;
   nf_backend_ops_t ops;
-  nf_backend_t *in;
   int capturing;
   int events_in_capture, events_total;
   int seq, nev, fail_sync; // fail_sync: syncs of events on stream S(fail_sync) fail (0: none)
@@ -29,30 +28,13 @@ typedef struct {
   int waited[8][8], done[8];
 } spy_t;
 
-#define IN(be) (((spy_t *)(be))->in)
-#define FWD(call)                                                   \
-  do {                                                              \
-    nf_status_t st_ = (call);                                       \
-    if (st_ != NF_OK) snprintf((be)->err, sizeof (be)->err, "%s", IN(be)->err); \
-    return st_;                                                     \
-  } while (0)
+#define IN(be) ((be)->inner)
+#define FWD(call) return nft_fwd(be, (call))
 static void ev_seen(nf_backend_t *be) {
   spy_t *s = (spy_t *)be;
   s->events_total++;
   if (s->capturing) s->events_in_capture++;
 }
-static nf_status_t sp_gran(nf_backend_t *be, nf_tier_t t, size_t *o) { FWD(IN(be)->ops->granularity(IN(be), t, o)); }
-static nf_status_t sp_cap(nf_backend_t *be, nf_tier_t t, uint64_t *a, uint64_t *b) { FWD(IN(be)->ops->capacity(IN(be), t, a, b)); }
-static nf_status_t sp_var(nf_backend_t *be, size_t n, size_t al, uintptr_t *o) { FWD(IN(be)->ops->va_reserve(IN(be), n, al, o)); }
-static nf_status_t sp_vaf(nf_backend_t *be, uintptr_t v, size_t n) { FWD(IN(be)->ops->va_release(IN(be), v, n)); }
-static nf_status_t sp_mc(nf_backend_t *be, nf_tier_t t, size_t n, nf_handle_t *o) { FWD(IN(be)->ops->mem_create(IN(be), t, n, o)); }
-static nf_status_t sp_mr(nf_backend_t *be, nf_handle_t h) { FWD(IN(be)->ops->mem_release(IN(be), h)); }
-static nf_status_t sp_map(nf_backend_t *be, uintptr_t v, size_t n, nf_handle_t h) { FWD(IN(be)->ops->map(IN(be), v, n, h)); }
-static nf_status_t sp_unmap(nf_backend_t *be, uintptr_t v, size_t n) { FWD(IN(be)->ops->unmap(IN(be), v, n)); }
-static nf_status_t sp_acc(nf_backend_t *be, uintptr_t v, size_t n) { FWD(IN(be)->ops->set_access(IN(be), v, n)); }
-static nf_status_t sp_copy(nf_backend_t *be, uintptr_t d, uintptr_t s, size_t n, nf_stream_t st) { FWD(IN(be)->ops->copy(IN(be), d, s, n, st)); }
-static nf_status_t sp_evc(nf_backend_t *be, nf_event_t *o) { FWD(IN(be)->ops->event_create(IN(be), o)); }
-static nf_status_t sp_evd(nf_backend_t *be, nf_event_t e) { FWD(IN(be)->ops->event_destroy(IN(be), e)); }
 static spy_ev *ev_of(spy_t *s, nf_event_t e) { // its latest record (a spare slot if none)
   for (int i = 0; i < s->nev; i++)
     if (s->ev[i].e == e) return &s->ev[i];
@@ -85,31 +67,18 @@ static nf_status_t sp_sw(nf_backend_t *be, nf_stream_t s, nf_event_t e) {
 static bool ordered(const spy_t *s, nf_stream_t w, nf_stream_t x, int mark) {
   return s->waited[(uintptr_t)w & 7][(uintptr_t)x & 7] > mark || s->done[(uintptr_t)x & 7] > mark;
 }
-static void sp_destroy(nf_backend_t *be) { nf_backend_destroy(IN(be)); free(be); }
-
 static spy_t *spy_new(uint64_t capacity) {
   spy_t *s = calloc(1, sizeof *s);
-  assert_int_equal(nf_backend_host_create(&s->in, capacity, G), NF_OK);
-  // Named members: optional ops added later stay NULL (not supported).
-  s->ops = (nf_backend_ops_t){.name = "spy", .granularity = sp_gran, .capacity = sp_cap, .va_reserve = sp_var,
-                              .va_release = sp_vaf, .mem_create = sp_mc, .mem_release = sp_mr, .map = sp_map,
-                              .unmap = sp_unmap, .set_access = sp_acc, .copy = sp_copy, .event_create = sp_evc,
-                              .event_destroy = sp_evd, .event_record = sp_evr, .event_query = sp_evq,
-                              .event_sync = sp_evs, .stream_wait = sp_sw, .destroy = sp_destroy};
-  s->be.ops = &s->ops;
-  s->be.inner = s->in;
+  assert_non_null(s);
+  nft_spy_init(&s->be, &s->ops, capacity, G);
+  s->ops.event_record = sp_evr;
+  s->ops.event_query = sp_evq;
+  s->ops.event_sync = sp_evs;
+  s->ops.stream_wait = sp_sw;
   return s;
 }
 
-static nf_pool_t *spy_pool(spy_t *s, const char *conf) {
-  nf_config_t cfg;
-  nf_config_default(&cfg);
-  char err[256];
-  if (conf) assert_int_equal(nf_config_parse(&cfg, conf, err, sizeof err), NF_OK);
-  nf_pool_t *p = NULL;
-  assert_int_equal(nf_pool_create(&p, &s->be, &cfg), NF_OK);
-  return p;
-}
+static nf_pool_t *spy_pool(spy_t *s, const char *conf) { return nft_pool_on(&s->be, conf); }
 
 static bool overlaps(uintptr_t a, size_t n, uintptr_t b, size_t m) { return a < b + m && b < a + n; }
 static nf_stats_t stats_of(nf_pool_t *p) { nf_stats_t st; nf_stats_get(p, &st); return st; }

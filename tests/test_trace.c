@@ -7,23 +7,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-// Write `text` to a fresh temp file (gzip-compressed when gz); returns its
-// path in `path` (caller unlinks).
-static void write_tmp(char *path, size_t len, const char *text, size_t n, int gz) {
-  snprintf(path, len, "/tmp/nf_trace_test_XXXXXX");
-  int fd = mkstemp(path);
-  assert_true(fd >= 0);
-  if (gz) {
-    close(fd);
-    gzFile f = gzopen(path, "wb");
-    assert_non_null(f);
-    if (n) assert_int_equal(gzwrite(f, text, (unsigned)n), (int)n);
-    assert_int_equal(gzclose(f), Z_OK);
-  } else {
-    assert_int_equal(write(fd, text, n), (ssize_t)n);
-    close(fd);
-  }
-}
 
 static const char good[] =
     "# header comment\n"
@@ -61,7 +44,7 @@ static void test_good_plain_gz_buffer(void **state) {
   (void)state;
   char path[64], err[256] = "";
   for (int gz = 0; gz < 2; gz++) {
-    write_tmp(path, sizeof path, good, strlen(good), gz);
+    nft_write_tmp(path, sizeof path, "trace_test", good, strlen(good), gz);
     nf_trace_t t;
     assert_int_equal(nf__trace_load(&t, path, err, sizeof err), NF_OK);
     check_good(&t);
@@ -78,7 +61,7 @@ static void test_good_plain_gz_buffer(void **state) {
   assert_int_equal(nf__trace_parse_buffer(&t, "mem", "", 0, err, sizeof err), NF_OK);
   assert_int_equal(t.n_events, 0);
   nf__trace_free(&t);
-  write_tmp(path, sizeof path, "", 0, 1);
+  nft_write_tmp(path, sizeof path, "trace_test", "", 0, 1);
   assert_int_equal(nf__trace_load(&t, path, err, sizeof err), NF_OK);
   assert_int_equal(t.n_events, 0);
   nf__trace_free(&t);
@@ -117,7 +100,7 @@ static void test_malformed(void **state) {
       nf_status_t st;
       err[0] = 0;
       if (mode < 2) {
-        write_tmp(path, sizeof path, bad[i].text, n, mode);
+        nft_write_tmp(path, sizeof path, "trace_test", bad[i].text, n, mode);
         st = nf__trace_load(&t, path, err, sizeof err);
         unlink(path);
       } else {
@@ -146,7 +129,7 @@ static void test_line_too_long(void **state) {
     nf_trace_t t;
     nf_status_t st;
     if (mode < 2) {
-      write_tmp(path, sizeof path, text, strlen(text), mode);
+      nft_write_tmp(path, sizeof path, "trace_test", text, strlen(text), mode);
       st = nf__trace_load(&t, path, err, sizeof err);
       unlink(path);
     } else {
@@ -161,7 +144,7 @@ static void test_line_too_long(void **state) {
   memset(text, ' ', NF_TRACE_MAX_LINE);
   memcpy(text, "alloc 1 2 3 4", 13);
   text[NF_TRACE_MAX_LINE] = '\n';
-  write_tmp(path, sizeof path, text, NF_TRACE_MAX_LINE + 1, 1);
+  nft_write_tmp(path, sizeof path, "trace_test", text, NF_TRACE_MAX_LINE + 1, 1);
   nf_trace_t t;
   assert_int_equal(nf__trace_load(&t, path, err, sizeof err), NF_OK);
   assert_int_equal(t.n_events, 1);
@@ -184,13 +167,8 @@ static void test_file_errors(void **state) {
   assert_non_null(text);
   size_t off = 0;
   for (size_t i = 0; i < n; i++) off += (size_t)sprintf(text + off, "alloc %zu 512 0 %zu\n", i, i);
-  write_tmp(path, sizeof path, text, off, 1);
-  FILE *f = fopen(path, "r+b");
-  assert_non_null(f);
-  fseek(f, 0, SEEK_END);
-  long sz = ftell(f);
-  assert_int_equal(ftruncate(fileno(f), sz / 2), 0);
-  fclose(f);
+  nft_write_tmp(path, sizeof path, "trace_test", text, off, 1);
+  nft_truncate_half(path);
   assert_int_equal(nf__trace_load(&t, path, err, sizeof err), NF_ERR_INVALID);
   assert_true(strncmp(err, path, strlen(path)) == 0);
   if (!strstr(err, "read error")) fail_msg("%s", err);
@@ -249,7 +227,7 @@ static void test_stream_chunks(void **state) {
   assert_true(m.n_events > 10000);
   assert_int_equal(m.events[m.n_events - 1].line, lines + 1);
   for (int gz = 0; gz < 2; gz++) {
-    write_tmp(path, sizeof path, text, off, gz);
+    nft_write_tmp(path, sizeof path, "trace_test", text, off, gz);
     if (nf__trace_load(&t, path, err, sizeof err) != NF_OK) fail_msg("gz %d: %s", gz, err);
     assert_int_equal(t.n_events, m.n_events);
     for (size_t i = 0; i < m.n_events; i++) {
