@@ -207,7 +207,20 @@ static inline uint64_t nft_maps_now(void) { // kernel mappings of this process (
 
 // True when the process now has about `left` mappings to go before the bound
 // (false: the bound is unknown or too large to reach quickly: skip).
+#if defined(__SANITIZE_THREAD__)
+#define NFT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define NFT_TSAN 1
+#endif
+#endif
 static inline bool nft_fill_maps_to(uint64_t left) {
+#ifdef NFT_TSAN
+  // TSan's runtime maps memory as it goes: near the bound its own mmap fails
+  // and it aborts the process (CI, 2026-12-04). ASan copes.
+  (void)left;
+  return false;
+#endif
   unsigned long long lim = 0;
   FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
   if (f) {

@@ -402,7 +402,7 @@ static void test_host_unmap_at_map_bound(void **state) {
   for (int i = 0; i < N; i++) h[i] = create(be, G);
   if (!nft_fill_maps_to(N / 2)) {
     nf_backend_destroy(be);
-    print_message("skipping: vm.max_map_count unknown or too large to reach\n");
+    print_message("skipping: vm.max_map_count unknown or too large to reach, or under TSan\n");
     skip();
   }
   // Fresh handles mapped the way the pool maps them (memfd offsets descending

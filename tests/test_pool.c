@@ -637,7 +637,7 @@ static void test_map_bound_rollback(void **state) {
   if (!nft_fill_maps_to(K / 2)) {
     nf_pool_destroy(p);
     nf_backend_destroy(be);
-    print_message("skipping: vm.max_map_count unknown or too large to reach\n");
+    print_message("skipping: vm.max_map_count unknown or too large to reach, or under TSan\n");
     skip();
   }
   void *q = nf_alloc(p, K * G, NULL);
