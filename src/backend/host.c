@@ -312,107 +312,6 @@ static nf_status_t mem_release_locked(host_backend *h, nf_handle_t hd) {
 
 // ---------------------------------------------------------------- mapping
 
-// The kernel's bound on a process's memory mappings (vm.max_map_count), read
-// once (0: unknown).
-static uint64_t kernel_max_maps;
-static pthread_once_t kernel_max_once = PTHREAD_ONCE_INIT;
-
-static void read_kernel_max_maps(void) {
-  unsigned long long v = 0;
-  FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
-  if (f) {
-    if (fscanf(f, "%llu", &v) != 1) v = 0;
-    fclose(f);
-  }
-  kernel_max_maps = v;
-}
-
-// The bound on mappings this backend works under, and its name (0: unknown).
-static uint64_t map_bound(const host_backend *h, const char **what) {
-  if (h->max_maps) {
-    *what = "NOFRAG_HOST_MAX_MAPS";
-    return h->max_maps;
-  }
-  pthread_once(&kernel_max_once, read_kernel_max_maps);
-  *what = "vm.max_map_count";
-  return kernel_max_maps;
-}
-
-// mmap/mprotect failed with ENOMEM (or would: h_map_room), which on
-// Linux is mostly the per-process bound on memory mappings (vm.max_map_count):
-// every mapped granule run of the host backend is a mapping of its own, so
-// small granules hit it. Names the bound, how many mappings this backend
-// holds, and what to do; the message goes to `to` (the backend the caller
-// called: a fault wrapper's own). Nothing is rescanned: counting the lines of
-// /proc/self/maps here, 65k of them at the bound, on every failure made a
-// rollback of many granules quadratic.
-static nf_status_t fail_maps(host_backend *h, nf_backend_t *to, const char *op) {
-  const char *what;
-  unsigned long long lim = map_bound(h, &what), held = h->n_maps;
-  if (!lim) return nf__backend_fail(to, NF_ERR_BACKEND, "host backend: %s: Cannot allocate memory", op);
-  // be->err is 256 bytes: short words, the numbers and the remedy first.
-  return nf__backend_fail(to, NF_ERR_BACKEND,
-                          "host backend: %s: out of memory mappings: %llu held (%llu granule runs of %llu B), %s=%llu; use a "
-                          "larger granule, fewer views (views:N), or sysctl vm.max_map_count=%llu",
-                          op, held, held, (unsigned long long)h->granule, what, lim, lim * 4);
-}
-
-static nf_status_t fail_enomem(host_backend *h, const char *op) { return fail_maps(h, &h->base, op); }
-
-// The map_room op: whether `n` more mappings fit under the bound
-// (NOFRAG_HOST_MAX_MAPS, else vm.max_map_count), counting each map as one
-// kernel mapping. Passing promises nothing: the process's other mappings
-// count against vm.max_map_count too. (The kernel merges neighbouring
-// mappings of adjacent memfd extents, so a refused request might have fit by
-// luck; the pool maps fresh granules in descending extent order, and at the
-// bound the GPT-2 trace held 65502 maps in 65532 kernel mappings.)
-static nf_status_t h_map_room(nf_backend_t *be, uint64_t n) {
-  host_backend *h = hb(be);
-  pthread_mutex_lock(&h->mu);
-  const char *what;
-  uint64_t lim = map_bound(h, &what);
-  bool ok = !lim || (h->n_maps <= lim && n <= lim - h->n_maps);
-  if (!ok) {
-    char op[64];
-    snprintf(op, sizeof op, "map of %llu granule%s", (unsigned long long)n, n == 1 ? "" : "s");
-    fail_maps(h, be, op);
-  }
-  pthread_mutex_unlock(&h->mu);
-  return ok ? NF_OK : NF_ERR_BACKEND;
-}
-
-// A page of anonymous shared memory (its own object: it never merges with a
-// neighbour, so unmapping it always frees one kernel mapping), or NULL.
-static void *spare_new(host_backend *h) {
-  void *p = mmap(NULL, h->page, PROT_NONE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  return p == MAP_FAILED ? NULL : p;
-}
-
-// Put the PROT_NONE reservation back over [va, va + size), whole mappings of
-// a range; 0 or an errno, and then nothing changed. One MAP_FIXED call
-// replaces them, so the range is never without a mapping: unmapping it first
-// would leave a hole that another thread's mmap (not under our lock) could
-// take, and the next map here would then clobber that mapping with MAP_FIXED.
-// At the kernel's bound (vm.max_map_count) that call fails with ENOMEM although
-// it adds no mapping: the kernel checks the count before it looks at what the
-// call replaces, and a map that failed at the bound can leave the count one
-// above it (it split the reservation, then gave up). Then the spare page goes
-// (it lies outside every reserved range: the hole it leaves is nobody's),
-// which brings the count back under the bound, the range is replaced, and a
-// new spare is made (at worst the count is where it was: the replaced
-// mappings were whole ones, often merged into the reservation around them).
-static int reserve_again(host_backend *h, uintptr_t va, size_t size) {
-  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED;
-  if (mmap((void *)va, size, PROT_NONE, flags, -1, 0) != MAP_FAILED) return 0;
-  if (errno != ENOMEM) return errno;
-  if (!h->spare) h->spare = spare_new(h);
-  if (!h->spare || munmap(h->spare, h->page) != 0) return ENOMEM;
-  h->spare = NULL;
-  int e = mmap((void *)va, size, PROT_NONE, flags, -1, 0) == MAP_FAILED ? errno : 0;
-  h->spare = spare_new(h);
-  return e;
-}
-
 static nf_status_t map_locked(host_backend *h, uintptr_t va, size_t size, nf_handle_t hd) {
   uint32_t idx;
   mem_rec *rec = nf__host_rec_of(h, hd, &idx);
@@ -429,14 +328,14 @@ static nf_status_t map_locked(host_backend *h, uintptr_t va, size_t size, nf_han
     if (r->slot[i])
       return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: map(%#lx, %zu): granule %#lx already mapped",
                               (unsigned long)va, size, (unsigned long)(r->base + i * h->granule));
-  if (h->max_maps && h->n_maps >= h->max_maps) return fail_enomem(h, "map: mmap");
+  if (h->max_maps && h->n_maps >= h->max_maps) return nf__host_fail_enomem(h, "map: mmap");
   int fd = rec->ext_fd >= 0 ? rec->ext_fd : h->tiers[rec->tier].fd;
   void *p = mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, (off_t)rec->off);
   if (p == MAP_FAILED) {
     int e = errno;
     // A failed MAP_FIXED may have dropped the reservation: put it back.
     mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    if (e == ENOMEM) return fail_enomem(h, "map: mmap");
+    if (e == ENOMEM) return nf__host_fail_enomem(h, "map: mmap");
     return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: map: mmap: %s", strerror(e));
   }
   h->n_maps++;
@@ -470,8 +369,8 @@ static nf_status_t unmap_locked(host_backend *h, uintptr_t va, size_t size) {
     nmaps++;
   }
   if (!ext_reserve(h, nmaps)) return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
-  int e = reserve_again(h, va, size);
-  if (e) return e == ENOMEM ? fail_enomem(h, "unmap: mmap")
+  int e = nf__host_reserve_again(h, va, size);
+  if (e) return e == ENOMEM ? nf__host_fail_enomem(h, "unmap: mmap")
                             : nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: unmap: mmap: %s", strerror(e));
   h->n_maps -= nmaps;
   if (h->nuses) nf__host_uses_check(h, va, size);
@@ -498,7 +397,7 @@ static nf_status_t set_access_locked(host_backend *h, uintptr_t va, size_t size)
       return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: set_access(%#lx, %zu): granule %#lx is not mapped",
                               (unsigned long)va, size, (unsigned long)(r->base + i * h->granule));
   if (mprotect((void *)va, size, PROT_READ | PROT_WRITE) != 0)
-    return errno == ENOMEM ? fail_enomem(h, "set_access: mprotect") : nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: set_access: mprotect: %s", strerror(errno));
+    return errno == ENOMEM ? nf__host_fail_enomem(h, "set_access: mprotect") : nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: set_access: mprotect: %s", strerror(errno));
   for (size_t i = i0; i < end; i++) r->slot[i] |= SLOT_ACCESS;
   return NF_OK;
 }
@@ -615,7 +514,7 @@ static const nf_backend_ops_t host_ops = {
     .set_access = h_set_access, .copy = h_copy,               .event_create = nf__host_event_create,
     .event_destroy = nf__host_event_destroy, .event_record = nf__host_event_record, .event_query = nf__host_event_query,
     .event_sync = nf__host_event_sync, .stream_wait = nf__host_stream_wait, .destroy = h_destroy,
-    .mem_export = nf__host_mem_export, .mem_import = nf__host_mem_import, .map_room = h_map_room,
+    .mem_export = nf__host_mem_export, .mem_import = nf__host_mem_import, .map_room = nf__host_map_room,
 };
 
 NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity, uint64_t granule) {
@@ -639,9 +538,9 @@ NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity,
   h->granule = granule;
   const char *mm = getenv("NOFRAG_HOST_MAX_MAPS"); // tests: a small stand-in for vm.max_map_count
   if (mm && *mm) h->max_maps = strtoull(mm, NULL, 10);
-  pthread_once(&kernel_max_once, read_kernel_max_maps); // now, not at the bound (fopen allocates)
+  nf__host_map_bound_init(); // now, not at the bound (fopen allocates)
   h->page = (size_t)page;
-  h->spare = spare_new(h); // unmap's way out at the mapping bound (reserve_again)
+  h->spare = nf__host_spare_new(h); // unmap's way out at the mapping bound (nf__host_reserve_again)
   for (int t = 0; t < NTIERS; t++) h->tiers[t].fd = -1; // memfds are made on first use
   *out = &h->base;
   return NF_OK;

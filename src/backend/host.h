@@ -1,6 +1,6 @@
-// Internal to the host backend (host.c: memory ops; host_event.c: events and
-// work in flight; host_share.c: export / import): its records and the
-// backend object. See host.c for the model.
+// Internal to the host backend (host.c: memory ops; host_maps.c: the bound on
+// mappings; host_event.c: events and work in flight; host_share.c: export /
+// import): its records and the backend object. See host.c for the model.
 #ifndef NF_HOST_H
 #define NF_HOST_H
 
@@ -99,6 +99,12 @@ void nf__host_event_free(host_backend *h, host_event *e); // unlink and free, un
 void nf__host_uses_check(host_backend *h, uintptr_t va, size_t size);
 void nf__host_uses_free(host_backend *h); // destroy
 host_backend *nf__host_of(nf_backend_t *be); // the host backend behind be (through fault wrappers), or NULL
+// host_maps.c: the bound on mappings (vm.max_map_count, or NOFRAG_HOST_MAX_MAPS).
+void nf__host_map_bound_init(void);                                      // read vm.max_map_count (once)
+nf_status_t nf__host_map_room(nf_backend_t *be, uint64_t n);             // the map_room op
+nf_status_t nf__host_fail_enomem(host_backend *h, const char *op);       // ENOMEM: name the bound and the remedy
+void *nf__host_spare_new(host_backend *h);                               // a spare page outside every range, or NULL
+int nf__host_reserve_again(host_backend *h, uintptr_t va, size_t size);  // PROT_NONE back over mapped runs: 0 or errno
 // host.c: a live record for a handle (NULL: unknown or released); a free record slot (NULL: out of memory).
 // Under the lock.
 mem_rec *nf__host_rec_of(host_backend *h, nf_handle_t hd, uint32_t *idx);
