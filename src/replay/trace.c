@@ -257,9 +257,7 @@ nf_status_t nf__trace_parse_buffer(nf_trace_t *t, const char *name, const char *
 }
 
 nf_status_t nf__trace_load(nf_trace_t *t, const char *path, char *err, size_t errlen) {
-  trace_reset(t);
-  if (!path) { nf__trace_set_err(err, errlen, "<trace>: no path"); return NF_ERR_INVALID; }
-  parser_t ps;
+  parser_t ps; // a NULL path: trace_begin names it "<trace>", nf__trace_read_lines refuses it
   nf_status_t st = trace_begin(t, &ps, path, err, errlen);
   if (st == NF_OK) st = nf__trace_read_lines(path, NF_TRACE_MAX_LINE, text_line, &ps, err, errlen);
   if (st != NF_OK) nf__trace_free(t);

@@ -143,13 +143,15 @@ typedef struct rmm_reader_s {
   int header; // line 1 was the header
 } rmm_reader_t;
 
+static nf_status_t not_rmm(const rmm_reader_t *r) {
+  nf__trace_set_err(r->err, r->errlen, "%s:1: not an RMM log: the first line must be '" RMM_HEADER "'", r->t->name);
+  return NF_ERR_INVALID;
+}
+
 static nf_status_t rmm_line(void *ctx, size_t line, const char *s, size_t n) {
   rmm_reader_t *r = ctx;
   if (line > 1) return parse_row(r->t, line, s, n, r->err, r->errlen);
-  if (!nf__trace_is_rmm(s, n)) {
-    nf__trace_set_err(r->err, r->errlen, "%s:1: not an RMM log: the first line must be '" RMM_HEADER "'", r->t->name);
-    return NF_ERR_INVALID;
-  }
+  if (!nf__trace_is_rmm(s, n)) return not_rmm(r);
   if (n && s[n - 1] == '\r') n--;
   if (n > NF_TRACE_MAX_LINE) { // the header, then junk after a '\r'
     nf__trace_set_err(r->err, r->errlen, "%s:1: line too long (more than %d bytes)", r->t->name, NF_TRACE_MAX_LINE);
@@ -169,10 +171,7 @@ static nf_status_t rmm_begin(nf_trace_t *t, rmm_reader_t *r, const char *name, c
 
 // After the last line: an input with no line at all has no header either.
 static nf_status_t rmm_end(nf_status_t st, rmm_reader_t *r) {
-  if (st == NF_OK && !r->header) {
-    nf__trace_set_err(r->err, r->errlen, "%s:1: not an RMM log: the first line must be '" RMM_HEADER "'", r->t->name);
-    st = NF_ERR_INVALID;
-  }
+  if (st == NF_OK && !r->header) st = not_rmm(r);
   if (st != NF_OK) nf__trace_free(r->t);
   return st;
 }

@@ -186,6 +186,11 @@ NF_API size_t nf_torch_set_host_alloc(size_t min_bytes) {
   return old;
 }
 
+static void count_alloc(nft_dev_t *d, size_t n) {
+  atomic_fetch_add_explicit(&d->bytes_alloc, n, memory_order_relaxed);
+  atomic_fetch_add_explicit(&d->allocs, 1, memory_order_relaxed);
+}
+
 // nf_torch_alloc, or (id nonzero) from private pool `id` (nf_torch_alloc_private).
 static void *alloc_impl(size_t size, int device, void *stream, uint64_t id) {
   nf_pool_t *pool = torch_pool_get(device, 1);
@@ -202,9 +207,7 @@ static void *alloc_impl(size_t size, int device, void *stream, uint64_t id) {
       nf_offload(pool, p, (nf_stream_t)stream, NF_TIER_HOST) == NF_OK)
     nf_offload_wait(pool); // best effort: on failure the block stays on the device
   if (p) {
-    nft_dev_t *d = &devs[device];
-    atomic_fetch_add_explicit(&d->bytes_alloc, size, memory_order_relaxed);
-    atomic_fetch_add_explicit(&d->allocs, 1, memory_order_relaxed);
+    count_alloc(&devs[device], size);
     return p;
   }
   if (size == 0) return NULL; // PyTorch expects NULL for empty storages
@@ -240,10 +243,7 @@ NF_API void *nf_torch_alloc_at(int device, uint64_t id, void *addr, size_t size,
   nf_pool_t *pool = torch_pool_get(device, 0);
   if (!pool) return NULL;
   void *r = nf_alloc_at(pool, id, addr, size, (nf_stream_t)stream);
-  if (r) {
-    atomic_fetch_add_explicit(&devs[device].bytes_alloc, size, memory_order_relaxed);
-    atomic_fetch_add_explicit(&devs[device].allocs, 1, memory_order_relaxed);
-  }
+  if (r) count_alloc(&devs[device], size);
   return r;
 }
 
