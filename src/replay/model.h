@@ -137,7 +137,8 @@ typedef struct nf__model_s {
   nf__mvec unmapped[2]; // unmapped blocks per pool, (stream, addr): BlockPool::unmapped
   nf__mseg *segs;
   size_t nsegs, capsegs;
-  uint64_t next_addr;   // bump pointer for fresh address ranges
+  uint64_t next_addr;   // bump pointer for expandable segments' address ranges (upwards)
+  uint64_t malloc_top;  // cudaMalloc segments' ranges, handed out downwards (alloc_block)
   uint64_t reserved, allocated, requested;
   size_t segments;
   uint32_t cur_event;   // trace event of the op being replayed (origin of new memory)

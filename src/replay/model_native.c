@@ -66,19 +66,24 @@ static int32_t get_free_block(nf__model *m, int pool, uint64_t stream, uint64_t 
 // total_allocated_memory + alloc_size would pass it (the expandable path
 // checks the same alloc_size, though it maps only what it needs); else a new
 // segment of alloc_size (cudaMalloc) or pages mapped in the stream's
-// expandable segment.
+// expandable segment. The driver hands cudaMalloc ranges out top-down (the
+// segment_alloc addresses of the shared traces mostly decrease), so a new
+// segment sorts below the older ones: best fit breaks size ties by address,
+// and with ascending addresses the model picked other blocks than PyTorch
+// (gpt2: peak allocated and min capacity differed from PyTorch 2.11 on the
+// H200; with descending ones every probe matches it).
 static int32_t alloc_block(nf__model *m, int pool, uint64_t stream, uint64_t size, uint64_t alloc_size) {
   if (m->limit && m->reserved + alloc_size > m->limit) return -1;
   if (m->expandable) return nf__mx_try_allocate(m, pool, stream, size);
   int32_t id = nf__m_new_block(m);
   if (id < 0) return -1;
   nf__mblock *b = &m->b[id];
-  b->addr = m->next_addr;
+  m->malloc_top -= alloc_size;
+  b->addr = m->malloc_top;
   b->size = alloc_size;
   b->stream = stream;
   b->small = (uint8_t)pool;
   b->origin = m->cur_event;
-  m->next_addr += alloc_size; // a fresh address range: ties in best fit go to older segments
   nf__m_add_reserved(m, alloc_size);
   m->res->device_allocs++;
   if (++m->segments > m->res->segments_peak) m->res->segments_peak = m->segments;
@@ -207,7 +212,8 @@ nf_status_t nf__model_run_hooked(int kind, const nf__trace_ops *ops, uint64_t li
   m.expandable = kind == NF_MODEL_EXPANDABLE;
   m.limit = limit;
   m.res = out;
-  m.next_addr = (uint64_t)1 << 40; // any nonzero base: addresses only order blocks
+  m.next_addr = (uint64_t)1 << 40; // any nonzero bases: addresses only order blocks
+  m.malloc_top = (uint64_t)1 << 62;
   int32_t *slot = malloc((ops->n_slots ? ops->n_slots : 1) * sizeof *slot);
   if (!slot) {
     out->status = NF_ERR_NOMEM;
