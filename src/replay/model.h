@@ -83,7 +83,8 @@ nf_status_t nf__model_run_hooked(int kind, const nf__trace_ops *ops, uint64_t li
                                  nf__model_result *out);
 
 typedef struct nf__model_bisect_s {
-  uint64_t min_capacity;   // smallest limit (whole granules) under which the replay completes
+  uint64_t min_capacity;   // a limit (whole granules) that completes with one granule less failing: the
+                           // bisection's; a model is not monotone, so a smaller limit may complete too
   uint64_t lower, upper;   // bounds searched (bytes)
   unsigned probes;
   double seconds;
