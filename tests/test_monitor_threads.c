@@ -32,8 +32,9 @@ static int teardown(void **state) {
   struct dirent *de;
   char path[512];
   while (d && (de = readdir(d)))
-    if (de->d_name[0] != '.' && snprintf(path, sizeof path, "%s/%s", dir, de->d_name) < (int)sizeof path)
-      unlink(path);
+    if (de->d_name[0] != '.' && snprintf(path, sizeof path, "%s/%s", dir, de->d_name) < (int)sizeof path &&
+        unlink(path) != 0)
+      rmdir(path); // test_special_files_skipped's directory
   if (d) closedir(d);
   rmdir(dir);
   return 0;
@@ -344,6 +345,39 @@ static void test_dead_process_ignored_and_cleaned(void **state) {
   nf_pool_destroy(p);
 }
 
+// Files of other kinds under a monitor-like name (any user may create them in
+// /dev/shm): a FIFO must not block the reader (open waits for a writer), a
+// directory must not be taken for a pool. The listing runs in a child with an
+// alarm so that a hang fails the test instead of stalling it.
+static void test_special_files_skipped(void **state) {
+  (void)state;
+  char fifo[512], sub[512];
+  snprintf(fifo, sizeof fifo, "%s/nofrag.%u.1.0", dir, (unsigned)getuid());
+  snprintf(sub, sizeof sub, "%s/nofrag.dir", dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  assert_int_equal(mkdir(sub, 0700), 0);
+  nf_pool_t *p = new_pool(64 * NF_MiB);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    alarm(20);
+    nf_mon_entry_t e, *v;
+    long dead = -1;
+    if (nf__mon_read(fifo, &e) != -1) _exit(3);
+    if (nf__mon_list(NULL, true, &v, &dead) != 1 || dead != 0 || v[0].pid != getppid()) _exit(4);
+    free(v);
+    _exit(0);
+  }
+  int ws = 0;
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  if (!WIFEXITED(ws)) fail_msg("the reader was killed by signal %d (blocked on the FIFO)", WTERMSIG(ws));
+  assert_int_equal(WEXITSTATUS(ws), 0);
+  assert_int_equal(access(fifo, F_OK), 0); // not a monitor file: never removed
+  nf_pool_destroy(p);
+  unlink(fifo);
+  rmdir(sub);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_file_lifecycle, setup, teardown),
@@ -352,6 +386,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_offloaded_and_old_layout, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reader_races_writer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dead_process_ignored_and_cleaned, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_special_files_skipped, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -174,7 +174,10 @@ static bool pid_dead(int pid, uint64_t start_ns) {
 int nf__mon_read(const char *path, nf_mon_entry_t *e) {
   memset(e, 0, sizeof *e);
   snprintf(e->path, sizeof e->path, "%s", path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: anyone can put a FIFO under a monitor name in /dev/shm, and a
+  // blocking open of it would wait for a writer forever (fstat rejects it).
+  // O_NOFOLLOW: our files are never symlinks; do not open what one names.
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) return -1;
   struct stat sb;
   // A file from an older writer may hold fewer fields (NF_PUB_V1_FIELDS at
