@@ -315,6 +315,14 @@ static void test_oom_report(void **state) {
   snprintf(want, sizeof want, "(262144 B) at %p, stream 0x5", mid);
   assert_non_null(strstr(r, want));
   assert_non_null(strstr(r, "reclaim:   waited"));
+  // A request near SIZE_MAX (a negative size cast) with memory live: the
+  // excess must not wrap around into the fragmentation suggestion (which
+  // named a limit of a few MiB as enough for it).
+  assert_null(nf_alloc(p, SIZE_MAX, NULL));
+  r = nf_last_oom_report();
+  assert_non_null(strstr(r, "reclaim:   not tried"));
+  assert_null(strstr(r, "fragmentation"));
+  assert_non_null(strstr(r, "suggestion: live memory alone exceeds the limit by 16777216.000 TiB"));
   assert_int_equal(nf_free(p, big), NF_OK);
   assert_int_equal(nf_free(p, mid), NF_OK);
   // Fragmentation: 40 KiB blocks packed into 64 KiB granules, every other

@@ -220,7 +220,6 @@ bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large) 
     }
   uint64_t live_gr = 0, lfm = nf__largest_free_mapped(p, &live_gr);
   uint64_t G = p->granule, L = p->cfg.limit, live = p->st.live;
-  uint64_t need_gr = (size + G - 1) >> p->gshift;
   char b1[32], b2[32], b3[32], b4[32], b5[32];
 
   rep_t r = {0};
@@ -258,16 +257,21 @@ bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large) 
   // One suggestion: either the bytes do not fit at all, or the granules
   // pinned by live blocks leave too few whole ones (the guarantee in
   // nofrag.h: live granules + ceil(s/G) + 1 <= L/G always succeeds).
-  if (live + size > L && !p->cfg.spill) {
+  // live + size - L without wrapping: a too-large request may be near
+  // SIZE_MAX (a negative size cast), where live + size wraps below L.
+  uint64_t over = size > L ? (live > UINT64_MAX - (size - L) ? UINT64_MAX : live + (size - L))
+                           : (live > L - size ? live - (L - size) : 0);
+  if (over && !p->cfg.spill) {
     rep(&r, "  suggestion: live memory alone exceeds the limit by %s: reduce the batch, raise the limit, or "
             "set spill:host to back the excess with host memory (slower where it is touched)\n",
-        B(live + size - L, b1));
-  } else if (live + size > L) {
+        B(over, b1));
+  } else if (over) {
     rep(&r, "  suggestion: live memory exceeds the limit by %s and the host tier is full too (%s spilled, "
             "spill_limit %s): raise spill_limit or the limit, or reduce the batch\n",
-        B(live + size - L, b1), B((p->host_mapped - p->offl_granules) << p->gshift, b2),
+        B(over, b1), B((p->host_mapped - p->offl_granules) << p->gshift, b2),
         B(p->max_host_granules << p->gshift, b3));
   } else {
+    uint64_t need_gr = (size + G - 1) >> p->gshift; // size <= L - live here: no wrap
     uint64_t want = (live_gr + need_gr + 1) << p->gshift;
     rep(&r, "  suggestion: fragmentation: the largest free range is %s; live blocks pin %llu granules (%s) "
             "for %s of data and the request needs %llu more: a limit of %s guarantees it, or free "
