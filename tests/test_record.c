@@ -211,6 +211,25 @@ static void test_bound(void **state) {
   }
 }
 
+// A write error (disk full: /dev/full fails every write with ENOSPC): the
+// pool keeps working (the workload asserts every call), and stderr gets one
+// line naming the path and the error, nothing else: below the bound too,
+// where the truncation's flush is what fails (no "truncated at N" for bytes
+// that never reached the file).
+static void test_write_error(void **state) {
+  (void)state;
+  if (access("/dev/full", W_OK) != 0) skip();
+  const char *confs[] = {"trace:/dev/full", "trace_max:1000,trace:/dev/full"};
+  for (size_t i = 0; i < 2; i++) {
+    bound_arg a = {confs[i], 5000};
+    char *err = capture_stderr(run_bounded, &a);
+    const char *want = "nofrag: trace /dev/full: write failed after 0 bytes: No space left on device; "
+                       "recording stopped\n";
+    if (strcmp(err, want) != 0) fail_msg("%s: stderr '%s', expected '%s'", confs[i], err, want);
+    free(err);
+  }
+}
+
 static void test_bad_path(void **state) {
   (void)state;
   const char *bad = "/nonexistent-nofrag-dir/sub/trace.csv";
@@ -246,6 +265,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_record_replay),
       cmocka_unit_test(test_bound),
+      cmocka_unit_test(test_write_error),
       cmocka_unit_test(test_bad_path),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -82,9 +82,9 @@ static bool flush(nf_rec_t *r) {
 static void append(nf_rec_t *r, const char *s, size_t n) {
   if (r->written + r->len + n > r->max) {
     r->stopped = true;
-    uint64_t at = r->written + r->len;
-    flush(r);
-    fprintf(stderr, "nofrag: trace %s truncated at %llu bytes\n", r->path, (unsigned long long)at);
+    // A failed flush has said so itself; the file does not hold `written` bytes then.
+    if (flush(r))
+      fprintf(stderr, "nofrag: trace %s truncated at %llu bytes\n", r->path, (unsigned long long)r->written);
     return;
   }
   if (r->len + n > sizeof r->buf && !flush(r)) return;
