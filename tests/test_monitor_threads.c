@@ -6,8 +6,10 @@
 #include "observe/observe.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <stddef.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
@@ -345,6 +347,48 @@ static void test_dead_process_ignored_and_cleaned(void **state) {
   nf_pool_destroy(p);
 }
 
+// A dead process's pid now held by another user's process: kill(pid, 0)
+// fails with EPERM, and the pid must still be checked for reuse (the file,
+// dated 1970, is older than that process) instead of the file being taken
+// for a live pool. Pid 1 belongs to root; when the test runs as root the
+// reading is done by a child that has dropped to user nobody.
+static void test_reused_pid_of_other_user(void **state) {
+  (void)state;
+  char path[512];
+  snprintf(path, sizeof path, "%s/nofrag.%u.1.0", dir, (unsigned)getuid());
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
+  assert_true(fd >= 0);
+  nf_mon_shm_t m;
+  memset(&m, 0, sizeof m);
+  m.magic = NF_MON_MAGIC;
+  m.version = NF_MON_VERSION;
+  m.size = sizeof m;
+  m.pid = 1;
+  m.start_ns = 1000000000ull;
+  snprintf(m.device, sizeof m.device, "host");
+  assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
+  close(fd);
+  assert_int_equal(chmod(dir, 0755), 0);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(2);
+    if (kill(1, 0) == 0 || errno != EPERM) _exit(5); // the case under test needs EPERM
+    nf_mon_entry_t e, *v;
+    long dead = -1;
+    if (nf__mon_read(path, &e) != 1) _exit(3);
+    if (nf__mon_list(NULL, false, &v, &dead) != 0 || dead != 1) _exit(4);
+    free(v);
+    _exit(0);
+  }
+  int ws = 0;
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  assert_true(WIFEXITED(ws));
+  if (WEXITSTATUS(ws) == 2 || WEXITSTATUS(ws) == 5) skip(); // no user to drop to / no EPERM here
+  assert_int_equal(WEXITSTATUS(ws), 0);
+  unlink(path);
+}
+
 // Files of other kinds under a monitor-like name (any user may create them in
 // /dev/shm): a FIFO must not block the reader (open waits for a writer), a
 // directory must not be taken for a pool. The listing runs in a child with an
@@ -387,6 +431,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_reader_races_writer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dead_process_ignored_and_cleaned, setup, teardown),
       cmocka_unit_test_setup_teardown(test_special_files_skipped, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_reused_pid_of_other_user, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -166,7 +166,8 @@ static double proc_start(int pid) {
 // process that started after the file was written (pid reuse).
 static bool pid_dead(int pid, uint64_t start_ns) {
   if (pid <= 0) return false;
-  if (kill(pid, 0) != 0) return errno == ESRCH;
+  // EPERM: the pid exists but is another user's, perhaps a reuse of it.
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
   double started = proc_start(pid);
   return started >= 0 && started > (double)start_ns / 1e9 + 2.0; // btime is whole seconds
 }
