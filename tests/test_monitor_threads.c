@@ -225,6 +225,39 @@ static void test_offloaded_and_old_layout(void **state) {
   nf_pool_destroy(p);
 }
 
+// Freeing an offloaded block changes the tier counters (offloaded, spilled,
+// away) without a mapping change: the plain free's publish must carry them,
+// else top shows the freed block as offloaded (and, for a block whose range
+// was unmapped, 100% fragmentation) until some later slow path. The monitor
+// is read before nf_stats_get, which may publish itself.
+static void test_tier_counters_after_free(void **state) {
+  (void)state;
+  const nf_tier_t tiers[] = {NF_TIER_HOST, NF_TIER_HOST_DETACHED, NF_TIER_DISK};
+  for (size_t t = 0; t < 3; t++) {
+    nf_pool_t *p = new_pool(64 * NF_MiB);
+    void *a = nf_alloc(p, 8 * NF_MiB, NULL), *b = nf_alloc(p, NF_MiB, NULL);
+    assert_true(a && b);
+    assert_int_equal(nf_offload(p, a, NULL, tiers[t]), NF_OK);
+    assert_int_equal(nf_offload_wait(p), NF_OK);
+    assert_int_equal(nf_free(p, a), NF_OK);
+    nf_mon_entry_t *v;
+    assert_int_equal(nf__mon_list(NULL, false, &v, NULL), 1);
+    nf_stats_t s;
+    nf_stats_get(p, &s);
+    assert_int_equal(v[0].v[NF_PUB_LIVE], s.live);
+    assert_int_equal(v[0].v[NF_PUB_MAPPED], s.mapped);
+    assert_int_equal(v[0].v[NF_PUB_OFFLOADED], s.offloaded);
+    assert_int_equal(v[0].v[NF_PUB_SPILLED], s.spilled);
+    assert_int_equal(v[0].v[NF_PUB_AWAY], 0); // nothing live is away
+    double frag = 1.0 - (double)s.live / (double)s.mapped;
+    if (v[0].fragmentation < frag - 1e-9 || v[0].fragmentation > frag + 1e-9)
+      fail_msg("tier %d: fragmentation %.3f, expected %.3f", (int)tiers[t], v[0].fragmentation, frag);
+    free(v);
+    assert_int_equal(nf_free(p, b), NF_OK);
+    nf_pool_destroy(p);
+  }
+}
+
 // ------------------------------------------------------------------ race
 
 #define RACE_SIZE 4096
@@ -428,6 +461,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_values_match_stats, setup, teardown),
       cmocka_unit_test_setup_teardown(test_largest_free_idle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_offloaded_and_old_layout, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_tier_counters_after_free, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reader_races_writer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dead_process_ignored_and_cleaned, setup, teardown),
       cmocka_unit_test_setup_teardown(test_special_files_skipped, setup, teardown),

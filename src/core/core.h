@@ -260,7 +260,7 @@ struct nf_pool_s {
   // Published counters (publish.h): a buffer the observe layer hands in (the
   // monitor's shared-memory file), NULL when off.
   nf_pub_t *pub;
-  uint64_t pub_mapped, pub_created; // gran_mapped / gran_created last published in full
+  uint64_t pub_mapped, pub_created; // gran_mapped / gran_created last published in full (UINT64_MAX: nf__pub_dirty)
   uint64_t pub_lf_ns;               // monotonic time largest_free was last walked
   bool pub_lf_stale;                // a walk was skipped (rate limit): the published value may be old
   uint32_t pub_lf_burst;            // walks in the current 100 ms window
@@ -504,9 +504,13 @@ uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules);
 // publish.c: counters for observers (publish.h). Fast path, under the pool
 // lock, after an alloc (`alloc` true) or a free: the two or three counters
 // that changed, or everything when the mapping changed (the caller made
-// backend calls anyway) and every 4096th operation (backend calls of event
+// backend calls anyway) or a tier moved granules (nf__pub_dirty), and every 4096th operation (backend calls of event
 // polling, stale largest-free). Plain stores, no read-modify-write: the pool
 // lock orders writers.
+// A tier changed spilled / offloaded / away granules without a mapping change
+// (a freed offloaded block, a copy completing): the next nf__pub_fast
+// publishes everything, as after a mapping change. Costs the fast path nothing.
+static inline void nf__pub_dirty(nf_pool_t *p) { p->pub_mapped = UINT64_MAX; }
 static inline void nf__pub_fast(nf_pool_t *p, bool alloc) {
   nf_pub_t *m = p->pub;
   if (!m) return;

@@ -459,7 +459,7 @@ nf_status_t nf_free_ex(nf_pool_t *p, void *ptr, size_t *size, unsigned flags) {
   } else {
     b->state = NF_BLK_FREE;
   }
-  if (NF_UNLIKELY(b->where)) p->tier.forget(p, b); // cannot fail: after the last fallible step
+  if (NF_UNLIKELY(b->where)) { p->tier.forget(p, b); nf__pub_dirty(p); } // cannot fail: after the last fallible step
   if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, false, b->addr, b->req, p->streams[b->stream].handle);
   p->st.live -= b->req;
   p->st.live_rounded -= b->size;
@@ -484,7 +484,10 @@ nf_status_t nf_free_ex(nf_pool_t *p, void *ptr, size_t *size, unsigned flags) {
     p->above_since = 0;
   }
   if (NF_UNLIKELY(p->host_sweep) && p->tick - p->sweep_tick >= 16) nf__host_sweep(p);
-  if (NF_UNLIKELY(p->xfers) && !(p->tick & 15) && !p->capture_mask) p->tier.poll(p, false); // xfers: only a tier queues copies
+  if (NF_UNLIKELY(p->xfers) && !(p->tick & 15) && !p->capture_mask) { // xfers: only a tier queues copies
+    p->tier.poll(p, false);
+    nf__pub_dirty(p);
+  }
   if (NF_UNLIKELY(p->tick < p->ev_hot)) nf__stream_mark(p, bs); // after an eviction wait (stream.c)
   nf__pub_fast(p, false);
   nf__unlock(&p->lock);
