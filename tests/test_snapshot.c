@@ -343,6 +343,17 @@ static void test_oom_report(void **state) {
   assert_int_equal(nf_pool_check(p), NF_OK);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
+  // With spill, a request over limit + spill_limit: the host tier is empty,
+  // so the report must not say it is full.
+  p = nft_pool(&be, 1ull << 30, G, "limit:1MiB,spill:host,spill_limit:1MiB");
+  assert_non_null(p);
+  assert_null(nf_alloc(p, 3 * 1024 * 1024, NULL));
+  r = nf_last_oom_report();
+  assert_non_null(strstr(r, "reclaim:   not tried"));
+  assert_null(strstr(r, "host tier is full"));
+  assert_non_null(strstr(r, "suggestion: the request alone exceeds the limit plus spill_limit (1.000 MiB + 1.000 MiB)"));
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
 }
 
 // Count the printed reports in what a call wrote to stderr.

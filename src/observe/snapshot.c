@@ -265,6 +265,10 @@ bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large) 
     rep(&r, "  suggestion: live memory alone exceeds the limit by %s: reduce the batch, raise the limit, or "
             "set spill:host to back the excess with host memory (slower where it is touched)\n",
         B(over, b1));
+  } else if (over && too_large) { // with spill: more than limit + spill_limit, whatever the host tier holds
+    rep(&r, "  suggestion: the request alone exceeds the limit plus spill_limit (%s + %s): raise spill_limit "
+            "or the limit, or reduce the batch\n",
+        B(L, b1), B(p->max_host_granules << p->gshift, b2));
   } else if (over) {
     rep(&r, "  suggestion: live memory exceeds the limit by %s and the host tier is full too (%s spilled, "
             "spill_limit %s): raise spill_limit or the limit, or reduce the batch\n",
