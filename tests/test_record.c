@@ -6,7 +6,10 @@
 #include "trace.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 typedef struct {
@@ -230,6 +233,67 @@ static void test_write_error(void **state) {
   }
 }
 
+// A write that fails part-way (disk full after some bytes; here the file
+// size limit, RLIMIT_FSIZE, which makes write(2) write up to the limit and
+// then fail with EFBIG) must not leave a cut row at the end: the file stays
+// whole rows, a prefix of the calls, which the reader loads. Run in a child
+// so that the limit does not outlive it.
+static void test_partial_write(void **state) {
+  (void)state;
+  char path[256], conf[320];
+  tmp_path(path, sizeof path, "partial");
+  // reserve: the host backend sizes its memfd when the first granule is created.
+  snprintf(conf, sizeof conf, "limit:1GiB,reserve:2MiB,trace_max:0,trace:%s", path);
+  const size_t n = 5000;
+  op_t *ops = calloc(n, sizeof *ops);
+  assert_non_null(ops);
+  const rlim_t lim = 100001; // inside the second 64 KiB buffer, not at a row's end
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    nf_backend_t *be;
+    nf_pool_t *p = pool_with(&be, conf); // first: the limit applies to the backend's memfd too
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {lim, lim};
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(42);
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 2); // the one "write failed" line
+    uint64_t peak;
+    workload(p, 77, n, ops, &peak);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+    _exit(0);
+  }
+  int ws = 0;
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  assert_true(WIFEXITED(ws));
+  if (WEXITSTATUS(ws) == 42) skip();
+  assert_int_equal(WEXITSTATUS(ws), 0);
+  uint64_t peak;
+  nf_backend_t *be;
+  nf_pool_t *p = pool_with(&be, "limit:1GiB,reserve:2MiB"); // the same calls again, to compare
+  size_t k = workload(p, 77, n, ops, &peak);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  nf_trace_t t;
+  char err[512] = "";
+  if (nf__trace_load_rmm(&t, path, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  struct stat sb;
+  assert_int_equal(stat(path, &sb), 0);
+  assert_true(sb.st_size > (off_t)(64 << 10) && sb.st_size < (off_t)lim); // whole rows only
+  assert_true(t.n_events > 0 && t.n_events < k);
+  for (size_t i = 0; i < t.n_events; i++) { // the first calls, exactly (same addresses: same pool, same seed)
+    const nf_trace_event_t *e = &t.events[i];
+    assert_int_equal(e->action, ops[i].alloc ? NF_TRACE_ALLOC : NF_TRACE_FREE_COMPLETED);
+    assert_int_equal(e->addr - t.events[0].addr, ops[i].ptr - ops[0].ptr);
+    assert_int_equal(e->size, ops[i].size);
+    assert_int_equal(e->stream, ops[i].stream);
+  }
+  nf__trace_free(&t);
+  free(ops);
+  unlink(path);
+}
+
 static void test_bad_path(void **state) {
   (void)state;
   const char *bad = "/nonexistent-nofrag-dir/sub/trace.csv";
@@ -266,6 +330,7 @@ int main(void) {
       cmocka_unit_test(test_record_replay),
       cmocka_unit_test(test_bound),
       cmocka_unit_test(test_write_error),
+      cmocka_unit_test(test_partial_write),
       cmocka_unit_test(test_bad_path),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,7 +3,7 @@
 // that a user's job can be replayed later with `nofrag replay PATH`.
 //
 // Format (what rmm::mr::logging_resource_adaptor writes, and what
-// src/trace_rmm.c reads): the header "Thread,Time,Action,Pointer,Size,Stream",
+// src/replay/trace_rmm.c reads): the header "Thread,Time,Action,Pointer,Size,Stream",
 // then one row per call:
 //
 //     <os thread id>,HH:MM:SS:uuuuuu,allocate,0x7f...,<size>,0x<stream>
@@ -22,7 +22,8 @@
 // cfg.trace_max bytes (0 = no bound); the first row that would not fit stops
 // the recording for good (so the file is a prefix of the job's calls, which
 // replays cleanly) and one line "nofrag: trace PATH truncated at N bytes" goes
-// to stderr. A write error (disk full) also stops it, with one line.
+// to stderr. A write error (disk full) also stops it, with one line; a write
+// cut short inside a row is cut back to the last whole row.
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -65,6 +66,13 @@ static bool flush(nf_rec_t *r) {
     if (n <= 0) {
       int e = n < 0 ? errno : EIO;
       r->stopped = true;
+      // A write cut short (disk full) may have ended inside a row: cut the
+      // file back to the last whole row (buf holds whole rows), else the
+      // reader rejects the whole log or reads a wrong last value. Where the
+      // path cannot be truncated (a pipe, a device) there is nothing to cut.
+      size_t keep = off;
+      while (keep && r->buf[keep - 1] != '\n') keep--;
+      if (keep < off && ftruncate(r->fd, (off_t)(r->written + keep)) == 0) off = keep;
       fprintf(stderr, "nofrag: trace %s: write failed after %llu bytes: %s; recording stopped\n", r->path,
               (unsigned long long)(r->written + off), strerror(e));
       r->written += off;
