@@ -103,6 +103,23 @@ static void test_file_lifecycle(void **state) {
   assert_true(WIFEXITED(ws));
   assert_int_equal(WEXITSTATUS(ws), 0);
   assert_int_equal(list_files(names), 0);
+
+  // A fork()ed child that destroys its copy of the parent's pool: the file
+  // is the parent's (its pid in the name) and stays until the parent's destroy.
+  p = new_pool(64 * NF_MiB);
+  assert_int_equal(list_files(names), 1);
+  child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    nf_pool_destroy(p);
+    _exit(list_files(names) == 1 ? 0 : 5);
+  }
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  assert_true(WIFEXITED(ws));
+  assert_int_equal(WEXITSTATUS(ws), 0);
+  assert_int_equal(list_files(names), 1);
+  nf_pool_destroy(p);
+  assert_int_equal(list_files(names), 0);
 }
 
 static void check_match(nf_pool_t *p, bool all) {

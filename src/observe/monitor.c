@@ -111,7 +111,7 @@ void nf__mon_close(nf_pool_t *p) {
     if ((*pp)->m == m) { r = *pp; *pp = r->next; break; }
   pthread_mutex_unlock(&reg_mu);
   if (r) {
-    unlink(r->path);
+    if (r->pid == getpid()) unlink(r->path); // a fork()ed child's copy of the pool: the file is the parent's
     free(r);
   }
   munmap(m, sizeof *m);
