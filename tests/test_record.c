@@ -294,6 +294,44 @@ static void test_partial_write(void **state) {
   unlink(path);
 }
 
+// A fork()ed child that uses and destroys its copy of a recording pool: the
+// rows buffered before the fork are the parent's and must be written once
+// (by the parent), and the child's calls are not the parent's job: the log
+// is exactly the parent's calls.
+static void test_fork_child(void **state) {
+  (void)state;
+  char path[256], conf[320];
+  tmp_path(path, sizeof path, "fork");
+  snprintf(conf, sizeof conf, "limit:1GiB,trace:%s", path);
+  nf_backend_t *be;
+  nf_pool_t *p = pool_with(&be, conf);
+  void *a = nf_alloc(p, 1000, NULL), *b = nf_alloc(p, 2000, NULL);
+  assert_true(a && b);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    for (int i = 0; i < 3000; i++) nf_free(p, nf_alloc(p, 4096, NULL)); // more than a buffer
+    nf_pool_destroy(p);
+    _exit(0);
+  }
+  int ws = 0;
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  nf_trace_t t;
+  char err[512] = "";
+  if (nf__trace_load_rmm(&t, path, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  assert_int_equal(t.n_events, 3);
+  assert_int_equal(t.events[0].addr, (uintptr_t)a);
+  assert_int_equal(t.events[1].addr, (uintptr_t)b);
+  assert_int_equal(t.events[2].action, NF_TRACE_FREE_COMPLETED);
+  assert_int_equal(t.events[2].addr, (uintptr_t)a);
+  nf__trace_free(&t);
+  unlink(path);
+}
+
 static void test_bad_path(void **state) {
   (void)state;
   const char *bad = "/nonexistent-nofrag-dir/sub/trace.csv";
@@ -331,6 +369,7 @@ int main(void) {
       cmocka_unit_test(test_bound),
       cmocka_unit_test(test_write_error),
       cmocka_unit_test(test_partial_write),
+      cmocka_unit_test(test_fork_child),
       cmocka_unit_test(test_bad_path),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

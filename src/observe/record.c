@@ -23,7 +23,8 @@
 // the recording for good (so the file is a prefix of the job's calls, which
 // replays cleanly) and one line "nofrag: trace PATH truncated at N bytes" goes
 // to stderr. A write error (disk full) also stops it, with one line; a write
-// cut short inside a row is cut back to the last whole row.
+// cut short inside a row is cut back to the last whole row. A fork()ed
+// child's copy of the pool records nothing (the file is the parent's).
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -41,6 +42,7 @@
 
 typedef struct nf_rec_s {
   int fd;
+  pid_t pid;          // the recording process (a fork()ed child's copy writes nothing)
   bool stopped;       // truncated or failed: no more rows
   uint64_t max;       // byte bound (UINT64_MAX: none)
   uint64_t written;   // bytes written to the file
@@ -59,6 +61,13 @@ static long os_tid(void) {
 
 // Write everything in buf; false (and the recording stopped) on an error.
 static bool flush(nf_rec_t *r) {
+  // A fork()ed child holds a copy of the parent's buffer and shares its file
+  // offset: writing would repeat the parent's rows and mix in the child's.
+  if (getpid() != r->pid) {
+    r->stopped = true;
+    r->len = 0;
+    return false;
+  }
   size_t off = 0;
   while (off < r->len) {
     ssize_t n = write(r->fd, r->buf + off, r->len - off);
@@ -107,6 +116,7 @@ nf_status_t nf__rec_open(nf_pool_t *p) {
   memcpy(r->path, p->cfg.trace, sizeof r->path);
   r->path[sizeof r->path - 1] = '\0';
   r->max = p->cfg.trace_max ? p->cfg.trace_max : UINT64_MAX;
+  r->pid = getpid();
   r->fd = open(r->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (r->fd < 0) {
     int e = errno;
