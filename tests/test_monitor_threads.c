@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 static char dir[64];
@@ -439,6 +440,35 @@ static void test_reused_pid_of_other_user(void **state) {
   unlink(path);
 }
 
+// The device name comes from a file anyone can write and nofrag top prints it
+// as is in its table: control bytes (a terminal escape) must not get through.
+static void test_device_name_sanitized(void **state) {
+  (void)state;
+  char path[512];
+  snprintf(path, sizeof path, "%s/nofrag.%u.%d.77", dir, (unsigned)getuid(), (int)getpid());
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+  assert_true(fd >= 0);
+  nf_mon_shm_t m;
+  memset(&m, 0, sizeof m);
+  m.magic = NF_MON_MAGIC;
+  m.version = NF_MON_VERSION;
+  m.size = sizeof m;
+  m.pid = (int32_t)getpid(); // alive, and the file is newer than this process
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  m.start_ns = (uint64_t)t.tv_sec * 1000000000ull;
+  snprintf(m.device, sizeof m.device, "\033[2J\033]0;x\007cuda:\2330\177");
+  assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
+  close(fd);
+  nf_mon_entry_t e;
+  assert_int_equal(nf__mon_read(path, &e), 0);
+  for (const char *c = e.device; *c; c++)
+    if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
+      fail_msg("control byte 0x%02x in '%s'", (unsigned char)*c, e.device);
+  assert_non_null(strstr(e.device, "cuda:"));
+  unlink(path);
+}
+
 // Files of other kinds under a monitor-like name (any user may create them in
 // /dev/shm): a FIFO must not block the reader (open waits for a writer), a
 // directory must not be taken for a pool. The listing runs in a child with an
@@ -482,6 +512,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_reader_races_writer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dead_process_ignored_and_cleaned, setup, teardown),
       cmocka_unit_test_setup_teardown(test_special_files_skipped, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_device_name_sanitized, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reused_pid_of_other_user, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -204,6 +204,10 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e) {
     e->start_ns = m->start_ns;
     memcpy(e->device, m->device, sizeof e->device);
     e->device[sizeof e->device - 1] = 0;
+    // nofrag top prints it as is, and anyone can write a file here: no
+    // control bytes (terminal escapes) get through. Ours are plain ASCII.
+    for (char *c = e->device; *c; c++)
+      if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f) *c = '?';
     if (pid_dead(e->pid, e->start_ns)) rc = 1;
     else if (mon_snapshot(m, nfields, e)) {
       uint64_t mp = e->v[NF_PUB_MAPPED];
