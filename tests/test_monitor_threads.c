@@ -469,6 +469,54 @@ static void test_device_name_sanitized(void **state) {
   unlink(path);
 }
 
+// --clean in a sticky directory (/dev/shm) cannot remove another user's
+// file of a dead process: it must not count it as removed (nofrag top prints
+// "removed N files"). Needs root to make a file of another user; the listing
+// runs as user nobody.
+static void test_clean_counts_removed_only(void **state) {
+  (void)state;
+  if (geteuid() != 0) skip();
+  pid_t dead = fork();
+  assert_true(dead >= 0);
+  if (dead == 0) _exit(0);
+  assert_int_equal(waitpid(dead, NULL, 0), dead);
+  char path[512];
+  snprintf(path, sizeof path, "%s/nofrag.0.%d.0", dir, (int)dead);
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644); // root's, readable by all
+  assert_true(fd >= 0);
+  nf_mon_shm_t m;
+  memset(&m, 0, sizeof m);
+  m.magic = NF_MON_MAGIC;
+  m.version = NF_MON_VERSION;
+  m.size = sizeof m;
+  m.pid = (int32_t)dead;
+  assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
+  close(fd);
+  assert_int_equal(chmod(dir, 01777), 0);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+    nf_mon_entry_t *v;
+    long n = -1;
+    if (nf__mon_list(NULL, true, &v, &n) != 0) _exit(3);
+    free(v);
+    _exit(n == 0 ? 0 : 4);
+  }
+  int ws = 0;
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  assert_true(WIFEXITED(ws));
+  if (WEXITSTATUS(ws) == 2) skip();
+  assert_int_equal(WEXITSTATUS(ws), 0);
+  assert_int_equal(access(path, F_OK), 0); // still there
+  long n = -1;
+  nf_mon_entry_t *v;
+  assert_int_equal(nf__mon_list(NULL, true, &v, &n), 0); // its owner (root) can
+  free(v);
+  assert_int_equal(n, 1);
+  assert_int_equal(access(path, F_OK), -1);
+}
+
 // Files of other kinds under a monitor-like name (any user may create them in
 // /dev/shm): a FIFO must not block the reader (open waits for a writer), a
 // directory must not be taken for a pool. The listing runs in a child with an
@@ -513,6 +561,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_dead_process_ignored_and_cleaned, setup, teardown),
       cmocka_unit_test_setup_teardown(test_special_files_skipped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_name_sanitized, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_clean_counts_removed_only, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reused_pid_of_other_user, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -249,8 +249,10 @@ long nf__mon_list(const char *dir, bool clean, nf_mon_entry_t **out, long *dead)
     int rc = nf__mon_read(path, &v[n]);
     if (rc == 0) n++;
     else if (rc == 1) {
-      if (dead) (*dead)++;
-      if (clean) unlink(path);
+      // With `clean`, count what was removed: another user's file in a
+      // sticky directory (/dev/shm) stays, and top says "removed N files".
+      bool gone = clean && unlink(path) == 0;
+      if (dead && (gone || !clean)) (*dead)++;
     }
   }
   closedir(d);

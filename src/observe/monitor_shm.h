@@ -44,7 +44,7 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e);
 // Every readable monitor file of live processes in `dir` (NULL: nf__mon_dir()),
 // sorted by pid then pool id, as a malloc'd array in *out (free() it). Files of
 // dead processes are skipped, and removed when `clean`; *dead (if non-NULL)
-// counts them. Returns the number of entries, or -1 if dir cannot be opened.
+// counts them (with `clean`, those removed). Returns the number of entries, or -1 if dir cannot be opened.
 long nf__mon_list(const char *dir, bool clean, nf_mon_entry_t **out, long *dead);
 
 
