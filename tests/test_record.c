@@ -332,6 +332,38 @@ static void test_fork_child(void **state) {
   unlink(path);
 }
 
+// A pool never destroyed (the PyTorch plug-in's) still leaves every row in
+// the file: the atexit flush writes out the last buffer.
+static void test_exit_without_destroy(void **state) {
+  (void)state;
+  char path[256], conf[320];
+  tmp_path(path, sizeof path, "exit");
+  snprintf(conf, sizeof conf, "limit:1GiB,trace:%s", path);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    nf_backend_t *be;
+    nf_pool_t *p = pool_with(&be, conf);
+    void *q[10];
+    for (int i = 0; i < 10; i++)
+      if (!(q[i] = nf_alloc(p, 4096 * (size_t)(i + 1), NULL))) _exit(3);
+    for (int i = 0; i < 4; i++)
+      if (nf_free(p, q[i]) != NF_OK) _exit(4);
+    exit(0); // atexit handlers run; the pool is never destroyed
+  }
+  int ws = 0;
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  nf_trace_t t;
+  char err[512] = "";
+  if (nf__trace_load_rmm(&t, path, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  assert_int_equal(t.n_events, 14);
+  for (int i = 0; i < 10; i++) assert_int_equal(t.events[i].size, 4096 * (uint64_t)(i + 1));
+  assert_int_equal(t.events[13].action, NF_TRACE_FREE_COMPLETED);
+  nf__trace_free(&t);
+  unlink(path);
+}
+
 static void test_bad_path(void **state) {
   (void)state;
   const char *bad = "/nonexistent-nofrag-dir/sub/trace.csv";
@@ -370,6 +402,7 @@ int main(void) {
       cmocka_unit_test(test_write_error),
       cmocka_unit_test(test_partial_write),
       cmocka_unit_test(test_fork_child),
+      cmocka_unit_test(test_exit_without_destroy),
       cmocka_unit_test(test_bad_path),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -10,6 +10,7 @@ memfd + mmap; torch-specific parts are skipped when torch is absent.
 import ctypes
 import os
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -157,6 +158,25 @@ class TestPluginOnHost(unittest.TestCase):
         self.assertEqual(s["offloaded"], 16 * MiB)
         for p, n in ((big, 16 * MiB), (small, MiB), (after, 16 * MiB)):
             lib.nf_torch_free(p, n, 0, None)
+
+    def test_trace_path_per_device(self):
+        # One configuration string builds every device's pool, and each
+        # recorder truncates its file: device 1 records beside device 0.
+        with tempfile.TemporaryDirectory() as d:
+            self.lib.nf_torch_shutdown()
+            nofrag.configure(HOST_CONF + ",trace:" + os.path.join(d, "job.csv"))
+            p0 = self.lib.nf_torch_alloc(MiB, 0, None)
+            p1 = self.lib.nf_torch_alloc(2 * MiB, 1, None)
+            self.assertTrue(p0 and p1, _lib.last_error())
+            self.lib.nf_torch_free(p0, MiB, 0, None)
+            self.lib.nf_torch_free(p1, 2 * MiB, 1, None)
+            self.lib.nf_torch_shutdown()  # destroys the pools: files complete
+            self.assertEqual(sorted(os.listdir(d)), ["job.csv", "job.dev1.csv"])
+            for name, size in (("job.csv", MiB), ("job.dev1.csv", 2 * MiB)):
+                with open(os.path.join(d, name)) as f:
+                    rows = f.read().splitlines()[1:]
+                self.assertEqual([r.split(",")[2] for r in rows], ["allocate", "free"], name)
+                self.assertEqual({int(r.split(",")[4]) for r in rows}, {size}, name)
 
     def test_configure_refused_once_pool_exists(self):
         p = self.lib.nf_torch_alloc(MiB, 0, None)

@@ -25,8 +25,12 @@
 // to stderr. A write error (disk full) also stops it, with one line; a write
 // cut short inside a row is cut back to the last whole row. A fork()ed
 // child's copy of the pool records nothing (the file is the parent's).
+// A pool never destroyed (the PyTorch plug-in's) is flushed by an atexit
+// handler, and writes each later row at once (frees during teardown).
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +45,9 @@
 #define NF_REC_ROW_MAX 128 // 20 + 1 + 15 + 1 + 8 + 1 + 18 + 1 + 20 + 1 + 18 + 1 < 128
 
 typedef struct nf_rec_s {
+  struct nf_rec_s *next; // the registry of open recorders (atexit flush)
+  nf_pool_t *pool;
+  bool at_exit;          // the atexit flush ran: each row is written at once
   int fd;
   pid_t pid;          // the recording process (a fork()ed child's copy writes nothing)
   bool stopped;       // truncated or failed: no more rows
@@ -95,6 +102,32 @@ static bool flush(nf_rec_t *r) {
   return true;
 }
 
+// Open recorders, for the atexit flush of pools never destroyed.
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static nf_rec_t *reg_head;
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+
+// Write out what each open recorder of this process holds. The pool lock
+// orders it with rows being added; another thread may hold that lock at exit
+// forever (exit() does not stop threads): then give up on that pool after
+// ~1 s rather than hang the exit.
+static void rec_atexit(void) {
+  pthread_mutex_lock(&reg_mu);
+  for (nf_rec_t *r = reg_head; r; r = r->next) {
+    if (r->pid != getpid()) continue;
+    nf_lock_t *l = &r->pool->lock;
+    int tries = 0;
+    while (atomic_exchange_explicit(&l->v, 1, memory_order_acquire) && ++tries < 100000) sched_yield();
+    if (tries >= 100000) continue;
+    r->at_exit = true;
+    if (r->len && !r->stopped) flush(r);
+    nf__unlock(l);
+  }
+  pthread_mutex_unlock(&reg_mu);
+}
+
+static void reg_init(void) { atexit(rec_atexit); }
+
 // Append `n` bytes (a whole row or the header) unless the bound forbids it.
 static void append(nf_rec_t *r, const char *s, size_t n) {
   if (r->written + r->len + n > r->max) {
@@ -129,13 +162,26 @@ nf_status_t nf__rec_open(nf_pool_t *p) {
   struct tm tm;
   r->tz_off = localtime_r(&now, &tm) ? (int64_t)tm.tm_gmtoff : 0;
   append(r, NF_REC_HEADER, sizeof NF_REC_HEADER - 1);
+  r->pool = p;
   p->rec = r;
+  pthread_once(&reg_once, reg_init);
+  pthread_mutex_lock(&reg_mu);
+  r->next = reg_head;
+  reg_head = r;
+  pthread_mutex_unlock(&reg_mu);
   return NF_OK;
 }
 
 void nf__rec_close(nf_pool_t *p) {
   nf_rec_t *r = p->rec;
   if (!r) return;
+  pthread_mutex_lock(&reg_mu);
+  for (nf_rec_t **q = &reg_head; *q; q = &(*q)->next)
+    if (*q == r) {
+      *q = r->next;
+      break;
+    }
+  pthread_mutex_unlock(&reg_mu);
   if (r->len) flush(r);
   close(r->fd);
   free(r);
@@ -199,4 +245,5 @@ void nf__rec_row(nf_pool_t *p, bool alloc, uintptr_t ptr, uint64_t size, nf_stre
   n += put_hex(row + n, (uint64_t)(uintptr_t)stream);
   row[n++] = '\n';
   append(r, row, n);
+  if (NF_UNLIKELY(r->at_exit) && !r->stopped) flush(r);
 }
