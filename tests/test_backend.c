@@ -10,6 +10,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 // A small granule keeps tests fast; at least a page on any machine.
@@ -752,6 +753,44 @@ static void test_host_threads(void **state) {
   nf_backend_destroy(be);
 }
 
+// A fork()ed child shares the host backend's memfd with its parent: its
+// destroy of the inherited pool must not zero the parent's live data, and it
+// may not create memory there (the parent could hand out the same extents).
+static void test_host_fork_child(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p;
+  assert_int_equal(nf_backend_host_create(&be, 1 * NF_GiB, 2 * NF_MiB), NF_OK);
+  nf_config_t c;
+  nf_config_default(&c);
+  c.limit = 64 * NF_MiB;
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+  size_t n = 6 * NF_MiB;
+  unsigned char *a = nf_alloc(p, n, NULL);
+  assert_non_null(a);
+  for (size_t i = 0; i < n; i += 4096) a[i] = (unsigned char)(i / 4096 * 7 + 1);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    nf_handle_t h;
+    int code = be->ops->mem_create(be, NF_TIER_DEVICE, 2 * NF_MiB, &h) == NF_ERR_INVALID ? 0 : 3;
+    nf_pool_destroy(p); // releases (and used to punch) every granule
+    nf_backend_destroy(be);
+    _exit(code);
+  }
+  int ws = 0;
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  assert_true(WIFEXITED(ws));
+  assert_int_equal(WEXITSTATUS(ws), 0);
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i += 4096) bad += a[i] != (unsigned char)(i / 4096 * 7 + 1);
+  assert_int_equal(bad, 0);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_create_validation),
@@ -773,6 +812,7 @@ int main(void) {
       cmocka_unit_test(test_fault_p_reproducible),
       cmocka_unit_test(test_fault_cleanup_ops),
       cmocka_unit_test(test_host_threads),
+      cmocka_unit_test(test_host_fork_child),
   };
   return cmocka_run_group_tests(tests, setup_granule, NULL);
 }

@@ -125,6 +125,7 @@ static bool ext_reserve(host_backend *h, size_t more) {
 
 static bool punch(host_backend *h, const mem_rec *r) {
   if (r->ext_fd >= 0) return true; // imported: the exporting process owns the memory
+  if (getpid() != h->pid) return true; // a fork()ed child: the memfd's bytes are the parent's (host.h)
   return fallocate(h->tiers[r->tier].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)r->off, (off_t)r->size) == 0;
 }
 
@@ -264,6 +265,10 @@ static nf_status_t mem_create_locked(host_backend *h, nf_tier_t tier, size_t siz
   if (size == 0 || size % h->granule)
     return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: mem_create(%zu): size not a multiple of granule %llu",
                             size, (unsigned long long)h->granule);
+  if (getpid() != h->pid)
+    return nf__backend_fail(&h->base, NF_ERR_INVALID,
+                            "host backend: mem_create in a fork()ed child (pid %ld): the memory is process %ld's",
+                            (long)getpid(), (long)h->pid);
   tier_state *t = &h->tiers[tier];
   if (size > h->capacity - t->created)
     return nf__backend_fail(&h->base, NF_ERR_OOM, "host backend: out of memory: %llu of %llu bytes created, %zu requested",
@@ -540,6 +545,7 @@ NF_API nf_status_t nf_backend_host_create(nf_backend_t **out, uint64_t capacity,
   if (mm && *mm) h->max_maps = strtoull(mm, NULL, 10);
   nf__host_map_bound_init(); // now, not at the bound (fopen allocates)
   h->page = (size_t)page;
+  h->pid = getpid();
   h->spare = nf__host_spare_new(h); // unmap's way out at the mapping bound (nf__host_reserve_again)
   for (int t = 0; t < NTIERS; t++) h->tiers[t].fd = -1; // memfds are made on first use
   *out = &h->base;

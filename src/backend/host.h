@@ -7,6 +7,7 @@
 #include "backend.h"
 
 #include <pthread.h>
+#include <sys/types.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -82,6 +83,12 @@ typedef struct {
   struct host_done *dones;
   size_t ndones, capdones;
   uint64_t violations; // unmaps of a range while a stream could still be using it
+  // The creating process. A fork()ed child shares the memfds (one open file
+  // description) but has its own copy of the extent lists: it must neither
+  // punch holes (the parent's live data would read as zeros) nor hand out
+  // extents (the parent may hand out the same ones), as a CUDA context is not
+  // usable in a child either.
+  pid_t pid;
 } host_backend;
 
 static inline host_backend *hb(nf_backend_t *be) { return (host_backend *)be; }
