@@ -292,7 +292,9 @@ typedef struct nf_stats_s {
 //! or NF_TIER_DISK) at the same address, freeing its device granules. `ptr` is the block's start.
 //! Only granules that lie wholly inside the block move; the (at most two)
 //! edge granules it shares with neighbours stay on the device, so a block
-//! smaller than a granule does not move at all (NF_OK).
+//! smaller than a granule does not move at all (NF_OK). Host tier: spilled
+//! granules are on the host already; a block whose owned granules are all
+//! spilled does not move either and stays a spilled block (NF_OK).
 //!
 //! Rules (the caller's side of the contract):
 //! - The copy is ordered on `stream` after the work already queued there (and

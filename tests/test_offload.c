@@ -542,6 +542,48 @@ static void test_prefetch_other_stream(void **state) {
   }
 }
 
+// A block whose owned granules are all spilled: nf_offload to the host tier
+// has nothing to move, so it queues no copy ordered after the block's work.
+// nf_prefetch must then still wait for that work (queued before the offload,
+// which the caller may do) before remapping the block onto device granules,
+// as for any spilled block; and the offload moved nothing, so it is not
+// counted as one.
+static void test_offload_spilled_block(void **state) {
+  (void)state;
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
+  nf_stream_t A = (nf_stream_t)(uintptr_t)1, S = (nf_stream_t)(uintptr_t)2;
+  void *d = nf_alloc(p, 8 * G, A), *b = nf_alloc(p, 2 * G, A);
+  assert_true(d && b);
+  uint64_t t[3];
+  tiers(p, b, t);
+  assert_true(t[NF_TIER_HOST] == 2 * G); // wholly spilled
+  nft_fill(b, 2 * G, 9);
+  nf_backend_host_set_manual_events(be, 1);
+  nf_stats_t s0, s;
+  stats(p, &s0);
+  assert_int_equal(nf_offload(p, b, A, NF_TIER_HOST), NF_OK);
+  stats(p, &s);
+  assert_true(s.offloads == s0.offloads && s.offloaded == 0 && s.spilled == 2 * G); // nothing moved: still spilled
+  assert_int_equal(nf_free(p, d), NF_OK);
+  nf_backend_host_complete_events(be); // d's work
+  assert_int_equal(nf_trim(p), NF_OK);  // d's granules unmapped now: the prefetch waits for nothing to get them
+  nf_backend_host_use(be, A, b, 2 * G); // work on b queued on A before the offload, in flight
+  assert_int_equal(nf_prefetch(p, b, S), NF_OK);
+  if (nf_backend_host_violations(be)) fail_msg("b's range remapped under its own stream's work");
+  tiers(p, b, t);
+  assert_true(t[NF_TIER_DEVICE] == 2 * G);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  assert_true(nft_check(b, 2 * G, 9));
+  stats(p, &s);
+  assert_int_equal(nf_free(p, b), NF_OK);
+  nf_backend_host_set_manual_events(be, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
@@ -550,7 +592,7 @@ int main(void) {
       cmocka_unit_test(test_offload_wait_at_limit), cmocka_unit_test(test_offload_detached),
       cmocka_unit_test(test_offload_host), cmocka_unit_test(test_offload_disk),
       cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
-      cmocka_unit_test(test_prefetch_other_stream),
+      cmocka_unit_test(test_prefetch_other_stream), cmocka_unit_test(test_offload_spilled_block),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -246,13 +246,16 @@ static nf_status_t offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_
   }
   for (uint64_t g = g0; g < g1; g++) // spilled granules are on the host already
     if (p->gran[c->phys[g]].tier == NF_TIER_DEVICE) x->gs[x->n++] = g;
+  // Wholly spilled: nothing moves and the block stays a spilled one. Marked
+  // offloaded, nf_prefetch would remap it without waiting for the work queued
+  // on it before this call (no copy was ordered after that work).
   nf_status_t st = x->n ? nf__host_take(p, x->n, x->hg) : NF_OK;
-  if (st != NF_OK) { nf__xfer_free(x); free(o); return st; }
-  if (x->n && (st = stage_map(p, x)) != NF_OK) goto undo;
+  if (st != NF_OK || !x->n) { nf__xfer_free(x); free(o); return st; }
+  if ((st = stage_map(p, x)) != NF_OK) goto undo;
   x->b = b;
   x->s = s;
-  if (x->n && ((st = nf__order_block(p, b, s)) != NF_OK || (st = copy_runs(p, x, c, true)) != NF_OK ||
-               (st = nf__stream_record(p, s)) != NF_OK)) {
+  if ((st = nf__order_block(p, b, s)) != NF_OK || (st = copy_runs(p, x, c, true)) != NF_OK ||
+      (st = nf__stream_record(p, s)) != NF_OK) {
     nf__xfer_drain(p, s); // the copy may have been queued
     unstage(p, x->stage, x->n * p->granule, x->n * p->granule);
     goto undo;
@@ -262,11 +265,6 @@ static nf_status_t offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_
   o->next = p->offl;
   p->offl = o;
   b->where = NF_TIER_HOST;
-  if (!x->n) {
-    nf__xfer_free(x);
-    p->st.offloads++;
-    return NF_OK;
-  }
   o->x = x;
   nf__xfer_push(p, x);
   return NF_OK;
