@@ -293,6 +293,14 @@ static void prefetched_on(nf_block_t *b, uint32_t s) {
   if (s != b->stream) b->extra |= 1ull << s;
 }
 
+// The device has no room for the n granules a prefetch needs (the granule
+// pool reports OOM without a message: the caller names what failed).
+nf_status_t nf__prefetch_oom(nf_pool_t *p, uint64_t n) {
+  char need[32];
+  nf__fmt_bytes(need, sizeof need, n << p->gshift);
+  return nf__error(NF_ERR_OOM, "nofrag: prefetch: no device memory for %s (the block stays offloaded, intact)", need);
+}
+
 static nf_status_t prefetch_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1, bool spilled) {
   nf_chunk_t *c = b->chunk;
   nf_status_t st;
@@ -324,11 +332,7 @@ static nf_status_t prefetch_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64
     }
   }
   if ((st = nf__gran_acquire(p, x->n, c, g0, g1)) != NF_OK) {
-    if (st == NF_ERR_OOM) {
-      char need[32];
-      nf__fmt_bytes(need, sizeof need, x->n << p->gshift);
-      nf__error(st, "nofrag: prefetch: no device memory for %s (the block stays on the host, intact)", need);
-    }
+    if (st == NF_ERR_OOM) nf__prefetch_oom(p, x->n);
     goto fail;
   }
   for (uint64_t j = 0; j < x->n; j++) {

@@ -153,6 +153,7 @@ nf_status_t nf__prefetch_detached(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uin
   if (!x) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
   p->away_granules -= o->n; // mapping counts the range as new granules
   nf_status_t st = nf__map_range(p, c, g0, g1, o->n << p->gshift, false);
+  if (st == NF_ERR_OOM) nf__prefetch_oom(p, o->n);
   if (st == NF_OK && (st = copy_window(p, c, g0, o->hg, o->n, s, false)) == NF_OK) st = nf__stream_record(p, s);
   if (st != NF_OK) {
     // Back to detached: the range is unmapped again (the host granules kept

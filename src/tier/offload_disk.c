@@ -90,6 +90,7 @@ nf_status_t nf__prefetch_disk(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_
   // Mapping counts the range as new granules: take it out of disk first.
   p->away_granules -= o->n;
   nf_status_t st = nf__map_range(p, c, g0, g1, o->n << p->gshift, false);
+  if (st == NF_ERR_OOM) nf__prefetch_oom(p, o->n);
   bool io = st == NF_OK;
   if (io) st = disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s);
   if (st != NF_OK) {

@@ -73,6 +73,7 @@ void nf__xfer_push(nf_pool_t *p, nf_xfer_t *x);
 void nf__xfer_drain(nf_pool_t *p, uint32_t s);
 nf_status_t nf__host_take(nf_pool_t *p, uint64_t n, uint32_t *hg);
 nf_status_t nf__order_block(nf_pool_t *p, const nf_block_t *b, uint32_t s);
+nf_status_t nf__prefetch_oom(nf_pool_t *p, uint64_t n); // NF_ERR_OOM, with a message
 
 // offload_disk.c
 nf_status_t nf__offload_disk(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1);
