@@ -324,6 +324,14 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
   return NF_OK;
 }
 
+// Block f, free or about to be, inherits granule x's last users (its next
+// user is ordered after them).
+static void inherit(nf_block_t *f, const nf_granule_t *x) {
+  if (!f || !x->vmask) return;
+  if (!f->smask || x->vtick > f->tick) f->tick = x->vtick;
+  f->smask |= x->vmask;
+}
+
 // After the placement that view_fill served: the granules it took now
 // belong to block b, whose stream was ordered after their last users, so
 // those are forgotten. If the placement failed, the granules stay where they
@@ -338,10 +346,14 @@ void nf__view_settle(nf_pool_t *p, nf_block_t *b, uint64_t g0, uint64_t g1, bool
     if (!x->took) continue;
     x->took = 0;
     if (placed) {
+      // An edge granule's rest is free space, whose next block may be on
+      // another stream: only b's stream was ordered after the last users.
+      uintptr_t ga = c->base + (g << p->gshift);
+      if (g == g0 && b->addr > ga && b->prev->state == NF_BLK_FREE) inherit(b->prev, x);
+      if (g == g1 - 1 && b->addr + b->size < ga + p->granule && b->next->state == NF_BLK_FREE) inherit(b->next, x);
       x->vmask = 0;
-    } else if (x->vmask) {
-      if (!b->smask || x->vtick > b->tick) b->tick = x->vtick;
-      b->smask |= x->vmask;
+    } else {
+      inherit(b, x);
     }
   }
 }
