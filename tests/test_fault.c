@@ -229,10 +229,112 @@ static void test_failed_placement_keeps_last_users(void **state) {
   assert_true(checked > 0); // some offset failed the placement after the move
 }
 
+// Offload and prefetch (src/tier/) fail at each backend call in turn: host,
+// detached and disk tiers, copies in flight (manual events), prefetch on
+// another stream, free while offloaded, trim. A failing call reports an
+// error and leaves its block where it was; the pool stays consistent; every
+// block keeps its data (checked where it is mapped, and once brought back
+// after the faults stop); destroy leaves nothing behind.
+typedef struct { void *p; size_t n; uint64_t tag; int where; } oblk_t;
+
+static void offload_step(nf_pool_t *p, oblk_t *b, int op, nf_stream_t s) {
+  nf_status_t r;
+  if (op < 3 && !b->where) {
+    nf_tier_t t = op == 0 ? NF_TIER_HOST : op == 1 ? NF_TIER_HOST_DETACHED : NF_TIER_DISK;
+    if ((r = nf_offload(p, b->p, s, t)) == NF_OK) b->where = t;
+    else if (!nf_last_error()[0]) fail_msg("offload of %p to %d failed (%d) with no message", b->p, (int)t, r);
+  } else if (op < 3 || op == 3) {
+    if ((r = nf_prefetch(p, b->p, s)) == NF_OK) b->where = 0;
+    else if (!nf_last_error()[0]) fail_msg("prefetch of %p failed (%d) with no message", b->p, r);
+  } else {
+    nf_offload_wait(p);
+  }
+}
+
+static void run_offload(uint64_t fail_at, uint64_t *calls_out) {
+  nf_backend_t *inner, *be;
+  assert_int_equal(nf_backend_host_create(&inner, 1ull << 30, G), NF_OK);
+  assert_int_equal(nf_backend_fault_create(&be, inner, 0, 0, 1), NF_OK);
+  nf_config_t c;
+  nf_config_default(&c);
+  assert_int_equal(nf_config_parse(&c, "limit:1MiB,spill:host,spill_limit:2MiB,views:4", NULL, 0), NF_OK);
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+  nf_backend_host_set_manual_events(inner, 1);
+  nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+  oblk_t b[6] = {{0}};
+  for (int i = 0; i < 6; i++) {
+    b[i].n = (size_t)(3 + i % 3) * G + 1000 * (size_t)i;
+    b[i].tag = 40 + (uint64_t)i;
+    assert_non_null(b[i].p = nf_alloc(p, b[i].n, i % 2 ? B : A));
+    nft_fill(b[i].p, b[i].n, b[i].tag);
+  }
+  uint64_t base = 0, failed = 0;
+  nf_backend_fault_counts(be, &base, &failed);
+  nf_backend_fault_set(be, fail_at ? base + fail_at : 0, 0);
+  static const int plan[][3] = { // block, op (0 host, 1 detached, 2 disk, 3 prefetch, 4 wait), stream
+      {0, 0, 0}, {1, 1, 0}, {2, 2, 1}, {3, 1, 1}, {4, 0, 1}, {9, 4, 0}, {0, 3, 1}, {1, 3, 0}, {3, 3, 1},
+      {5, 1, 0}, {5, 3, 0}, {2, 3, 0}, {0, 1, 0}, {9, 4, 0}, {4, 3, 0}, {0, 3, 1}, {1, 0, 1}, {3, 2, 0}};
+  for (size_t k = 0; k < sizeof plan / sizeof plan[0]; k++) {
+    if (plan[k][0] == 9) {
+      nf_backend_host_complete_events(inner);
+      nf_offload_wait(p);
+    } else {
+      offload_step(p, &b[plan[k][0]], plan[k][1], plan[k][2] ? B : A);
+    }
+    if (k == 8) { // one block dies while offloaded, another while its copy is in flight
+      assert_int_equal(nf_free(p, b[2].p), NF_OK);
+      b[2].p = NULL;
+      b[2] = (oblk_t){nf_alloc(p, 4 * G, A), 4 * G, 77, 0};
+      if (b[2].p) nft_fill(b[2].p, b[2].n, b[2].tag);
+      else b[2].n = 0;
+    }
+    if (k == 13 && nf_trim(p) != NF_OK) assert_true(nf_last_error()[0] != 0);
+    nf_backend_fault_set(be, 0, 0);
+    if (nf_pool_check(p) != NF_OK) fail_msg("fail_at %llu step %zu: %s", (unsigned long long)fail_at, k, nf_last_error());
+    nf_backend_fault_counts(be, calls_out, &failed);
+    nf_backend_fault_set(be, fail_at && base + fail_at > *calls_out ? base + fail_at : 0, 0);
+    for (int i = 0; i < 6; i++)
+      if (b[i].p && (b[i].where == 0 || b[i].where == NF_TIER_HOST) && !nft_check(b[i].p, b[i].n, b[i].tag))
+        fail_msg("fail_at %llu step %zu: block %d (where %d) lost its data", (unsigned long long)fail_at, k, i,
+                 b[i].where);
+  }
+  nf_backend_fault_counts(be, calls_out, &failed);
+  *calls_out -= base;
+  nf_backend_fault_set(be, 0, 0);
+  nf_backend_host_complete_events(inner);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  for (int pass = 0; pass < 2; pass++) // everything comes back intact (resident blocks go first: room)
+    for (int i = 0; i < 6; i++) {
+      if (!b[i].p || (pass == 0) != !b[i].where) continue;
+      if (b[i].where && nf_prefetch(p, b[i].p, A) != NF_OK)
+        fail_msg("fail_at %llu: block %d: %s", (unsigned long long)fail_at, i, nf_last_error());
+      if (!nft_check(b[i].p, b[i].n, b[i].tag)) fail_msg("fail_at %llu: block %d lost its data", (unsigned long long)fail_at, i);
+      assert_int_equal(nf_free(p, b[i].p), NF_OK);
+    }
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_backend_host_set_manual_events(inner, 0);
+  destroy_all(p, be, inner);
+}
+
+static void test_offload_paths_fail_once(void **state) {
+  (void)state;
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  uint64_t total = 0;
+  run_offload(0, &total);
+  assert_true(total > 40);
+  for (uint64_t n = 1; n <= total; n++) {
+    uint64_t calls;
+    run_offload(n, &calls);
+  }
+}
+
 int main(void) {
+  if (getenv("NF_FILTER")) cmocka_set_test_filter(getenv("NF_FILTER"));
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_each_call_fails_once),
                                      cmocka_unit_test(test_random_faults),
                                      cmocka_unit_test(test_view_paths_fail_once),
-                                     cmocka_unit_test(test_failed_placement_keeps_last_users)};
+                                     cmocka_unit_test(test_failed_placement_keeps_last_users),
+                                     cmocka_unit_test(test_offload_paths_fail_once)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
