@@ -37,6 +37,7 @@ typedef struct {
   struct { uintptr_t a; size_t n; } va[256];
   size_t nva;
   uint64_t corrupt, unmapped_busy, failed_ops;
+  int fail_records; // the next this many event records fail (a transient driver error)
   char what[256];
 } lz_t;
 
@@ -168,6 +169,11 @@ static nf_status_t lz_copy(nf_backend_t *be, uintptr_t d, uintptr_t s, size_t n,
 
 static nf_status_t lz_record(nf_backend_t *be, nf_event_t e, nf_stream_t s) {
   lz_t *l = lz(be);
+  if (l->fail_records > 0) {
+    l->fail_records--;
+    snprintf(be->err, sizeof be->err, "lazy backend: event record fails (test)");
+    return NF_ERR_BACKEND;
+  }
   nf_status_t st = nft_f_evr(be, e, s);
   if (st == NF_OK) {
     size_t i = lz_ev(l, e);
@@ -381,8 +387,42 @@ static void test_lazy_random(void **state) {
   if (s) lz_random(s, confs[s % 3]);
 }
 
+// A prefetch that fails after its copy was queued (the event record after it
+// fails) must wait for that copy before it unmaps or remaps the block's
+// range, even when the next record fails once more (before the fix the
+// cleanup then waited on an older record, which the copy is not behind).
+static void test_failed_prefetch_waits_for_its_copy(void **state) {
+  (void)state;
+  nf_tier_t tiers[] = {NF_TIER_HOST_DETACHED, NF_TIER_HOST};
+  for (int t = 0; t < 2; t++) {
+    lz_t *l = lz_create(1024 * G);
+    nf_pool_t *p = nft_pool_on(&l->be, "limit:1MiB");
+    nf_stream_t A = (nf_stream_t)0x11, S = (nf_stream_t)0x22;
+    void *b = nf_alloc(p, 4 * G, A);
+    assert_non_null(b);
+    lz_fill(l, A, b, 4 * G, 5);
+    assert_int_equal(nf_offload(p, b, A, tiers[t]), NF_OK);
+    lz_sync_all(l);
+    assert_int_equal(nf_offload_wait(p), NF_OK);
+    l->fail_records = 2;
+    assert_int_equal(nf_prefetch(p, b, S), NF_ERR_BACKEND);
+    l->fail_records = 0;
+    if (l->unmapped_busy || l->failed_ops) fail_msg("tier %d: %s", (int)tiers[t], l->what);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    assert_int_equal(nf_prefetch(p, b, S), NF_OK); // still offloaded, intact
+    lz_user_wait(l, A, S);
+    lz_check(l, A, b, 4 * G, 5);
+    assert_int_equal(nf_free(p, b), NF_OK);
+    lz_sync_all(l);
+    if (l->corrupt || l->unmapped_busy || l->failed_ops) fail_msg("tier %d: %s", (int)tiers[t], l->what);
+    nf_pool_destroy(p);
+    nf_backend_destroy(&l->be);
+  }
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_lazy_random)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_lazy_random),
+                                     cmocka_unit_test(test_failed_prefetch_waits_for_its_copy)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

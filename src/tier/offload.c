@@ -217,7 +217,16 @@ nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
 
 void nf__xfer_drain(nf_pool_t *p, uint32_t s) {
   nf_stream_rec_t *r = &p->streams[s];
-  if (nf__stream_record(p, s) == NF_OK || r->rec_tick) NF_BE(p, event_sync, event_sync, nf__stream_event(r));
+  char msg[512]; // the failure being cleaned up keeps its message
+  nf_status_t st = nf_last_status();
+  snprintf(msg, sizeof msg, "%s", nf_last_error());
+  // Retried: an older record is not behind the copies, and memory they
+  // still write would be unmapped or handed out again.
+  bool done = false;
+  for (int t = 0; t < 3 && !done; t++)
+    done = nf__stream_record(p, s) == NF_OK && NF_BE(p, event_sync, event_sync, nf__stream_event(r)) == NF_OK;
+  if (!done && r->rec_tick) NF_BE(p, event_sync, event_sync, nf__stream_event(r)); // the best left
+  nf__error(st, "%s", msg);
 }
 
 void nf__xfer_push(nf_pool_t *p, nf_xfer_t *x) {

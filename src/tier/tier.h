@@ -69,7 +69,8 @@ nf_offl_t *nf__offl_find(nf_pool_t *p, const nf_block_t *b, nf_offl_t ***link);
 void nf__xfer_free(nf_xfer_t *x);
 void nf__xfer_push(nf_pool_t *p, nf_xfer_t *x);
 // After a failure once copies may have been queued on stream s: wait for them
-// (a fresh record, else the last one) before their memory is given back.
+// (a fresh record, retried; else the last one) before their memory is given
+// back. The failure being handled keeps its status and message.
 void nf__xfer_drain(nf_pool_t *p, uint32_t s);
 nf_status_t nf__host_take(nf_pool_t *p, uint64_t n, uint32_t *hg);
 nf_status_t nf__order_block(nf_pool_t *p, const nf_block_t *b, uint32_t s);
