@@ -329,12 +329,54 @@ static void test_offload_paths_fail_once(void **state) {
   }
 }
 
+// A host granule mapped at the host window whose set-access failed, and
+// whose unmap then failed too, stays mapped there without access. The next
+// detached offload through it must set the access, not copy into memory it
+// cannot reach (CUDA: an illegal-address fault of the copy). Spy backend:
+// the next `fail_acc` set-access calls and `fail_unmap` unmap calls fail.
+typedef struct { nf_backend_t be; nf_backend_ops_t ops; int fail_acc, fail_unmap; } winspy_t;
+static nf_status_t ws_acc(nf_backend_t *be, uintptr_t v, size_t n) {
+  if (((winspy_t *)be)->fail_acc > 0 && ((winspy_t *)be)->fail_acc--) return NF_ERR_BACKEND;
+  return nft_f_acc(be, v, n);
+}
+static nf_status_t ws_unmap(nf_backend_t *be, uintptr_t v, size_t n) {
+  if (((winspy_t *)be)->fail_unmap > 0 && ((winspy_t *)be)->fail_unmap--) return NF_ERR_BACKEND;
+  return nft_f_unmap(be, v, n);
+}
+
+static void test_window_without_access(void **state) {
+  (void)state;
+  winspy_t *w = calloc(1, sizeof *w);
+  assert_non_null(w);
+  nft_spy_init(&w->be, &w->ops, 1ull << 30, G);
+  w->ops.set_access = ws_acc;
+  w->ops.unmap = ws_unmap;
+  nf_pool_t *p = nft_pool_on(&w->be, "limit:1MiB");
+  void *a = nf_alloc(p, 4 * G, NULL);
+  assert_non_null(a);
+  nft_fill(a, 4 * G, 3);
+  w->fail_acc = 1, w->fail_unmap = 3; // the window's first set-access, then its unmaps
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_ERR_BACKEND);
+  assert_true(w->fail_acc == 0 && w->fail_unmap == 0);
+  assert_true(nft_check(a, 4 * G, 3));
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK); // same host granules
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  assert_true(nft_check(a, 4 * G, 3));
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(&w->be);
+}
+
 int main(void) {
   if (getenv("NF_FILTER")) cmocka_set_test_filter(getenv("NF_FILTER"));
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_each_call_fails_once),
                                      cmocka_unit_test(test_random_faults),
                                      cmocka_unit_test(test_view_paths_fail_once),
                                      cmocka_unit_test(test_failed_placement_keeps_last_users),
-                                     cmocka_unit_test(test_offload_paths_fail_once)};
+                                     cmocka_unit_test(test_offload_paths_fail_once),
+                                     cmocka_unit_test(test_window_without_access)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

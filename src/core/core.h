@@ -114,7 +114,7 @@ typedef struct nf_granule_s {
   int32_t next_free; // free-list link among unmapped granules, -1 ends
   uint8_t tier;
   uint8_t state;     // NF_GR_*
-  uint8_t win;       // host granule also mapped at the host window (offload_detached.c)
+  uint8_t win;       // host granule also mapped at the host window (offload_detached.c; 2: without access)
   // ---- views (view.c)
   uint8_t took;       // taken by the placement in progress: its last users are forgotten only if it succeeds
   int32_t prev_free;  // free-list back link (a view's granule leaves the list from its middle)

@@ -43,14 +43,17 @@ static nf_status_t win_map(nf_pool_t *p, uint32_t i, uintptr_t *va) {
   if (!p->win[k] && (st = NF_BE(p, va_reserve, va_reserve, p->granule << WIN_SHIFT, p->granule, &p->win[k])) != NF_OK)
     return nf__error(st, "nofrag: offload: reserving the host window failed: %s", p->be->err);
   *va = win_addr(p, i);
-  if (p->gran[i].win) return NF_OK;
-  if ((st = NF_BE(p, map, map, *va, p->granule, p->gran[i].handle)) != NF_OK)
+  if (p->gran[i].win == 1) return NF_OK;
+  if (!p->gran[i].win && (st = NF_BE(p, map, map, *va, p->granule, p->gran[i].handle)) != NF_OK)
     return nf__error(st, "nofrag: offload: mapping a host granule at the window failed: %s", p->be->err);
   if ((st = NF_BE(p, set_access, set_access, *va, p->granule)) != NF_OK) {
     nf__error(st, "nofrag: offload: set access on the host window failed: %s", p->be->err);
     for (int t = 0; t < 3; t++)
-      if (NF_BE(p, unmap, unmap, *va, p->granule) == NF_OK) return st;
-    p->gran[i].win = 1; // still mapped there: nf__win_unmap retries at release
+      if (NF_BE(p, unmap, unmap, *va, p->granule) == NF_OK) {
+        p->gran[i].win = 0;
+        return st;
+      }
+    p->gran[i].win = 2; // still mapped there, without access: set at the next use, unmapped at release
     return st;
   }
   p->gran[i].win = 1;
