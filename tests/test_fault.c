@@ -370,6 +370,64 @@ static void test_window_without_access(void **state) {
   nf_backend_destroy(&w->be);
 }
 
+// Disk tier I/O errors: the file may take fewer bytes than asked (a full
+// disk, a file size limit) and then fail, or hold fewer than were written.
+// The offload or prefetch fails with the reason (not a stale errno's), the
+// block stays where it was, and a later offload within the limit works.
+#include <errno.h>
+#include <signal.h>
+#include <sys/resource.h>
+static void test_disk_short_write(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:1MiB");
+  void *a = nf_alloc(p, 4 * G, NULL), *b = nf_alloc(p, G, NULL);
+  assert_true(a && b);
+  nft_fill(a, 4 * G, 8);
+  nft_fill(b, G, 9);
+  struct rlimit old, lim;
+  assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+  lim = old;
+  lim.rlim_cur = 2 * G + 4096; // a's 4 granules do not fit, b's one does
+  void (*sig)(int) = signal(SIGXFSZ, SIG_IGN);
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+  nf_status_t r1 = nf_offload(p, a, NULL, NF_TIER_DISK);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", nf_last_error());
+  nf_status_t r2 = nf_offload(p, b, NULL, NF_TIER_DISK);
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+  signal(SIGXFSZ, sig);
+  assert_int_equal(r1, NF_ERR_BACKEND);
+  if (!strstr(msg, strerror(EFBIG))) fail_msg("message: %s", msg);
+  assert_int_equal(r2, NF_OK);
+  assert_true(nft_check(a, 4 * G, 8));
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_prefetch(p, b, NULL), NF_OK);
+  assert_true(nft_check(b, G, 9));
+  // The file loses its data (cut short): prefetch fails with a reason, the
+  // block stays on disk (unmapped), the pool stays consistent.
+  assert_int_equal(nf_offload(p, b, NULL, NF_TIER_DISK), NF_OK);
+  int cut = 0;
+  for (int fd = 3; fd < 1024 && !cut; fd++) {
+    char lp[64], target[512] = "";
+    snprintf(lp, sizeof lp, "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(lp, target, sizeof target - 1);
+    if (k > 0 && (target[k] = 0, strstr(target, "nofrag-offload-"))) cut = ftruncate(fd, 0) == 0;
+  }
+  assert_true(cut);
+  assert_int_equal(nf_prefetch(p, b, NULL), NF_ERR_BACKEND);
+  if (!strstr(nf_last_error(), "end of file")) fail_msg("message: %s", nf_last_error());
+  uint64_t t[3];
+  assert_int_equal(nf_block_tiers(p, b, t), NF_OK);
+  assert_true(t[NF_TIER_DISK] == G);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, a);
+  nf_free(p, b);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   if (getenv("NF_FILTER")) cmocka_set_test_filter(getenv("NF_FILTER"));
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_each_call_fails_once),
@@ -377,6 +435,7 @@ int main(void) {
                                      cmocka_unit_test(test_view_paths_fail_once),
                                      cmocka_unit_test(test_failed_placement_keeps_last_users),
                                      cmocka_unit_test(test_offload_paths_fail_once),
-                                     cmocka_unit_test(test_window_without_access)};
+                                     cmocka_unit_test(test_window_without_access),
+                                     cmocka_unit_test(test_disk_short_write)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

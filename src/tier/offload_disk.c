@@ -25,6 +25,20 @@ static nf_status_t disk_open(nf_pool_t *p) {
   return NF_OK;
 }
 
+// All n bytes at off, or an error: pread/pwrite may move fewer (a full
+// disk, a file size limit) and only the next call says why.
+static nf_status_t file_io(nf_pool_t *p, bool out, char *buf, uint64_t n, uint64_t off) {
+  while (n) {
+    ssize_t k = out ? pwrite(p->disk_fd, buf, n, (off_t)off) : pread(p->disk_fd, buf, n, (off_t)off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0)
+      return nf__error(NF_ERR_BACKEND, "nofrag: %s disk: %s failed: %s", out ? "offload to" : "prefetch from",
+                       out ? "write" : "read", k ? strerror(errno) : "unexpected end of file");
+    buf += k, n -= (uint64_t)k, off += (uint64_t)k;
+  }
+  return NF_OK;
+}
+
 static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, uint64_t len, uint32_t s) {
   uint64_t chunk = len < BOUNCE_MAX ? len : BOUNCE_MAX;
   char *buf = malloc(chunk);
@@ -39,13 +53,8 @@ static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, u
       if (st == NF_OK && (st = nf__stream_record(p, s)) == NF_OK)
         st = NF_BE(p, event_sync, event_sync, nf__stream_event(r));
       if (st != NF_OK) { nf__error(st, "nofrag: offload to disk: copy failed: %s", p->be->err); break; }
-    } else if (pread(p->disk_fd, buf, n, (off_t)(off + k)) != (ssize_t)n) {
-      st = nf__error(NF_ERR_BACKEND, "nofrag: prefetch from disk: read failed: %s", strerror(errno));
-      break;
-    }
-    if (out && pwrite(p->disk_fd, buf, n, (off_t)(off + k)) != (ssize_t)n) {
-      st = nf__error(NF_ERR_BACKEND, "nofrag: offload to disk: write failed: %s", strerror(errno));
-    } else if (!out) {
+      st = file_io(p, true, buf, n, off + k);
+    } else if ((st = file_io(p, false, buf, n, off + k)) == NF_OK) {
       p->st.calls.copy++;
       // Pageable source: the copy has read the buffer when it returns.
       st = p->be->ops->copy(p->be, va + k, (uintptr_t)buf, n, r->handle);
