@@ -586,6 +586,38 @@ static void test_offload_spilled_block(void **state) {
   nf_backend_destroy(be);
 }
 
+// A partly spilled block offloaded to the host: all of its owned granules
+// then hold an offloaded block, the spilled ones too ("spilled" counts host
+// granules of blocks that are not offloaded).
+static void test_offload_partly_spilled(void **state) {
+  (void)state;
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
+  void *d = nf_alloc(p, 6 * G, NULL), *b = nf_alloc(p, 4 * G, NULL); // b: 2 device + 2 spilled granules
+  assert_true(d && b);
+  nft_fill(b, 4 * G, 4);
+  nf_stats_t s;
+  stats(p, &s);
+  assert_true(s.spilled == 2 * G && s.offloaded == 0);
+  assert_int_equal(nf_offload(p, b, NULL, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  stats(p, &s);
+  assert_true(s.offloaded == 4 * G && s.spilled == 0);
+  assert_int_equal(nf_free(p, d), NF_OK);
+  assert_int_equal(nf_prefetch(p, b, NULL), NF_OK);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  stats(p, &s);
+  assert_true(s.offloaded == 0 && s.spilled == 0 && nft_check(b, 4 * G, 4));
+  assert_int_equal(nf_offload(p, b, NULL, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_free(p, b), NF_OK); // in flight
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  stats(p, &s);
+  assert_true(s.offloaded == 0 && s.spilled == 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
@@ -595,6 +627,7 @@ int main(void) {
       cmocka_unit_test(test_offload_host), cmocka_unit_test(test_offload_disk),
       cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
       cmocka_unit_test(test_prefetch_other_stream), cmocka_unit_test(test_offload_spilled_block),
+      cmocka_unit_test(test_offload_partly_spilled),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -188,7 +188,7 @@ static nf_status_t offload_finish(nf_pool_t *p, nf_xfer_t *x) {
   p->offl_granules += done;
   nf_offl_t *o = nf__offl_find(p, b, NULL);
   o->x = NULL;
-  o->n = done;
+  o->n += done;
   p->st.offloads++;
   return st;
 }
@@ -271,6 +271,8 @@ static nf_status_t offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_
   }
   x->tick = p->streams[s].rec_tick;
   o->b = b;
+  o->n = (g1 - g0) - x->n; // spilled granules: they hold an offloaded block now
+  p->offl_granules += o->n;
   o->next = p->offl;
   p->offl = o;
   b->where = NF_TIER_HOST;

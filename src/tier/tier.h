@@ -60,7 +60,7 @@ typedef struct nf_offl_s {
   struct nf_offl_s *next;
   nf_block_t *b;
   nf_xfer_t *x;  // offload still in flight
-  uint64_t n;    // granules moved
+  uint64_t n;    // host: host granules holding the block (spilled ones too); else granules moved
   uint64_t off;  // disk: file offset of the owned range
   uint32_t *hg;  // detached: host granule per owned granule
 } nf_offl_t;
