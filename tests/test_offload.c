@@ -5,6 +5,8 @@
 // a pattern that is verified across every move.
 #include "nf_test.h"
 
+#include <sys/stat.h>
+
 #define G (64 * 1024ull)
 
 typedef struct { void *p; size_t n; uint64_t tag; int where; } blk_t;
@@ -618,6 +620,37 @@ static void test_offload_partly_spilled(void **state) {
   nf_backend_destroy(be);
 }
 
+// The disk file's extents are not reused while blocks are on disk, but
+// once none is, the next offloads start at offset 0 again: a job that moves
+// its blocks out and back every step must not run the file's offsets up to
+// the file system's size limit (16 TiB on ext4) after some thousand steps.
+static void test_offload_disk_offsets(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:1MiB");
+  void *a = nf_alloc(p, 4 * G, NULL);
+  assert_non_null(a);
+  nft_fill(a, 4 * G, 2);
+  for (int step = 0; step < 8; step++) {
+    assert_int_equal(nf_offload(p, a, NULL, NF_TIER_DISK), NF_OK);
+    assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+  }
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_DISK), NF_OK);
+  struct stat sb = {0};
+  for (int fd = 3; fd < 1024; fd++) {
+    char lp[64], target[512] = "";
+    snprintf(lp, sizeof lp, "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(lp, target, sizeof target - 1);
+    if (k > 0 && (target[k] = 0, strstr(target, "nofrag-offload-"))) assert_int_equal(fstat(fd, &sb), 0);
+  }
+  assert_true(sb.st_size > 0 && sb.st_size <= (off_t)(4 * G)); // one block's extent
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+  assert_true(nft_check(a, 4 * G, 2));
+  nf_free(p, a);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
@@ -627,7 +660,7 @@ int main(void) {
       cmocka_unit_test(test_offload_host), cmocka_unit_test(test_offload_disk),
       cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
       cmocka_unit_test(test_prefetch_other_stream), cmocka_unit_test(test_offload_spilled_block),
-      cmocka_unit_test(test_offload_partly_spilled),
+      cmocka_unit_test(test_offload_partly_spilled), cmocka_unit_test(test_offload_disk_offsets),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

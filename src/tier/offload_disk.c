@@ -92,6 +92,9 @@ void nf__disk_forget(nf_pool_t *p, nf_offl_t *o) {
   fallocate(p->disk_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)o->off, (off_t)(o->n << p->gshift));
   p->away_granules -= o->n;
   p->disk_bytes -= o->b->size;
+  // Extents are not reused while blocks are on disk; once none is, start
+  // over, or offsets grow by every block ever offloaded (ext4 stops at 16 TiB).
+  if (!p->disk_bytes && ftruncate(p->disk_fd, 0) == 0) p->disk_end = 0;
 }
 
 nf_status_t nf__prefetch_disk(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_t s, uint64_t g0, uint64_t g1) {
