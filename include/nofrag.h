@@ -369,7 +369,7 @@ NF_API nf_status_t nf_pool_check(nf_pool_t *pool);
 //! The pool's whole state as a JSON document, taken under the pool lock in
 //! O(blocks + granules): "totals" (the nf_stats_t byte fields, spilled and
 //! offloaded included; live blocks moved by nf_offload carry "offloaded":
-//! "host" or "disk"), "granules"
+//! "host", "host_detached" or "disk", the names nofrag.Pool.offload takes), "granules"
 //! (physical granules by state and tier), "streams" (handles; bit i of a
 //! stream mask is streams[i]) and "chunks", each with its "blocks" in address
 //! order (addresses as "0x..." strings; live and pending blocks carry their

@@ -345,6 +345,10 @@ static void test_offload_detached(void **state) {
   tiers(p, a, t);
   uint64_t moved = t[NF_TIER_HOST];
   assert_true(moved >= 9 * G && s.offloaded == moved && s.offloads == 1 && t[NF_TIER_DISK] == 0);
+  char *snap = nf_snapshot(p); // the block says which host tier holds it
+  assert_non_null(snap);
+  assert_non_null(strstr(snap, "\"offloaded\":\"host_detached\""));
+  nf_snapshot_free(snap);
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK); // again: no-op
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_ERR_INVALID);
   assert_non_null(strstr(nf_last_error(), "detached"));

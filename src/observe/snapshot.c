@@ -63,7 +63,8 @@ static void snap_blocks(sbuf_t *b, const nf_pool_t *p, const nf_chunk_t *c) {
     if (k->state != NF_BLK_LIVE) // streams whose work may still use the memory
       sb_printf(b, ",\"stream_mask\":\"0x%llx\"", (unsigned long long)k->smask);
     if (k->state == NF_BLK_LIVE && k->where) // nf_offload'ed: its owned granules are on that tier
-      sb_printf(b, ",\"offloaded\":\"%s\"", k->where == NF_TIER_DISK ? "disk" : "host");
+      sb_printf(b, ",\"offloaded\":\"%s\"",
+                k->where == NF_TIER_DISK ? "disk" : k->where == NF_TIER_HOST_DETACHED ? "host_detached" : "host");
     sb_printf(b, "}");
   }
   sb_printf(b, "]");
