@@ -317,6 +317,9 @@ typedef struct nf_stats_s {
 //! Offloading an already offloaded block to the same tier is a no-op; to
 //! another tier, NF_ERR_INVALID. Not enough host memory (spill_limit) or a
 //! failing backend: an error, and the block stays where it was, intact.
+//! While a stream is being captured (nf_private_begin), nf_offload,
+//! nf_prefetch and nf_offload_wait fail with NF_ERR_INVALID and change
+//! nothing: they make event calls and copies, which a capture forbids.
 NF_API nf_status_t nf_offload(nf_pool_t *pool, void *ptr, nf_stream_t stream, nf_tier_t tier);
 
 //! Bring an offloaded block back to device memory at the same address; the

@@ -550,6 +550,40 @@ static void test_prefetch_other_stream(void **state) {
   }
 }
 
+// During a capture (a stream route of nf_private_begin) offload, prefetch and
+// offload_wait are refused with a clear error and change nothing: they make
+// event calls and queue copies, which a CUDA graph capture forbids.
+static void test_offload_refused_in_capture(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1024 * G, G, "limit:512KiB");
+  nf_stream_t A = (nf_stream_t)(uintptr_t)1, C = (nf_stream_t)(uintptr_t)2;
+  void *b = nf_alloc(p, 4 * G, A), *h = nf_alloc(p, 2 * G, A);
+  assert_true(b && h);
+  nft_fill(b, 4 * G, 3);
+  assert_int_equal(nf_offload(p, h, A, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  nf_stats_t s0, s1;
+  nf_stats_get(p, &s0);
+  assert_int_equal(nf_private_incref(p, 7), NF_OK);
+  assert_int_equal(nf_private_begin(p, 7, C), NF_OK);
+  assert_int_equal(nf_offload(p, b, A, NF_TIER_HOST), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "captured"));
+  assert_int_equal(nf_prefetch(p, h, A), NF_ERR_INVALID);
+  assert_int_equal(nf_offload_wait(p), NF_ERR_INVALID);
+  nf_stats_get(p, &s1);
+  assert_true(s1.offloads == s0.offloads && s1.prefetches == s0.prefetches && s1.offloaded == s0.offloaded);
+  assert_int_equal(nf_private_end(p, 7), NF_OK);
+  assert_int_equal(nf_prefetch(p, h, A), NF_OK); // after the capture: allowed again
+  assert_true(nft_check(b, 4 * G, 3));
+  assert_int_equal(nf_free(p, b), NF_OK);
+  assert_int_equal(nf_free(p, h), NF_OK);
+  assert_int_equal(nf_private_release(p, 7), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 // A block whose owned granules are all spilled: nf_offload to the host tier
 // has nothing to move, so it queues no copy ordered after the block's work.
 // nf_prefetch must then still wait for that work (queued before the offload,
@@ -665,6 +699,7 @@ int main(void) {
       cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
       cmocka_unit_test(test_prefetch_other_stream), cmocka_unit_test(test_offload_spilled_block),
       cmocka_unit_test(test_offload_partly_spilled), cmocka_unit_test(test_offload_disk_offsets),
+      cmocka_unit_test(test_offload_refused_in_capture),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -396,6 +396,15 @@ fail:
 
 // ------------------------------------------------------------ public API
 
+// Offload, prefetch and their polls record, query and wait on events and
+// queue copies: CUDA forbids event calls on a capturing stream (anywhere, in
+// a global-mode capture), and a copy queued there would land in the graph.
+static nf_status_t not_capturing(const nf_pool_t *p, const char *what) {
+  if (NF_LIKELY(!p->capture_mask)) return NF_OK;
+  return nf__error(NF_ERR_INVALID, "nofrag: %s: a stream is being captured (CUDA graph); offload and prefetch "
+                   "make event calls and copies, which a capture forbids: call it before or after the capture", what);
+}
+
 static nf_status_t lookup(nf_pool_t *p, const void *ptr, const char *what, nf_block_t **b) {
   *b = nf__map_find(p, (uintptr_t)ptr);
   if (!*b) return nf__error(NF_ERR_INVALID, "nofrag: %s of %p: not the start of a live block", what, ptr);
@@ -411,7 +420,8 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
   nf_block_t *b;
   uint32_t s = 0;
   uint64_t g0, g1;
-  nf_status_t st = lookup(p, ptr, "nf_offload", &b);
+  nf_status_t st = not_capturing(p, "nf_offload");
+  if (st == NF_OK) st = lookup(p, ptr, "nf_offload", &b);
   if (st == NF_OK) st = nf__stream_index(p, stream, &s);
   if (st == NF_OK && p->xfers) st = nf__xfer_poll(p, false);
   if (st != NF_OK) goto out;
@@ -438,7 +448,8 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   uint32_t s = 0;
   uint64_t g0, g1;
   nf_offl_t **link = NULL, *o = NULL;
-  nf_status_t st = lookup(p, ptr, "nf_prefetch", &b);
+  nf_status_t st = not_capturing(p, "nf_prefetch");
+  if (st == NF_OK) st = lookup(p, ptr, "nf_prefetch", &b);
   if (st == NF_OK) st = nf__stream_index(p, stream, &s);
   if (st == NF_OK && p->xfers) st = nf__xfer_poll(p, false);
   if (st != NF_OK || !nf__owned(p, b, &g0, &g1)) goto out;
@@ -470,7 +481,8 @@ out:
 nf_status_t nf_offload_wait(nf_pool_t *p) {
   if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_offload_wait: NULL pool");
   nf__lock(&p->lock);
-  nf_status_t st = nf__xfer_poll(p, true);
+  nf_status_t st = not_capturing(p, "nf_offload_wait");
+  if (st == NF_OK) st = nf__xfer_poll(p, true);
   nf__pub_full(p);
   nf__unlock(&p->lock);
   return st;
