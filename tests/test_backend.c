@@ -564,6 +564,55 @@ static void test_host_use_violations(void **state) {
   nf_backend_destroy(be); // the events too
 }
 
+// A stream wait orders one stream after another, as on a GPU: once an event
+// recorded on s2 after s2 waited on s1's event e1 is complete, s1's work
+// before e1 is complete too (the allocator relies on it: an offload copy
+// ordered after the block's streams, then a host wait for the copy). Work
+// on s1 after e1, or an s2 event recorded before the wait, proves nothing.
+static void test_host_use_stream_wait(void **state) {
+  (void)state;
+  nf_backend_t *be = host(8 * G, G);
+  const nf_backend_ops_t *o = be->ops;
+  nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2, s3 = (nf_stream_t)0x3;
+  uintptr_t va;
+  nf_handle_t h;
+  nf_event_t e1, e2, e3;
+  assert_int_equal(o->va_reserve(be, G, 0, &va), NF_OK);
+  assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h), NF_OK);
+  assert_int_equal(o->event_create(be, &e1), NF_OK);
+  assert_int_equal(o->event_create(be, &e2), NF_OK);
+  assert_int_equal(o->event_create(be, &e3), NF_OK);
+  nf_backend_host_set_manual_events(be, 1);
+#define MAP() assert_int_equal(o->map(be, va, G, h), NF_OK)
+#define UNMAP() assert_int_equal(o->unmap(be, va, G), NF_OK)
+  MAP();
+  nf_backend_host_use(be, s1, (void *)va, G);
+  assert_int_equal(o->event_record(be, e2, s2), NF_OK);     // s2's event before the wait: no help
+  assert_int_equal(o->event_record(be, e1, s1), NF_OK);
+  assert_int_equal(o->stream_wait(be, s2, e1), NF_OK);
+  assert_int_equal(o->event_sync(be, e2), NF_OK);
+  UNMAP();
+  assert_int_equal(nf_backend_host_violations(be), 1);
+  MAP();
+  assert_int_equal(o->event_record(be, e2, s2), NF_OK);     // after the wait: covers s1's work before e1
+  assert_int_equal(o->stream_wait(be, s3, e2), NF_OK);      // and transitively through s3
+  assert_int_equal(o->event_record(be, e3, s3), NF_OK);
+  nf_backend_host_use(be, s1, (void *)va, G);               // s1's work after e1: not covered
+  assert_int_equal(o->event_sync(be, e3), NF_OK);
+  UNMAP();
+  assert_int_equal(nf_backend_host_violations(be), 2);      // the second use only
+  MAP();
+  assert_int_equal(o->event_record(be, e1, s1), NF_OK);
+  assert_int_equal(o->event_sync(be, e1), NF_OK);
+  UNMAP();
+  assert_int_equal(nf_backend_host_violations(be), 2);
+#undef MAP
+#undef UNMAP
+  assert_int_equal(o->mem_release(be, h), NF_OK);
+  assert_int_equal(o->va_release(be, va, G), NF_OK);
+  nf_backend_destroy(be);
+}
+
 // ---------------------------------------------------------------- fault backend
 
 static void test_fault_create_validation(void **state) {
@@ -806,6 +855,7 @@ int main(void) {
       cmocka_unit_test(test_host_copy),
       cmocka_unit_test(test_host_events),
       cmocka_unit_test(test_host_use_violations),
+      cmocka_unit_test(test_host_use_stream_wait),
       cmocka_unit_test(test_fault_create_validation),
       cmocka_unit_test(test_fault_fail_at),
       cmocka_unit_test(test_fault_p),

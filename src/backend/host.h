@@ -77,11 +77,14 @@ typedef struct {
   void *spare;       // a page mapped outside every range, given up when the mapping bound refuses an unmap (host.c)
   size_t page;
   // Work in flight (host_event.c, manual mode): ranges streams were declared
-  // to use, and per stream the newest event known complete.
+  // to use, per stream the newest event known complete, and the stream waits
+  // that order one stream's work after another's.
   struct host_use *uses;
   size_t nuses, capuses;
   struct host_done *dones;
   size_t ndones, capdones;
+  struct host_dep *deps; // cross-stream waits: a stream's later events imply another's earlier work done
+  size_t ndeps, capdeps;
   uint64_t violations; // unmaps of a range while a stream could still be using it
   // The creating process. A fork()ed child shares the memfds (one open file
   // description) but has its own copy of the extent lists: it must neither

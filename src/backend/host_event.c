@@ -10,22 +10,31 @@
 
 struct host_use { uintptr_t a, b; nf_stream_t s; uint64_t gen; }; // [a, b) used on s before event gen `gen`
 struct host_done { nf_stream_t s; uint64_t gen; };                 // s's newest event known complete
+// Stream s waited (stream_wait) on event `on_gen` of stream `on` when the
+// newest event gen was `after`: once an event of s above `after` completes,
+// `on`'s work before on_gen is complete too (as on a GPU).
+struct host_dep { nf_stream_t s, on; uint64_t after, on_gen; };
 
-// Stream s's work before event gen `gen` is complete (under the lock).
+// Stream s's work before event gen `gen` is complete (under the lock), and
+// with it the work of the streams s waited for before that event.
 static void stream_done(host_backend *h, nf_stream_t s, uint64_t gen) {
-  for (size_t i = 0; i < h->ndones; i++)
-    if (h->dones[i].s == s) {
-      if (gen > h->dones[i].gen) h->dones[i].gen = gen;
-      return;
+  size_t i = 0;
+  while (i < h->ndones && h->dones[i].s != s) i++;
+  if (i < h->ndones) {
+    if (gen <= h->dones[i].gen) return; // nothing new (also ends cycles of waits)
+    h->dones[i].gen = gen;
+  } else {
+    if (h->ndones == h->capdones) {
+      size_t cap = h->capdones ? h->capdones * 2 : 8;
+      struct host_done *d = realloc(h->dones, cap * sizeof *d);
+      if (!d) return; // a use then stays "in flight": a false alarm, never a missed one
+      h->dones = d;
+      h->capdones = cap;
     }
-  if (h->ndones == h->capdones) {
-    size_t cap = h->capdones ? h->capdones * 2 : 8;
-    struct host_done *d = realloc(h->dones, cap * sizeof *d);
-    if (!d) return; // a use then stays "in flight": a false alarm, never a missed one
-    h->dones = d;
-    h->capdones = cap;
+    h->dones[h->ndones++] = (struct host_done){s, gen};
   }
-  h->dones[h->ndones++] = (struct host_done){s, gen};
+  for (size_t k = 0; k < h->ndeps; k++)
+    if (h->deps[k].s == s && gen > h->deps[k].after) stream_done(h, h->deps[k].on, h->deps[k].on_gen);
 }
 
 static bool use_done(const host_backend *h, const struct host_use *u) {
@@ -44,9 +53,11 @@ void nf__host_uses_check(host_backend *h, uintptr_t va, size_t size) {
 void nf__host_uses_free(host_backend *h) {
   free(h->uses);
   free(h->dones);
+  free(h->deps);
   h->uses = NULL;
   h->dones = NULL;
-  h->nuses = h->capuses = h->ndones = h->capdones = 0;
+  h->deps = NULL;
+  h->nuses = h->capuses = h->ndones = h->capdones = h->ndeps = h->capdeps = 0;
 }
 
 NF_API void nf_backend_host_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n) {
@@ -82,6 +93,7 @@ NF_API uint64_t nf_backend_host_violations(nf_backend_t *be) {
 static void complete_all(host_backend *h) {
   for (host_event *e = h->events; e; e = e->next) e->done = true;
   h->nuses = 0;
+  h->ndeps = 0;
 }
 
 NF_API void nf_backend_host_set_manual_events(nf_backend_t *be, int manual) {
@@ -177,12 +189,22 @@ nf_status_t nf__host_event_sync(nf_backend_t *be, nf_event_t ev) {
   return ev_unlock(be, st);
 }
 
-// Host "streams" run nothing, so a cross-stream wait has nothing to order.
-// Cross-stream dependencies are not modelled by the manual-event mode either.
+// Host "streams" run nothing, so a cross-stream wait has nothing to order;
+// in manual mode it is remembered for the use checks: s's events recorded
+// from now on complete only after ev's stream's work before ev (a wait for
+// s then covers that work, as on a GPU).
 nf_status_t nf__host_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) {
-  (void)s;
   nf_status_t st;
-  ev_lock(be, "stream_wait", ev, &st);
+  host_event *e = ev_lock(be, "stream_wait", ev, &st);
+  host_backend *h = hb(be);
+  if (e && h->manual && !e->done) {
+    if (h->ndeps == h->capdeps) {
+      size_t cap = h->capdeps ? h->capdeps * 2 : 16;
+      struct host_dep *d = realloc(h->deps, cap * sizeof *d);
+      if (d) h->deps = d, h->capdeps = cap;
+    } // out of host memory: the wait goes unrecorded (a false alarm at worst)
+    if (h->ndeps < h->capdeps) h->deps[h->ndeps++] = (struct host_dep){s, e->stream, h->event_gen, e->gen};
+  }
   return ev_unlock(be, st);
 }
 
