@@ -613,6 +613,42 @@ static void test_host_use_stream_wait(void **state) {
   nf_backend_destroy(be);
 }
 
+// Memory handed to a new stream (nf_backend_host_use_new) while another
+// stream's declared use of it is neither complete nor ordered before the new
+// stream's work is a violation; a wait on an event recorded after that use
+// (directly, or through a third stream's wait) orders it.
+static void test_host_use_new_ordering(void **state) {
+  (void)state;
+  nf_backend_t *be = host(8 * G, G);
+  const nf_backend_ops_t *o = be->ops;
+  nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2, s3 = (nf_stream_t)0x3, s4 = (nf_stream_t)0x4;
+  nf_event_t e1, e3;
+  char buf[1024];
+  assert_int_equal(o->event_create(be, &e1), NF_OK);
+  assert_int_equal(o->event_create(be, &e3), NF_OK);
+  nf_backend_host_set_manual_events(be, 1);
+  nf_backend_host_use_new(be, s1, buf, 512);        // s1 on [0, 512)
+  nf_backend_host_use_new(be, s1, buf, 256);        // the same stream again: stream order
+  nf_backend_host_use_new(be, s2, buf + 512, 512);  // s2 on [512, 1024): no overlap
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  assert_int_equal(o->event_record(be, e1, s1), NF_OK);
+  nf_backend_host_use_new(be, s2, buf + 384, 64);   // overlaps s1's first use, in flight, unordered
+  assert_int_equal(nf_backend_host_violations(be), 1);
+  assert_int_equal(o->stream_wait(be, s3, e1), NF_OK);
+  nf_backend_host_use_new(be, s3, buf, 256);        // s3 waits for e1, recorded after s1's uses
+  assert_int_equal(nf_backend_host_violations(be), 1);
+  assert_int_equal(o->event_record(be, e3, s3), NF_OK);
+  assert_int_equal(o->stream_wait(be, s4, e3), NF_OK);
+  nf_backend_host_use_new(be, s4, buf, 128);        // through s3's wait: s1's and s3's uses ordered
+  assert_int_equal(nf_backend_host_violations(be), 1);
+  nf_backend_host_use_new(be, s4, buf + 400, 16);   // s2's use at 384 is not
+  assert_int_equal(nf_backend_host_violations(be), 2);
+  nf_backend_host_complete_events(be);
+  nf_backend_host_use_new(be, s2, buf, 1024);       // all done
+  assert_int_equal(nf_backend_host_violations(be), 2);
+  nf_backend_destroy(be);
+}
+
 // ---------------------------------------------------------------- fault backend
 
 static void test_fault_create_validation(void **state) {
@@ -856,6 +892,7 @@ int main(void) {
       cmocka_unit_test(test_host_events),
       cmocka_unit_test(test_host_use_violations),
       cmocka_unit_test(test_host_use_stream_wait),
+      cmocka_unit_test(test_host_use_new_ordering),
       cmocka_unit_test(test_fault_create_validation),
       cmocka_unit_test(test_fault_fail_at),
       cmocka_unit_test(test_fault_p),

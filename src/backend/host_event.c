@@ -60,10 +60,31 @@ void nf__host_uses_free(host_backend *h) {
   h->nuses = h->capuses = h->ndones = h->capdones = h->ndeps = h->capdeps = 0;
 }
 
-NF_API void nf_backend_host_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n) {
+// Stream s's work from now on (its waits made before event gen `before`)
+// runs after stream x's work before event gen `gen`: through the stream
+// waits s made, transitively (depth-bounded: wait chains are short).
+static bool ordered(const host_backend *h, nf_stream_t s, uint64_t before, nf_stream_t x, uint64_t gen, int depth) {
+  for (size_t i = 0; i < h->ndones; i++)
+    if (h->dones[i].s == x && h->dones[i].gen > gen) return true;
+  for (size_t k = 0; k < h->ndeps && depth < 8; k++) {
+    const struct host_dep *d = &h->deps[k];
+    if (d->s != s || d->after >= before) continue;
+    if ((d->on == x && d->on_gen > gen) || ordered(h, d->on, d->on_gen, x, gen, depth + 1)) return true;
+  }
+  return false;
+}
+
+static void declare_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n, bool fresh) {
   host_backend *h = nf__host_of(be);
   if (!h || !n) return;
   pthread_mutex_lock(&h->mu);
+  if (h->manual && fresh)
+    for (size_t i = 0; i < h->nuses; i++) {
+      const struct host_use *u = &h->uses[i];
+      if (u->s != s && u->a < (uintptr_t)addr + n && (uintptr_t)addr < u->b && !use_done(h, u) &&
+          !ordered(h, s, UINT64_MAX, u->s, u->gen, 0))
+        h->violations++;
+    }
   if (h->manual) {
     size_t k = 0; // drop completed uses first
     for (size_t i = 0; i < h->nuses; i++)
@@ -78,6 +99,14 @@ NF_API void nf_backend_host_use(nf_backend_t *be, nf_stream_t s, const void *add
       h->uses[h->nuses++] = (struct host_use){(uintptr_t)addr, (uintptr_t)addr + n, s, h->event_gen};
   }
   pthread_mutex_unlock(&h->mu);
+}
+
+NF_API void nf_backend_host_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n) {
+  declare_use(be, s, addr, n, false);
+}
+
+NF_API void nf_backend_host_use_new(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n) {
+  declare_use(be, s, addr, n, true);
 }
 
 NF_API uint64_t nf_backend_host_violations(nf_backend_t *be) {
