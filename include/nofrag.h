@@ -156,10 +156,12 @@ NF_API void nf_backend_host_complete_events(nf_backend_t *be);
 //! of it before then is counted (nf_backend_host_violations): the mistake that
 //! on a GPU would fault, or write through the next mapping there.
 NF_API void nf_backend_host_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n);
-//! The same for memory just allocated on `s`: a declared use of any of it by
-//! another stream that is neither complete nor ordered before `s`'s work from
-//! now (stream waits on events, transitively) is counted as a violation too:
-//! the new owner would race the old one (reuse without ordering).
+//! The same for memory just allocated on `s`: if another stream's declared
+//! use of any of it (its addresses, or the physical memory mapped there: a
+//! granule may be mapped at several places) is neither complete nor ordered
+//! before `s`'s work from now (stream waits on events, transitively), one
+//! violation is counted: the new owner would race the old (reuse without
+//! ordering).
 NF_API void nf_backend_host_use_new(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n);
 NF_API uint64_t nf_backend_host_violations(nf_backend_t *be);
 

@@ -616,7 +616,9 @@ static void test_host_use_stream_wait(void **state) {
 // Memory handed to a new stream (nf_backend_host_use_new) while another
 // stream's declared use of it is neither complete nor ordered before the new
 // stream's work is a violation; a wait on an event recorded after that use
-// (directly, or through a third stream's wait) orders it.
+// (directly, or through a third stream's wait) orders it. "It" is the
+// address range, or the physical memory mapped there (a granule mapped at
+// two places).
 static void test_host_use_new_ordering(void **state) {
   (void)state;
   nf_backend_t *be = host(8 * G, G);
@@ -646,6 +648,29 @@ static void test_host_use_new_ordering(void **state) {
   nf_backend_host_complete_events(be);
   nf_backend_host_use_new(be, s2, buf, 1024);       // all done
   assert_int_equal(nf_backend_host_violations(be), 2);
+  // One granule mapped at two places (a view): work through one address
+  // races work through the other.
+  uintptr_t va;
+  nf_handle_t h;
+  assert_int_equal(o->va_reserve(be, 4 * G, 0, &va), NF_OK);
+  assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h), NF_OK);
+  assert_int_equal(o->map(be, va, G, h), NF_OK);
+  assert_int_equal(o->map(be, va + 2 * G, G, h), NF_OK);
+  nf_backend_host_use(be, s1, (void *)(va + 512), 512);
+  nf_backend_host_use_new(be, s2, (void *)(va + 2 * G + 1024), 512); // other bytes: fine
+  assert_int_equal(nf_backend_host_violations(be), 2);
+  nf_backend_host_use_new(be, s2, (void *)(va + 2 * G), G);         // the same bytes, unordered
+  assert_int_equal(nf_backend_host_violations(be), 3);
+  assert_int_equal(o->event_record(be, e1, s1), NF_OK);
+  assert_int_equal(o->stream_wait(be, s3, e1), NF_OK);
+  nf_backend_host_use_new(be, s3, (void *)(va + 2 * G), 1024);      // ordered after s1 (s2's use overlaps: +1)
+  assert_int_equal(nf_backend_host_violations(be), 4);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(o->unmap(be, va, G), NF_OK);
+  assert_int_equal(o->unmap(be, va + 2 * G, G), NF_OK);
+  assert_int_equal(o->mem_release(be, h), NF_OK);
+  assert_int_equal(o->va_release(be, va, 4 * G), NF_OK);
+  assert_int_equal(nf_backend_host_violations(be), 4);
   nf_backend_destroy(be);
 }
 

@@ -176,6 +176,22 @@ static va_range *range_of(host_backend *h, uintptr_t va, size_t size) {
   return r;
 }
 
+// The physical memory under [va, va + *n): one run of it, as (tier + 1) << 56
+// | memfd offset (0: unmapped); *n is cut to where the run ends (the end of
+// the granule). For the use checks (host_event.c): views map one granule at
+// several addresses, so work on one address can race work on another.
+uint64_t nf__host_phys(host_backend *h, uintptr_t va, size_t *n) {
+  va_range *r = range_of(h, va, 1);
+  uint64_t G = h->granule, in = (va - (r ? r->base : 0)) % G;
+  if (*n > G - in) *n = G - in;
+  if (!r || !r->slot[(va - r->base) / G]) return 0;
+  size_t i = (va - r->base) / G, i0 = i;
+  uint32_t rec = SLOT_REC(r->slot[i]);
+  while (!(r->slot[i0] & SLOT_START)) i0--; // the mapping's first granule: offsets count from there
+  const mem_rec *m = &h->recs[rec];
+  return ((uint64_t)m->tier + 1) << 56 | (m->off + (i - i0) * G + in);
+}
+
 // Common checks of a (va, size) pair naming granules of one reserved range.
 static nf_status_t check_run(host_backend *h, const char *op, uintptr_t va, size_t size, va_range **out) {
   if (size == 0 || va % h->granule || size % h->granule)

@@ -107,6 +107,7 @@ nf_status_t nf__host_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev)
 void nf__host_event_free(host_backend *h, host_event *e); // unlink and free, under the lock
 // unmap: count a violation per declared use of [va, va + size) not known complete (under the lock)
 void nf__host_uses_check(host_backend *h, uintptr_t va, size_t size);
+uint64_t nf__host_phys(host_backend *h, uintptr_t va, size_t *n); // physical run under va (0: unmapped), *n cut
 void nf__host_uses_free(host_backend *h); // destroy
 host_backend *nf__host_of(nf_backend_t *be); // the host backend behind be (through fault wrappers), or NULL
 // host_maps.c: the bound on mappings (vm.max_map_count, or NOFRAG_HOST_MAX_MAPS).

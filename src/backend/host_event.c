@@ -8,7 +8,9 @@
 
 #include <stdlib.h>
 
-struct host_use { uintptr_t a, b; nf_stream_t s; uint64_t gen; }; // [a, b) used on s before event gen `gen`
+// [a, b) used on s before event gen `gen`: addresses, or (phys) the physical
+// memory that was mapped there (nf__host_phys), for the reuse checks.
+struct host_use { uintptr_t a, b; nf_stream_t s; uint64_t gen; bool phys; };
 struct host_done { nf_stream_t s; uint64_t gen; };                 // s's newest event known complete
 // Stream s waited (stream_wait) on event `on_gen` of stream `on` when the
 // newest event gen was `after`: once an event of s above `after` completes,
@@ -46,7 +48,7 @@ static bool use_done(const host_backend *h, const struct host_use *u) {
 void nf__host_uses_check(host_backend *h, uintptr_t va, size_t size) {
   for (size_t i = 0; i < h->nuses; i++) {
     const struct host_use *u = &h->uses[i];
-    if (u->a < va + size && va < u->b && !use_done(h, u)) h->violations++;
+    if (!u->phys && u->a < va + size && va < u->b && !use_done(h, u)) h->violations++;
   }
 }
 
@@ -74,29 +76,46 @@ static bool ordered(const host_backend *h, nf_stream_t s, uint64_t before, nf_st
   return false;
 }
 
+static void add_use(host_backend *h, struct host_use u) {
+  if (h->nuses == h->capuses) {
+    size_t cap = h->capuses ? h->capuses * 2 : 64;
+    struct host_use *n = realloc(h->uses, cap * sizeof *n);
+    if (n) h->uses = n, h->capuses = cap;
+  } // out of host memory: the use goes unchecked (tests only)
+  if (h->nuses < h->capuses) h->uses[h->nuses++] = u;
+}
+
+// `fresh`: the memory was just handed to s (a new block): every use of it by
+// another stream, by address or through the physical memory mapped there,
+// must be complete or ordered before s's work from now.
 static void declare_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n, bool fresh) {
   host_backend *h = nf__host_of(be);
   if (!h || !n) return;
   pthread_mutex_lock(&h->mu);
-  if (h->manual && fresh)
-    for (size_t i = 0; i < h->nuses; i++) {
-      const struct host_use *u = &h->uses[i];
-      if (u->s != s && u->a < (uintptr_t)addr + n && (uintptr_t)addr < u->b && !use_done(h, u) &&
-          !ordered(h, s, UINT64_MAX, u->s, u->gen, 0))
-        h->violations++;
-    }
   if (h->manual) {
-    size_t k = 0; // drop completed uses first
+    size_t k = 0, n0; // drop completed uses first
     for (size_t i = 0; i < h->nuses; i++)
       if (!use_done(h, &h->uses[i])) h->uses[k++] = h->uses[i];
     h->nuses = k;
-    if (h->nuses == h->capuses) {
-      size_t cap = h->capuses ? h->capuses * 2 : 64;
-      struct host_use *u = realloc(h->uses, cap * sizeof *u);
-      if (u) { h->uses = u; h->capuses = cap; }
-    } // out of host memory: the use goes unchecked (tests only)
-    if (h->nuses < h->capuses)
-      h->uses[h->nuses++] = (struct host_use){(uintptr_t)addr, (uintptr_t)addr + n, s, h->event_gen};
+    add_use(h, (struct host_use){(uintptr_t)addr, (uintptr_t)addr + n, s, h->event_gen, false});
+    n0 = h->nuses;
+    for (uintptr_t va = (uintptr_t)addr, end = va + n; va < end;) { // its physical runs, merged
+      size_t len = end - va;
+      uint64_t pa = nf__host_phys(h, va, &len);
+      struct host_use *last = h->nuses > n0 ? &h->uses[h->nuses - 1] : NULL;
+      if (pa && last && last->b == pa) last->b += len;
+      else if (pa) add_use(h, (struct host_use){pa, pa + len, s, h->event_gen, true});
+      va += len;
+    }
+    bool race = false; // one violation per declaration
+    for (size_t i = 0; fresh && !race && i + 1 < n0; i++) {
+      const struct host_use *u = &h->uses[i];
+      bool hit = false;
+      for (size_t j = u->phys ? n0 : n0 - 1; j < h->nuses && !hit; j++) // addresses vs addresses, phys vs phys
+        hit = h->uses[j].phys == u->phys && u->a < h->uses[j].b && h->uses[j].a < u->b;
+      race = hit && u->s != s && !ordered(h, s, UINT64_MAX, u->s, u->gen, 0);
+    }
+    h->violations += race;
   }
   pthread_mutex_unlock(&h->mu);
 }
