@@ -689,6 +689,37 @@ static void test_offload_disk_offsets(void **state) {
   nf_backend_destroy(be);
 }
 
+// A block wholly spilled when offloaded to the host tier needs no copy: it is
+// "offloaded" at once, with nothing ordering the work queued on its stream
+// before nf_offload (which the contract allows). nf_prefetch must then wait
+// for that work before it swaps device granules in under the block, as for
+// any spilled block (before the fix it swapped at once, under the work).
+static void test_prefetch_spilled_offload_waits(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,spill_limit:1MiB"); // 8 device granules
+  nf_stream_t S = (nf_stream_t)(uintptr_t)7;
+  nf_backend_host_set_manual_events(be, 1);
+  void *a = nf_alloc(p, 8 * G, NULL), *b = nf_alloc(p, 4 * G, S);
+  assert_true(a && b);
+  uint64_t t[3];
+  tiers(p, b, t);
+  assert_true(t[NF_TIER_HOST] == 4 * G); // all spilled
+  nft_fill(b, 4 * G, 9);
+  nf_backend_host_use(be, S, b, 4 * G); // a kernel on S, in flight
+  assert_int_equal(nf_offload(p, b, S, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_prefetch(p, b, S), NF_OK);
+  if (nf_backend_host_violations(be)) fail_msg("b's host granules unmapped under S's work");
+  tiers(p, b, t);
+  assert_true(t[NF_TIER_DEVICE] == 4 * G && nft_check(b, 4 * G, 9));
+  nf_free(p, b);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_backend_host_set_manual_events(be, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
@@ -699,7 +730,7 @@ int main(void) {
       cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
       cmocka_unit_test(test_prefetch_other_stream), cmocka_unit_test(test_offload_spilled_block),
       cmocka_unit_test(test_offload_partly_spilled), cmocka_unit_test(test_offload_disk_offsets),
-      cmocka_unit_test(test_offload_refused_in_capture),
+      cmocka_unit_test(test_offload_refused_in_capture), cmocka_unit_test(test_prefetch_spilled_offload_waits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -367,11 +367,47 @@ static void test_moved_edge_granule_keeps_last_users(void **state) {
   nf_backend_destroy(be);
 }
 
+// A cached granule moved under the last, partial granule of a new block on
+// stream A: the rest of that granule is a free range beside the block. A
+// block placed there on stream B must be ordered after the granule's last
+// users at its old place (A's work, in flight), like the block the move was
+// made for (before the fix they were forgotten once that block was placed,
+// and B raced A's work on the same physical bytes). The host backend's use
+// checks follow the physical memory.
+static void test_moved_edge_granule_orders_its_neighbour(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:256KiB,small_max:4KiB"); // 4 granules
+  assert_non_null(p);
+  nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+  nf_backend_host_set_manual_events(be, 1);
+  void *x = nf_alloc(p, 3 * G, A), *y = nf_alloc(p, G / 2, A); // granules 0-2, then 3
+  assert_true(x && y && (char *)y == (char *)x + 3 * G);
+  nf_backend_host_use_new(be, A, x, 3 * G); // A's kernel on x, in flight
+  assert_int_equal(nf_free(p, x), NF_OK);
+  void *b = nf_alloc(p, 3 * G + 512, A); // fits no hole: after y, its 3 granules moved from x's place
+  assert_ptr_equal(b, (char *)y + G / 2);
+  assert_int_equal(stats(p).view_moves, 3);
+  void *c = nf_alloc(p, G / 4, B); // in the rest of b's last granule
+  assert_true((char *)c >= (char *)b + 3 * G + 512 && (char *)c < (char *)x + 7 * G);
+  nf_backend_host_use_new(be, B, c, G / 4);
+  if (nf_backend_host_violations(be)) fail_msg("c's stream B is not ordered after A's work on its granule");
+  nft_fill(c, G / 4, 1);
+  nft_fill(b, 3 * G + 512, 2);
+  assert_true(nft_check(c, G / 4, 1));
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, b), nf_free(p, c), nf_free(p, y);
+  nf_backend_host_set_manual_events(be, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_backend_maps_a_granule_twice), cmocka_unit_test(test_steady_state_makes_no_calls),
       cmocka_unit_test(test_random_patterns), cmocka_unit_test(test_busy_view_unmapped_after_its_work),
       cmocka_unit_test(test_view_budget), cmocka_unit_test(test_park_ticks_out_of_memory),
-      cmocka_unit_test(test_moved_edge_granule_keeps_last_users)};
+      cmocka_unit_test(test_moved_edge_granule_keeps_last_users),
+      cmocka_unit_test(test_moved_edge_granule_orders_its_neighbour)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
