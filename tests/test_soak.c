@@ -80,6 +80,14 @@ static bool readable(const blk_t *b) { return b->where == 0 || b->where == NF_TI
              U((s)->seed));                                                               \
   } while (0)
 
+// Before each operation the thread's last message is a bad free's, naming
+// STALE: a call that fails must leave its own.
+#define STALE ((void *)0x1000)
+static void fresh(soak_t *s, nf_status_t st) {
+  if (st != NF_OK && strstr(nf_last_error(), "0x1000"))
+    SOAK_FAIL(s, "failed with %s but an older message: %s", nf_status_str(st), nf_last_error());
+}
+
 // Faults stop while the test itself looks (checks, pattern reads, stats).
 static void faults(soak_t *s, bool on) {
   if (s->fault_p > 0) nf_backend_fault_set(s->be, 0, on ? s->fault_p : 0);
@@ -133,6 +141,11 @@ static void verify(soak_t *s, bool full) {
   if (st.live != live || st.live_blocks != n || st.live_rounded != rounded)
     SOAK_FAIL(s, "stats live %llu B / %llu blocks / %llu rounded, model %llu / %llu / %llu",
               U(st.live), U(st.live_blocks), U(st.live_rounded), U(live), U(n), U(rounded));
+  if (full && s->step % 64 == 0) { // a snapshot flushes the bins: a change of state too
+    char *j = nf_snapshot(s->p);
+    if (!j || !strstr(j, "\"chunks\"")) SOAK_FAIL(s, "nf_snapshot: %s", j ? "no chunks" : nf_last_error());
+    nf_snapshot_free(j);
+  }
   if (full && st.offloaded_disk != disk)
     SOAK_FAIL(s, "stats offloaded_disk %llu B, the disk blocks' %llu B", U(st.offloaded_disk), U(disk));
   if (st.physical > s->limit) // the limit only moves below the configured one
@@ -211,6 +224,7 @@ static void add_block(soak_t *s, int i, void *q, size_t n, int si, uint64_t priv
 static void alloc_failed(soak_t *s, size_t n) {
   nf_status_t st = nf_last_status();
   if (st == NF_OK || !nf_last_error()[0]) SOAK_FAIL(s, "failed allocation without status or message");
+  fresh(s, st);
   if (s->fault_p > 0) return;
   if (st != NF_ERR_OOM) SOAK_FAIL(s, "allocation failed with %s: %s", nf_status_str(st), nf_last_error());
   for (int i = 1; i < NPRIV; i++)
@@ -239,7 +253,7 @@ static void op_alloc(soak_t *s) {
   }
   if (q) add_block(s, i, q, n, si, id);
   else if (!strcmp(s->op, "alloc")) alloc_failed(s, n);
-  else if (s->fault_p == 0 && nf_last_status() != NF_ERR_OOM) SOAK_FAIL(s, "%s", nf_last_error());
+  else if (fresh(s, nf_last_status()), s->fault_p == 0 && nf_last_status() != NF_ERR_OOM) SOAK_FAIL(s, "%s", nf_last_error());
 }
 
 // Re-create a recently freed block where it was (a checkpoint restore).
@@ -257,6 +271,7 @@ static void op_alloc_at(soak_t *s) {
   }
   nf_status_t st = nf_last_status();
   if (st == NF_OK || !nf_last_error()[0]) SOAK_FAIL(s, "failed nf_alloc_at without status or message");
+  fresh(s, st);
   if (s->fault_p == 0 && st != NF_ERR_OOM && st != NF_ERR_INVALID)
     SOAK_FAIL(s, "nf_alloc_at failed with %s: %s", nf_status_str(st), nf_last_error());
 }
@@ -297,10 +312,12 @@ static void op_free(soak_t *s) {
     s->op = "record_stream+free";
     nf_status_t st = nf_record_stream(s->p, b->p, s->st[x]);
     s->last_s = x;
+    fresh(s, st);
     if (st == NF_OK) use(s, i, x);
     else if (s->fault_p == 0) SOAK_FAIL(s, "nf_record_stream: %s", nf_last_error());
   }
   nf_status_t st = nf_free(s->p, b->p);
+  fresh(s, st);
   if (st != NF_OK) {
     if (s->fault_p == 0 || st != NF_ERR_BACKEND) SOAK_FAIL(s, "nf_free: %s: %s", nf_status_str(st), nf_last_error());
     check_block(s, i); // still live and intact
@@ -342,6 +359,7 @@ static void op_use(soak_t *s) {
   s->last = i, s->last_s = x;
   if (x != s->b[i].s) {
     nf_status_t st = nf_record_stream(s->p, s->b[i].p, s->st[x]);
+    fresh(s, st);
     if (st != NF_OK) {
       if (s->fault_p == 0) SOAK_FAIL(s, "nf_record_stream: %s", nf_last_error());
       return;
@@ -364,6 +382,7 @@ static void op_offload(soak_t *s) {
   int si = rnd(s, 3) ? s->b[i].s : (int)rnd(s, NSTREAMS);
   s->last = i, s->last_s = si;
   nf_status_t st = nf_offload(s->p, s->b[i].p, s->st[si], t);
+  fresh(s, st);
   if (st == NF_OK) s->b[i].where = (int)t;
   else if (s->fault_p == 0 && st != NF_ERR_OOM) SOAK_FAIL(s, "nf_offload: %s: %s", nf_status_str(st), nf_last_error());
   check_block(s, i);
@@ -378,6 +397,7 @@ static void op_prefetch(soak_t *s) {
   int si = rnd(s, 2) ? s->b[i].s : (int)rnd(s, NSTREAMS);
   s->last = i, s->last_s = si;
   nf_status_t st = nf_prefetch(s->p, s->b[i].p, s->st[si]);
+  fresh(s, st);
   if (st == NF_OK) s->b[i].where = 0;
   else if (s->fault_p == 0 && st != NF_ERR_OOM) SOAK_FAIL(s, "nf_prefetch: %s: %s", nf_status_str(st), nf_last_error());
   check_block(s, i);
@@ -393,6 +413,7 @@ static void op_limit(soak_t *s) {
     lim = near < s->limit ? near : s->limit;
   }
   nf_status_t r = nf_set_limit(s->p, lim);
+  fresh(s, r);
   if (r != NF_OK && s->fault_p == 0) SOAK_FAIL(s, "nf_set_limit(%llu): %s", U(lim), nf_last_error());
 }
 
@@ -405,6 +426,7 @@ static void op_trim(soak_t *s) {
   }
   else if (rnd(s, 4) == 0) s->op = "reserve", r = nf_reserve(s->p, rnd(s, s->limit));
   else s->op = "trim", r = nf_trim(s->p);
+  fresh(s, r);
   if (r == NF_OK || s->fault_p > 0) return;
   if (capturing(s) && r == NF_ERR_INVALID && strcmp(s->op, "reserve")) return; // documented
   if (!strcmp(s->op, "reserve") && r == NF_ERR_OOM) return;
@@ -447,6 +469,7 @@ static void op_private(soak_t *s) {
     if (s->route_s[id] == -1) return;
     if ((r = nf_private_end(s->p, id)) == NF_OK) s->route_s[id] = -1;
   }
+  fresh(s, r);
   if (r != NF_OK && s->fault_p == 0) SOAK_FAIL(s, "%s", nf_last_error());
 }
 
@@ -489,6 +512,7 @@ static void op_wait(soak_t *s) {
   s->op = "offload_wait";
   if (capturing(s)) return;
   nf_status_t r = nf_offload_wait(s->p);
+  fresh(s, r);
   if (r != NF_OK && s->fault_p == 0) SOAK_FAIL(s, "nf_offload_wait: %s", nf_last_error());
 }
 
@@ -535,6 +559,7 @@ static void run(uint64_t seed, int ops, double fault_p) {
   for (s->step = 0; s->step < ops; s->step++) {
     uint64_t r = rnd(s, 100);
     s->last = s->last_s = -1;
+    nf_free(s->p, STALE);
     if (r < 30) op_alloc(s);
     else if (r < 50) op_free(s);
     else if (r < 56) op_use(s);
@@ -564,8 +589,10 @@ static void run(uint64_t seed, int ops, double fault_p) {
   for (int i = 1; i < NPRIV; i++)
     if (s->route_s[i] != -1) assert_int_equal(nf_private_end(s->p, (uint64_t)i), NF_OK), s->route_s[i] = -1;
   nf_backend_host_complete_events(s->host);
+  assert_int_equal(nf_set_limit(s->p, s->limit), NF_OK); // room for every offloaded block to come back
+  for (uint64_t id = 1; id < NPRIV; id++)
+    if (s->refs[id]) assert_int_equal(nf_private_trim(s->p, id), NF_OK);
   nf_stats_t st;
-  nf_stats_get(s->p, &st);
   for (int pass = 0; pass < 2; pass++) // resident blocks go first: then every offloaded one fits back
     for (int i = 0; i < MAXB; i++) {
       blk_t *b = &s->b[i];
