@@ -428,6 +428,38 @@ static void test_disk_short_write(void **state) {
   nf_backend_destroy(be);
 }
 
+// nf_set_limit that fails (the backend refuses the unmap or the release of
+// the granules above the new limit) leaves the limit as it was: a failing
+// call changes nothing the caller can see (nofrag.h, nf_status_t).
+static void test_failed_set_limit_keeps_the_limit(void **state) {
+  (void)state;
+  for (uint64_t off = 1; off <= 2; off++) { // the unmap, then the release
+    nf_backend_t *inner, *be;
+    assert_int_equal(nf_backend_host_create(&inner, 1ull << 30, G), NF_OK);
+    assert_int_equal(nf_backend_fault_create(&be, inner, 0, 0, 1), NF_OK);
+    nf_pool_t *p = nft_pool_on(be, "limit:1MiB,views:0"); // 16 granules
+    void *a = nf_alloc(p, 8 * G, NULL);
+    assert_non_null(a);
+    assert_int_equal(nf_free(p, a), NF_OK); // 8 cached granules
+    uint64_t calls, failed;
+    nf_backend_fault_counts(be, &calls, &failed);
+    nf_backend_fault_set(be, calls + off, 0);
+    assert_int_equal(nf_set_limit(p, 4 * G), NF_ERR_BACKEND);
+    nf_backend_fault_set(be, 0, 0);
+    nf_config_t c;
+    nf_pool_config(p, &c);
+    assert_int_equal(c.limit, 16 * G);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    void *b = nf_alloc(p, 12 * G, NULL); // the old limit holds
+    assert_non_null(b);
+    nf_free(p, b);
+    assert_int_equal(nf_set_limit(p, 4 * G), NF_OK);
+    nf_pool_config(p, &c);
+    assert_int_equal(c.limit, 4 * G);
+    destroy_all(p, be, inner);
+  }
+}
+
 int main(void) {
   if (getenv("NF_FILTER")) cmocka_set_test_filter(getenv("NF_FILTER"));
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_each_call_fails_once),
@@ -436,6 +468,7 @@ int main(void) {
                                      cmocka_unit_test(test_failed_placement_keeps_last_users),
                                      cmocka_unit_test(test_offload_paths_fail_once),
                                      cmocka_unit_test(test_window_without_access),
-                                     cmocka_unit_test(test_disk_short_write)};
+                                     cmocka_unit_test(test_disk_short_write),
+                                     cmocka_unit_test(test_failed_set_limit_keeps_the_limit)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -414,6 +414,9 @@ static void op_limit(soak_t *s) {
   }
   nf_status_t r = nf_set_limit(s->p, lim);
   fresh(s, r);
+  nf_config_t c;
+  nf_pool_config(s->p, &c);
+  if (r != NF_OK && c.limit != st.limit) SOAK_FAIL(s, "failed nf_set_limit moved the limit to %llu", U(c.limit));
   if (r != NF_OK && s->fault_p == 0) SOAK_FAIL(s, "nf_set_limit(%llu): %s", U(lim), nf_last_error());
 }
 

@@ -565,6 +565,7 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
   if (limit < p->granule)
     return nf__error(NF_ERR_CONFIG, "nofrag: limit %llu B is below one granule", (unsigned long long)limit);
   nf__lock(&p->lock);
+  uint64_t old_limit = p->cfg.limit, old_threshold = p->cfg.release_threshold;
   p->cfg.limit = limit & ~(p->granule - 1);
   p->max_granules = p->cfg.limit >> p->gshift;
   p->fx++; // placement's `tight` test may change (bin_pop)
@@ -577,6 +578,11 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
       nf__unmap_cached(p, p->gran_created - p->max_granules, true, NULL, 0, 0, NF_TIER_DEVICE, &st);
       if (st == NF_OK) st = nf__granules_release(p, p->max_granules);
     }
+  }
+  if (st != NF_OK) { // a failing call changes nothing the caller sees (what went back stays back: cache)
+    p->cfg.limit = old_limit;
+    p->max_granules = old_limit >> p->gshift;
+    p->cfg.release_threshold = old_threshold;
   }
   nf__pub_full(p);
   nf__unlock(&p->lock);
