@@ -1,17 +1,21 @@
 // Soak: the whole allocator with every feature on at once (host backend),
 // against a reference model. Random operations -- allocations of 512 B to
 // 64 MiB (many small, some large, sizes repeating so that bins and views are
-// reused), frees (with record_stream and simulated stream work), offload and
-// prefetch to the three tiers, limit changes, trim, nf_reserve, private pools
-// (routes, captures, hand-back, nf_alloc_at restores) -- under a small limit
-// with spill on, so that stitching, views, eviction and spill really happen.
-// After every operation: nf_pool_check, the live figures against the model,
-// no two live blocks overlap, the touched blocks' patterns; every few
-// operations every readable block's pattern. The host backend's detector
-// counts unmaps of ranges still in use by a stream (must stay 0). A variant
-// runs the same under a fault backend: a failing call leaves the model's view
-// of the pool as it was. NF_SOAK_SEEDS / NF_SOAK_OPS scale the runs,
-// NF_SOAK_SEED=n runs seed n alone (a failure prints its seed).
+// reused; training steps), frees (with record_stream and simulated stream
+// work), offload and prefetch to the three tiers, limit changes, trim,
+// nf_reserve, private pools (routes, captures, graph replays over their
+// freed ranges, hand-back, nf_alloc_at restores), bad frees -- under a small
+// limit with spill on, so that stitching, views, eviction and spill really
+// happen. After every operation: nf_pool_check, the live figures against the
+// model, no two live blocks overlap, the touched blocks' patterns, a failing
+// call's own message, the OOM guarantee, and the host backend's stream
+// checks: no range unmapped under a stream's work, no memory (address or
+// physical) handed to a stream not ordered after its last users. Every 16
+// operations every readable block's pattern and tiers. A variant runs under
+// a fault backend: a failing call leaves the model's view of the pool as it
+// was. NF_SOAK_SEEDS / NF_SOAK_OPS / NF_SOAK_FIRST scale the runs,
+// NF_SOAK_SEED=n runs seed n alone (a failure prints its seed),
+// NF_SOAK_VERBOSE / NF_SOAK_DEBUG print the configurations / every operation.
 #include "nf_test.h"
 
 #include <signal.h>
