@@ -92,13 +92,41 @@ static inline int nft_run_cli(const char *args, char *out, size_t n) {
 }
 
 
+// ------------------------------------------------------------ backend tests
+#include "backend/backend.h"
+#include <unistd.h>
+
+// Backend tests (test_backend, test_host_event, test_fault_backend): a small
+// granule keeps them fast, at least a page on any machine.
+static inline size_t nft_small_granule(void) {
+  long page = sysconf(_SC_PAGESIZE);
+  return page > 65536 ? (size_t)page : 65536;
+}
+
+static inline nf_backend_t *nft_host(uint64_t capacity, size_t granule) {
+  nf_backend_t *be = NULL;
+  assert_int_equal(nf_backend_host_create(&be, capacity, granule), NF_OK);
+  assert_non_null(be);
+  return be;
+}
+
+// The host backend holds `granules` granules and `mappings` mappings.
+static inline void nft_usage_is(nf_backend_t *be, uint64_t granules, uint64_t mappings) {
+  uint64_t g = 99, m = 99;
+  nf_backend_host_usage(be, &g, &m);
+  assert_int_equal(g, granules);
+  assert_int_equal(m, mappings);
+}
+
+static inline void nft_err_has(nf_backend_t *be, const char *needle) {
+  if (!strstr(be->err, needle)) fail_msg("error \"%s\" lacks \"%s\"", be->err, needle);
+}
+
 // ------------------------------------------------------------ spy backends
 // A test's own backend that forwards every op to `inner` (a host backend),
 // so that it can watch or change single ops: nft_spy_init fills `ops` with
 // forwarders, the test then overrides members. `be` must be the first member
 // of a calloc'ed struct: destroy frees it and the inner backend.
-#include "backend/backend.h"
-
 static inline nf_status_t nft_fwd(nf_backend_t *be, nf_status_t st) {
   if (st != NF_OK) snprintf(be->err, sizeof be->err, "%s", be->inner->err);
   return st;

@@ -1,13 +1,13 @@
-// Backend tests: the host backend must behave like the CUDA driver VMM API
-// (validation, data persistence across remaps, deferred release, events), and
-// the fault wrapper must fail exactly the calls it is told to.
+// Host backend tests: it must behave like the CUDA driver VMM API (validation,
+// data persistence across remaps, deferred release, the mapping bound,
+// threads, a fork()ed child). Its events and stream-order checks are tested in
+// test_host_event.c, the fault wrapper in test_fault_backend.c.
 #include "nf_test.h"
 
 #include "backend/backend.h"
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <math.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -18,23 +18,8 @@ static size_t G;
 
 static int setup_granule(void **state) {
   (void)state;
-  long page = sysconf(_SC_PAGESIZE);
-  G = page > 65536 ? (size_t)page : 65536;
+  G = nft_small_granule();
   return 0;
-}
-
-static nf_backend_t *host(uint64_t capacity, size_t granule) {
-  nf_backend_t *be = NULL;
-  assert_int_equal(nf_backend_host_create(&be, capacity, granule), NF_OK);
-  assert_non_null(be);
-  return be;
-}
-
-static void usage_is(nf_backend_t *be, uint64_t granules, uint64_t mappings) {
-  uint64_t g = 99, m = 99;
-  nf_backend_host_usage(be, &g, &m);
-  assert_int_equal(g, granules);
-  assert_int_equal(m, mappings);
 }
 
 static uintptr_t reserve(nf_backend_t *be, size_t size) {
@@ -61,10 +46,6 @@ static int all_zero(uintptr_t va, size_t size) {
   for (size_t i = 0; i < size / 8; i++)
     if (p[i]) return 0;
   return 1;
-}
-
-static void err_has(nf_backend_t *be, const char *needle) {
-  if (!strstr(be->err, needle)) fail_msg("error \"%s\" lacks \"%s\"", be->err, needle);
 }
 
 // Whether `p` is accessible, from the kernel's own view (/proc/self/maps):
@@ -112,7 +93,7 @@ static void test_host_create_validation(void **state) {
   assert_int_equal(nf_backend_host_create(&be, G - 1, G), NF_ERR_INVALID);
   assert_int_equal(nf_backend_host_create(NULL, NF_GiB, G), NF_ERR_INVALID);
 
-  be = host(10 * G + 123, G);
+  be = nft_host(10 * G + 123, G);
   assert_string_equal(be->ops->name, "host");
   size_t g = 0;
   assert_int_equal(be->ops->granularity(be, NF_TIER_DEVICE, &g), NF_OK);
@@ -120,7 +101,7 @@ static void test_host_create_validation(void **state) {
   assert_int_equal(be->ops->granularity(be, NF_TIER_HOST, &g), NF_OK);
   assert_int_equal(be->ops->granularity(be, NF_TIER_DISK, &g), NF_ERR_UNSUPPORTED);
   assert_int_equal(be->ops->granularity(be, (nf_tier_t)7, &g), NF_ERR_INVALID);
-  err_has(be, "unknown tier");
+  nft_err_has(be, "unknown tier");
   uint64_t total = 0, free_bytes = 0;
   assert_int_equal(be->ops->capacity(be, NF_TIER_DEVICE, &total, &free_bytes), NF_OK);
   assert_int_equal(total, 10 * G + 123);
@@ -129,15 +110,15 @@ static void test_host_create_validation(void **state) {
   assert_int_equal(be->ops->mem_create(be, NF_TIER_DISK, G, &h), NF_ERR_UNSUPPORTED);
   assert_int_equal(be->ops->mem_create(be, NF_TIER_DEVICE, 0, &h), NF_ERR_INVALID);
   assert_int_equal(be->ops->mem_create(be, NF_TIER_DEVICE, G + 1, &h), NF_ERR_INVALID);
-  err_has(be, "multiple of granule");
-  usage_is(be, 0, 0);
+  nft_err_has(be, "multiple of granule");
+  nft_usage_is(be, 0, 0);
   nf_backend_destroy(be);
   nf_backend_destroy(NULL);
 }
 
 static void test_host_remap_keeps_data(void **state) {
   (void)state;
-  nf_backend_t *be = host(16 * G, G);
+  nf_backend_t *be = nft_host(16 * G, G);
   uintptr_t a = reserve(be, 4 * G), b = reserve(be, 4 * G);
   nf_handle_t h = create(be, G);
   map_rw(be, a + G, G, h);
@@ -147,7 +128,7 @@ static void test_host_remap_keeps_data(void **state) {
   assert_true(nft_check((void *)(b + 2 * G), G, 42));
   // One handle mapped twice: both addresses show the same memory.
   map_rw(be, a, G, h);
-  usage_is(be, 1, 2);
+  nft_usage_is(be, 1, 2);
   ((volatile char *)a)[100] = 7;
   assert_int_equal(((volatile char *)(b + 2 * G))[100], 7);
   assert_int_equal(be->ops->unmap(be, a, G), NF_OK);
@@ -155,13 +136,13 @@ static void test_host_remap_keeps_data(void **state) {
   assert_int_equal(be->ops->mem_release(be, h), NF_OK);
   assert_int_equal(be->ops->va_release(be, a, 4 * G), NF_OK);
   assert_int_equal(be->ops->va_release(be, b, 4 * G), NF_OK);
-  usage_is(be, 0, 0);
+  nft_usage_is(be, 0, 0);
   nf_backend_destroy(be);
 }
 
 static void test_host_access_faults(void **state) {
   (void)state;
-  nf_backend_t *be = host(4 * G, G);
+  nf_backend_t *be = nft_host(4 * G, G);
   uintptr_t a = reserve(be, 2 * G);
   nf_handle_t h = create(be, G);
   assert_false(accessible(a)); // reserved only
@@ -170,7 +151,7 @@ static void test_host_access_faults(void **state) {
   assert_int_equal(be->ops->set_access(be, a, G), NF_OK);
   assert_true(accessible(a));
   assert_int_equal(be->ops->set_access(be, a, 2 * G), NF_ERR_INVALID); // second granule unmapped
-  err_has(be, "not mapped");
+  nft_err_has(be, "not mapped");
   assert_int_equal(be->ops->unmap(be, a, G), NF_OK);
   assert_false(accessible(a)); // unmapped again
   assert_int_equal(be->ops->map(be, a + G, G, h), NF_OK);
@@ -180,7 +161,7 @@ static void test_host_access_faults(void **state) {
 
 static void test_host_release_zeroes(void **state) {
   (void)state;
-  nf_backend_t *be = host(G, G); // one slot: every create reuses it
+  nf_backend_t *be = nft_host(G, G); // one slot: every create reuses it
   uintptr_t a = reserve(be, 2 * G);
   nf_handle_t h = create(be, G);
   map_rw(be, a, G, h);
@@ -197,7 +178,7 @@ static void test_host_release_zeroes(void **state) {
   // Release while mapped: deferred until the last unmap, as on CUDA.
   memset((void *)(a + G), 0xCD, G);
   assert_int_equal(be->ops->mem_release(be, h2), NF_OK);
-  usage_is(be, 0, 1);
+  nft_usage_is(be, 0, 1);
   assert_int_equal(((volatile unsigned char *)(a + G))[5], 0xCD); // still readable
   uint64_t total, free_bytes;
   assert_int_equal(be->ops->capacity(be, NF_TIER_DEVICE, &total, &free_bytes), NF_OK);
@@ -207,7 +188,7 @@ static void test_host_release_zeroes(void **state) {
   assert_int_equal(be->ops->mem_release(be, h2), NF_ERR_INVALID);
   assert_int_equal(be->ops->map(be, a, G, h2), NF_ERR_INVALID);
   assert_int_equal(be->ops->unmap(be, a + G, G), NF_OK);
-  usage_is(be, 0, 0);
+  nft_usage_is(be, 0, 0);
   assert_int_equal(be->ops->capacity(be, NF_TIER_DEVICE, &total, &free_bytes), NF_OK);
   assert_int_equal(free_bytes, G);
   h3 = create(be, G);
@@ -221,25 +202,25 @@ static void test_host_release_zeroes(void **state) {
 
 static void test_host_map_errors(void **state) {
   (void)state;
-  nf_backend_t *be = host(8 * G, G);
+  nf_backend_t *be = nft_host(8 * G, G);
   uintptr_t a = reserve(be, 4 * G);
   nf_handle_t h1 = create(be, G), h2 = create(be, G), h3 = create(be, 2 * G);
   map_rw(be, a, G, h1);
   nft_fill((void *)a, G, 1);
-  usage_is(be, 4, 1);
+  nft_usage_is(be, 4, 1);
   assert_int_equal(be->ops->map(be, a + 1, G, h2), NF_ERR_INVALID); // unaligned
-  err_has(be, "aligned");
+  nft_err_has(be, "aligned");
   assert_int_equal(be->ops->map(be, a, G, h2), NF_ERR_INVALID); // double map
-  err_has(be, "already mapped");
+  nft_err_has(be, "already mapped");
   assert_int_equal(be->ops->map(be, a + G, 2 * G, h2), NF_ERR_INVALID); // size != handle size
   assert_int_equal(be->ops->map(be, a + 4 * G, G, h2), NF_ERR_INVALID); // just past the range
-  err_has(be, "reserved range");
+  nft_err_has(be, "reserved range");
   assert_int_equal(be->ops->map(be, a - G, G, h2), NF_ERR_INVALID);     // just before
   assert_int_equal(be->ops->map(be, a + 3 * G, 2 * G, h3), NF_ERR_INVALID); // straddles the end
   assert_int_equal(be->ops->map(be, a + G, G, 0), NF_ERR_INVALID);
   assert_int_equal(be->ops->map(be, a + G, G, h2 ^ ((uint64_t)1 << 32)), NF_ERR_INVALID); // wrong generation
   assert_int_equal(be->ops->map(be, a + G, G, 12345), NF_ERR_INVALID);
-  usage_is(be, 4, 1);
+  nft_usage_is(be, 4, 1);
   assert_true(nft_check((void *)a, G, 1));
 
   assert_int_equal(be->ops->unmap(be, a, 2 * G), NF_ERR_INVALID); // a+G is not mapped
@@ -248,33 +229,33 @@ static void test_host_map_errors(void **state) {
   assert_int_equal(be->ops->unmap(be, a + G, G), NF_ERR_INVALID);
   assert_int_equal(be->ops->unmap(be, (uintptr_t)G, G), NF_ERR_INVALID);
   assert_int_equal(be->ops->set_access(be, a + G, G), NF_ERR_INVALID);
-  usage_is(be, 4, 1);
+  nft_usage_is(be, 4, 1);
   assert_true(nft_check((void *)a, G, 1));
 
   // A two-granule handle cannot be unmapped in part.
   map_rw(be, a + 2 * G, 2 * G, h3);
   nft_fill((void *)(a + 2 * G), 2 * G, 3);
   assert_int_equal(be->ops->unmap(be, a + 2 * G, G), NF_ERR_INVALID);
-  err_has(be, "cut");
+  nft_err_has(be, "cut");
   assert_int_equal(be->ops->unmap(be, a + 3 * G, G), NF_ERR_INVALID);
   assert_int_equal(be->ops->unmap(be, a, 4 * G), NF_ERR_INVALID); // a+G unmapped
-  usage_is(be, 4, 3);
+  nft_usage_is(be, 4, 3);
   assert_true(nft_check((void *)(a + 2 * G), 2 * G, 3));
   // One unmap may cover several whole mappings.
   map_rw(be, a + G, G, h2);
   assert_int_equal(be->ops->unmap(be, a, 4 * G), NF_OK);
-  usage_is(be, 4, 0);
+  nft_usage_is(be, 4, 0);
   assert_int_equal(be->ops->mem_release(be, h1), NF_OK);
   assert_int_equal(be->ops->mem_release(be, h2), NF_OK);
   assert_int_equal(be->ops->mem_release(be, h3), NF_OK);
   assert_int_equal(be->ops->va_release(be, a, 4 * G), NF_OK);
-  usage_is(be, 0, 0);
+  nft_usage_is(be, 0, 0);
   nf_backend_destroy(be);
 }
 
 static void test_host_va(void **state) {
   (void)state;
-  nf_backend_t *be = host(4 * G, G);
+  nf_backend_t *be = nft_host(4 * G, G);
   uintptr_t a;
   assert_int_equal(be->ops->va_reserve(be, 0, 0, &a), NF_ERR_INVALID);
   assert_int_equal(be->ops->va_reserve(be, G + 1, 0, &a), NF_ERR_INVALID);
@@ -284,7 +265,7 @@ static void test_host_va(void **state) {
   nf_handle_t h = create(be, G);
   assert_int_equal(be->ops->map(be, a + 3 * G, G, h), NF_OK);
   assert_int_equal(be->ops->va_release(be, a, 4 * G), NF_ERR_INVALID); // still mapped
-  err_has(be, "still mapped");
+  nft_err_has(be, "still mapped");
   assert_int_equal(be->ops->va_release(be, a, 2 * G), NF_ERR_INVALID); // wrong size
   assert_int_equal(be->ops->va_release(be, a + G, 3 * G), NF_ERR_INVALID);
   assert_int_equal(be->ops->unmap(be, a + 3 * G, G), NF_OK);
@@ -297,17 +278,17 @@ static void test_host_va(void **state) {
 
 static void test_host_capacity_and_tiers(void **state) {
   (void)state;
-  nf_backend_t *be = host(4 * G, G);
+  nf_backend_t *be = nft_host(4 * G, G);
   nf_handle_t d[4], x, hs[4];
   for (int i = 0; i < 4; i++) d[i] = create(be, G);
   assert_int_equal(be->ops->mem_create(be, NF_TIER_DEVICE, G, &x), NF_ERR_OOM);
-  err_has(be, "out of memory");
+  nft_err_has(be, "out of memory");
   for (int i = 0; i < 4; i++) assert_int_equal(be->ops->mem_create(be, NF_TIER_HOST, G, &hs[i]), NF_OK);
   assert_int_equal(be->ops->mem_create(be, NF_TIER_HOST, G, &x), NF_ERR_OOM);
   uint64_t total, free_bytes;
   assert_int_equal(be->ops->capacity(be, NF_TIER_HOST, &total, &free_bytes), NF_OK);
   assert_int_equal(free_bytes, 0);
-  usage_is(be, 8, 0);
+  nft_usage_is(be, 8, 0);
   // Host-tier memory maps and keeps data like device memory.
   uintptr_t a = reserve(be, G);
   map_rw(be, a, G, hs[2]);
@@ -327,7 +308,7 @@ static void test_host_capacity_and_tiers(void **state) {
   assert_int_equal(be->ops->mem_release(be, x), NF_OK);
   assert_int_equal(be->ops->mem_release(be, d[0]), NF_OK);
   for (int i = 0; i < 4; i++) assert_int_equal(be->ops->mem_release(be, hs[i]), NF_OK);
-  usage_is(be, 0, 0);
+  nft_usage_is(be, 0, 0);
   nf_backend_destroy(be);
 }
 
@@ -335,7 +316,7 @@ static void test_host_capacity_and_tiers(void **state) {
 static void test_host_huge_capacity(void **state) {
   (void)state;
   const uint64_t cap = 1024 * NF_GiB, g = 2 * NF_MiB;
-  nf_backend_t *be = host(cap, g);
+  nf_backend_t *be = nft_host(cap, g);
   enum { N = 64 };
   nf_handle_t h[N];
   for (int i = 0; i < N; i++) assert_int_equal(be->ops->mem_create(be, NF_TIER_DEVICE, g, &h[i]), NF_OK);
@@ -357,25 +338,25 @@ static void test_host_huge_capacity(void **state) {
 
 static void test_host_usage(void **state) {
   (void)state;
-  nf_backend_t *be = host(8 * G, G);
+  nf_backend_t *be = nft_host(8 * G, G);
   uint64_t g = 1, m = 1;
   nf_backend_host_usage(NULL, &g, &m); // not a host backend: zeros
   assert_int_equal(g + m, 0);
   uintptr_t a = reserve(be, 8 * G);
   nf_handle_t h1 = create(be, G), h2 = create(be, 2 * G), h3 = create(be, G);
-  usage_is(be, 4, 0);
+  nft_usage_is(be, 4, 0);
   assert_int_equal(be->ops->map(be, a, G, h1), NF_OK);
   assert_int_equal(be->ops->map(be, a + G, G, h1), NF_OK);
   assert_int_equal(be->ops->map(be, a + 2 * G, 2 * G, h2), NF_OK);
-  usage_is(be, 4, 4);
+  nft_usage_is(be, 4, 4);
   assert_int_equal(be->ops->mem_release(be, h2), NF_OK); // deferred
-  usage_is(be, 2, 4);
+  nft_usage_is(be, 2, 4);
   assert_int_equal(be->ops->unmap(be, a + 2 * G, 2 * G), NF_OK);
-  usage_is(be, 2, 2);
+  nft_usage_is(be, 2, 2);
   assert_int_equal(be->ops->unmap(be, a, G), NF_OK);
-  usage_is(be, 2, 1);
+  nft_usage_is(be, 2, 1);
   assert_int_equal(be->ops->mem_release(be, h3), NF_OK);
-  usage_is(be, 1, 1);
+  nft_usage_is(be, 1, 1);
   nf_backend_host_usage(be, NULL, NULL); // NULL outputs are allowed
   int fds = open_fds();
   nf_backend_destroy(be); // h1 still mapped: destroy frees it all
@@ -395,7 +376,7 @@ static void test_host_usage(void **state) {
 static void test_host_unmap_at_map_bound(void **state) {
   (void)state;
   enum { N = 64 };
-  nf_backend_t *be = host((N + 1) * G, G);
+  nf_backend_t *be = nft_host((N + 1) * G, G);
   uintptr_t keep = reserve(be, G), va = reserve(be, N * G);
   nf_handle_t hk = create(be, G), h[N];
   map_rw(be, keep, G, hk);
@@ -414,14 +395,14 @@ static void test_host_unmap_at_map_bound(void **state) {
   if (st == NF_OK) fail_msg("%d maps near vm.max_map_count all succeeded (%llu mappings now)", N,
                             (unsigned long long)nft_maps_now());
   assert_int_equal(st, NF_ERR_BACKEND);
-  err_has(be, "out of memory mappings");
-  err_has(be, "vm.max_map_count=");
+  nft_err_has(be, "out of memory mappings");
+  nft_err_has(be, "vm.max_map_count=");
   assert_true(m > 0);
   for (int i = 0; i < m; i++) { // the rollback, at the bound
     st = be->ops->unmap(be, va + (uintptr_t)i * G, G);
     if (st != NF_OK) fail_msg("unmap of granule %d of %d at the bound: %s", i, m, be->err);
   }
-  usage_is(be, N + 1, 1);
+  nft_usage_is(be, N + 1, 1);
   for (int i = 0; i < N; i++) // still reserved, every granule: no hole another mmap could take
     if (msync((void *)(va + (uintptr_t)i * G), G, MS_ASYNC) != 0) fail_msg("granule %d is no longer reserved", i);
   assert_true(nft_check((void *)keep, G, 77));
@@ -437,13 +418,13 @@ static void test_host_unmap_at_map_bound(void **state) {
   assert_int_equal(be->ops->mem_release(be, hk), NF_OK);
   assert_int_equal(be->ops->va_release(be, va, N * G), NF_OK);
   assert_int_equal(be->ops->va_release(be, keep, G), NF_OK);
-  usage_is(be, 0, 0);
+  nft_usage_is(be, 0, 0);
   nf_backend_destroy(be);
 }
 
 static void test_host_copy(void **state) {
   (void)state;
-  nf_backend_t *be = host(4 * G, G);
+  nf_backend_t *be = nft_host(4 * G, G);
   uintptr_t a = reserve(be, 4 * G);
   nf_handle_t h1 = create(be, G), h2 = create(be, G), h3 = create(be, G);
   map_rw(be, a, G, h1);
@@ -466,361 +447,10 @@ static void test_host_copy(void **state) {
   nf_backend_destroy(be);
 }
 
-static void test_host_events(void **state) {
-  (void)state;
-  nf_backend_t *be = host(4 * G, G);
-  const nf_backend_ops_t *o = be->ops;
-  nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2;
-  nf_event_t e1, e2, e3, e4;
-  assert_int_equal(o->event_create(be, &e1), NF_OK);
-  assert_int_equal(o->event_create(be, &e2), NF_OK);
-  assert_int_equal(o->event_create(be, &e3), NF_OK);
-  assert_int_equal(o->event_create(be, &e4), NF_OK);
-  assert_int_equal(o->event_query(be, e1), NF_OK); // never recorded
-  assert_int_equal(o->event_record(be, e1, NULL), NF_OK);
-  assert_int_equal(o->event_query(be, e1), NF_OK); // automatic mode: done at once
-  assert_int_equal(o->event_sync(be, e1), NF_OK);
-
-  nf_backend_host_set_manual_events(be, 1);
-  assert_int_equal(o->event_record(be, e1, s1), NF_OK);
-  assert_int_equal(o->event_record(be, e2, s1), NF_OK);
-  assert_int_equal(o->event_record(be, e3, s2), NF_OK);
-  assert_int_equal(o->event_query(be, e1), NF_ERR_NOT_READY);
-  assert_int_equal(o->event_query(be, e2), NF_ERR_NOT_READY);
-  assert_int_equal(o->event_query(be, e3), NF_ERR_NOT_READY);
-  assert_int_equal(o->event_query(be, e4), NF_OK); // unrecorded
-  assert_int_equal(o->stream_wait(be, s2, e2), NF_OK);
-  assert_int_equal(o->event_sync(be, e2), NF_OK); // waits: e1 (earlier, same stream) is done too
-  assert_int_equal(o->event_query(be, e1), NF_OK);
-  assert_int_equal(o->event_query(be, e2), NF_OK);
-  assert_int_equal(o->event_query(be, e3), NF_ERR_NOT_READY); // other stream
-  nf_backend_host_complete_events(be);
-  assert_int_equal(o->event_query(be, e3), NF_OK);
-  assert_int_equal(o->event_record(be, e1, s1), NF_OK); // re-recorded: pending again
-  assert_int_equal(o->event_query(be, e1), NF_ERR_NOT_READY);
-  nf_backend_host_set_manual_events(be, 0); // leaving manual mode completes everything
-  assert_int_equal(o->event_query(be, e1), NF_OK);
-
-  assert_int_equal(o->event_query(be, NULL), NF_ERR_INVALID);
-  assert_int_equal(o->event_record(be, NULL, s1), NF_ERR_INVALID);
-  assert_int_equal(o->stream_wait(be, s1, NULL), NF_ERR_INVALID);
-  assert_int_equal(o->event_destroy(be, e1), NF_OK);
-  assert_int_equal(o->event_destroy(be, e2), NF_OK);
-  assert_int_equal(o->event_destroy(be, e3), NF_OK);
-  nf_backend_destroy(be); // e4 leaked: destroy frees it (ASan/valgrind check)
-}
-
-// Declared uses (manual events): unmapping a range a stream may still be
-// using counts a violation; once an event recorded on that stream after the
-// use is complete (synchronized, or every event completed), it does not.
-static void test_host_use_violations(void **state) {
-  (void)state;
-  nf_backend_t *be = host(8 * G, G);
-  const nf_backend_ops_t *o = be->ops;
-  nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2;
-  uintptr_t va;
-  nf_handle_t h[4];
-  nf_event_t e1, e2;
-  assert_int_equal(o->va_reserve(be, 4 * G, 0, &va), NF_OK);
-  for (int i = 0; i < 4; i++) assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h[i]), NF_OK);
-  assert_int_equal(o->event_create(be, &e1), NF_OK);
-  assert_int_equal(o->event_create(be, &e2), NF_OK);
-#define MAP(i) assert_int_equal(o->map(be, va + (i) * G, G, h[i]), NF_OK)
-#define UNMAP(i) assert_int_equal(o->unmap(be, va + (i) * G, G), NF_OK)
-  for (int i = 0; i < 4; i++) MAP(i);
-  nf_backend_host_use(be, s1, (void *)va, G);               // automatic mode: done at once, not tracked
-  UNMAP(0);
-  assert_int_equal(nf_backend_host_violations(be), 0);
-  nf_backend_host_set_manual_events(be, 1);
-  MAP(0);
-  nf_backend_host_use(be, s1, (void *)(va + G / 2), G);     // granules 0 and 1, on s1
-  assert_int_equal(o->event_record(be, e2, s2), NF_OK);     // another stream's event: no help
-  assert_int_equal(o->event_sync(be, e2), NF_OK);
-  UNMAP(2);                                                 // not used: fine
-  UNMAP(1);                                                 // in use: a violation
-  assert_int_equal(nf_backend_host_violations(be), 1);
-  assert_int_equal(o->event_record(be, e1, s1), NF_OK);     // recorded after the use, not complete
-  UNMAP(0);
-  assert_int_equal(nf_backend_host_violations(be), 2);
-  MAP(0);
-  assert_int_equal(o->event_sync(be, e1), NF_OK);           // now it is
-  UNMAP(0);
-  assert_int_equal(nf_backend_host_violations(be), 2);
-  MAP(0);
-  nf_backend_host_use(be, s1, (void *)va, G);               // after e1's record: e1 does not cover it
-  assert_int_equal(o->event_sync(be, e1), NF_OK);
-  UNMAP(0);
-  assert_int_equal(nf_backend_host_violations(be), 3);
-  MAP(0);
-  nf_backend_host_use(be, s2, (void *)va, G);
-  nf_backend_host_complete_events(be);                      // all work done
-  UNMAP(0);
-  UNMAP(3);
-  assert_int_equal(nf_backend_host_violations(be), 3);
-#undef MAP
-#undef UNMAP
-  for (int i = 0; i < 4; i++) assert_int_equal(o->mem_release(be, h[i]), NF_OK);
-  assert_int_equal(o->va_release(be, va, 4 * G), NF_OK);
-  nf_backend_destroy(be); // the events too
-}
-
-// A stream wait orders one stream after another, as on a GPU: once an event
-// recorded on s2 after s2 waited on s1's event e1 is complete, s1's work
-// before e1 is complete too (the allocator relies on it: an offload copy
-// ordered after the block's streams, then a host wait for the copy). Work
-// on s1 after e1, or an s2 event recorded before the wait, proves nothing.
-static void test_host_use_stream_wait(void **state) {
-  (void)state;
-  nf_backend_t *be = host(8 * G, G);
-  const nf_backend_ops_t *o = be->ops;
-  nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2, s3 = (nf_stream_t)0x3;
-  uintptr_t va;
-  nf_handle_t h;
-  nf_event_t e1, e2, e3;
-  assert_int_equal(o->va_reserve(be, G, 0, &va), NF_OK);
-  assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h), NF_OK);
-  assert_int_equal(o->event_create(be, &e1), NF_OK);
-  assert_int_equal(o->event_create(be, &e2), NF_OK);
-  assert_int_equal(o->event_create(be, &e3), NF_OK);
-  nf_backend_host_set_manual_events(be, 1);
-#define MAP() assert_int_equal(o->map(be, va, G, h), NF_OK)
-#define UNMAP() assert_int_equal(o->unmap(be, va, G), NF_OK)
-  MAP();
-  nf_backend_host_use(be, s1, (void *)va, G);
-  assert_int_equal(o->event_record(be, e2, s2), NF_OK);     // s2's event before the wait: no help
-  assert_int_equal(o->event_record(be, e1, s1), NF_OK);
-  assert_int_equal(o->stream_wait(be, s2, e1), NF_OK);
-  assert_int_equal(o->event_sync(be, e2), NF_OK);
-  UNMAP();
-  assert_int_equal(nf_backend_host_violations(be), 1);
-  MAP();
-  assert_int_equal(o->event_record(be, e2, s2), NF_OK);     // after the wait: covers s1's work before e1
-  assert_int_equal(o->stream_wait(be, s3, e2), NF_OK);      // and transitively through s3
-  assert_int_equal(o->event_record(be, e3, s3), NF_OK);
-  nf_backend_host_use(be, s1, (void *)va, G);               // s1's work after e1: not covered
-  assert_int_equal(o->event_sync(be, e3), NF_OK);
-  UNMAP();
-  assert_int_equal(nf_backend_host_violations(be), 2);      // the second use only
-  MAP();
-  assert_int_equal(o->event_record(be, e1, s1), NF_OK);
-  assert_int_equal(o->event_sync(be, e1), NF_OK);
-  UNMAP();
-  assert_int_equal(nf_backend_host_violations(be), 2);
-#undef MAP
-#undef UNMAP
-  assert_int_equal(o->mem_release(be, h), NF_OK);
-  assert_int_equal(o->va_release(be, va, G), NF_OK);
-  nf_backend_destroy(be);
-}
-
-// Memory handed to a new stream (nf_backend_host_use_new) while another
-// stream's declared use of it is neither complete nor ordered before the new
-// stream's work is a violation; a wait on an event recorded after that use
-// (directly, or through a third stream's wait) orders it. "It" is the
-// address range, or the physical memory mapped there (a granule mapped at
-// two places).
-static void test_host_use_new_ordering(void **state) {
-  (void)state;
-  nf_backend_t *be = host(8 * G, G);
-  const nf_backend_ops_t *o = be->ops;
-  nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2, s3 = (nf_stream_t)0x3, s4 = (nf_stream_t)0x4;
-  nf_event_t e1, e3;
-  char buf[1024];
-  assert_int_equal(o->event_create(be, &e1), NF_OK);
-  assert_int_equal(o->event_create(be, &e3), NF_OK);
-  nf_backend_host_set_manual_events(be, 1);
-  nf_backend_host_use_new(be, s1, buf, 512);        // s1 on [0, 512)
-  nf_backend_host_use_new(be, s1, buf, 256);        // the same stream again: stream order
-  nf_backend_host_use_new(be, s2, buf + 512, 512);  // s2 on [512, 1024): no overlap
-  assert_int_equal(nf_backend_host_violations(be), 0);
-  assert_int_equal(o->event_record(be, e1, s1), NF_OK);
-  nf_backend_host_use_new(be, s2, buf + 384, 64);   // overlaps s1's first use, in flight, unordered
-  assert_int_equal(nf_backend_host_violations(be), 1);
-  assert_int_equal(o->stream_wait(be, s3, e1), NF_OK);
-  nf_backend_host_use_new(be, s3, buf, 256);        // s3 waits for e1, recorded after s1's uses
-  assert_int_equal(nf_backend_host_violations(be), 1);
-  assert_int_equal(o->event_record(be, e3, s3), NF_OK);
-  assert_int_equal(o->stream_wait(be, s4, e3), NF_OK);
-  nf_backend_host_use_new(be, s4, buf, 128);        // through s3's wait: s1's and s3's uses ordered
-  assert_int_equal(nf_backend_host_violations(be), 1);
-  nf_backend_host_use_new(be, s4, buf + 400, 16);   // s2's use at 384 is not
-  assert_int_equal(nf_backend_host_violations(be), 2);
-  nf_backend_host_complete_events(be);
-  nf_backend_host_use_new(be, s2, buf, 1024);       // all done
-  assert_int_equal(nf_backend_host_violations(be), 2);
-  // One granule mapped at two places (a view): work through one address
-  // races work through the other.
-  uintptr_t va;
-  nf_handle_t h;
-  assert_int_equal(o->va_reserve(be, 4 * G, 0, &va), NF_OK);
-  assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h), NF_OK);
-  assert_int_equal(o->map(be, va, G, h), NF_OK);
-  assert_int_equal(o->map(be, va + 2 * G, G, h), NF_OK);
-  nf_backend_host_use(be, s1, (void *)(va + 512), 512);
-  nf_backend_host_use_new(be, s2, (void *)(va + 2 * G + 1024), 512); // other bytes: fine
-  assert_int_equal(nf_backend_host_violations(be), 2);
-  nf_backend_host_use_new(be, s2, (void *)(va + 2 * G), G);         // the same bytes, unordered
-  assert_int_equal(nf_backend_host_violations(be), 3);
-  assert_int_equal(o->event_record(be, e1, s1), NF_OK);
-  assert_int_equal(o->stream_wait(be, s3, e1), NF_OK);
-  nf_backend_host_use_new(be, s3, (void *)(va + 2 * G), 1024);      // ordered after s1 (s2's use overlaps: +1)
-  assert_int_equal(nf_backend_host_violations(be), 4);
-  nf_backend_host_complete_events(be);
-  assert_int_equal(o->unmap(be, va, G), NF_OK);
-  assert_int_equal(o->unmap(be, va + 2 * G, G), NF_OK);
-  assert_int_equal(o->mem_release(be, h), NF_OK);
-  assert_int_equal(o->va_release(be, va, 4 * G), NF_OK);
-  assert_int_equal(nf_backend_host_violations(be), 4);
-  nf_backend_destroy(be);
-}
-
-// ---------------------------------------------------------------- fault backend
-
-static void test_fault_create_validation(void **state) {
-  (void)state;
-  nf_backend_t *inner = host(4 * G, G), *f = (nf_backend_t *)&f;
-  assert_int_equal(nf_backend_fault_create(&f, NULL, 0, 0, 1), NF_ERR_INVALID);
-  assert_null(f);
-  assert_non_null(strstr(nf_last_error(), "inner"));
-  assert_int_equal(nf_backend_fault_create(&f, inner, 0, -0.1, 1), NF_ERR_INVALID);
-  assert_int_equal(nf_backend_fault_create(&f, inner, 0, 1.5, 1), NF_ERR_INVALID);
-  assert_int_equal(nf_backend_fault_create(&f, inner, 0, (double)NAN, 1), NF_ERR_INVALID);
-  // Not a fault backend: set is a no-op, counts are zero.
-  nf_backend_fault_set(inner, 1, 1.0);
-  uint64_t calls = 9, failed = 9;
-  nf_backend_fault_counts(inner, &calls, &failed);
-  assert_int_equal(calls + failed, 0);
-  nf_backend_destroy(inner); // failed creates left ownership with us
-}
-
-static void test_fault_fail_at(void **state) {
-  (void)state;
-  nf_backend_t *f;
-  assert_int_equal(nf_backend_fault_create(&f, host(8 * G, G), 5, 0.0, 1), NF_OK);
-  assert_string_equal(f->ops->name, "fault");
-  size_t g;
-  for (int i = 1; i <= 10; i++) {
-    g = 0;
-    nf_status_t st = f->ops->granularity(f, NF_TIER_DEVICE, &g);
-    if (i == 5) {
-      assert_int_equal(st, NF_ERR_BACKEND);
-      assert_int_equal(g, 0); // outputs untouched
-      assert_string_equal(f->err, "injected fault in granularity (call 5)");
-    } else {
-      assert_int_equal(st, NF_OK);
-      assert_int_equal(g, G);
-    }
-  }
-  uint64_t calls, failed;
-  nf_backend_fault_counts(f, &calls, &failed);
-  assert_int_equal(calls, 10);
-  assert_int_equal(failed, 1);
-  // Inner errors pass through with their message.
-  assert_int_equal(f->ops->map(f, 0x1000, G, 77), NF_ERR_INVALID);
-  err_has(f, "host backend: map");
-  // A new plan counts on from the calls so far (absolute call numbers).
-  nf_backend_fault_set(f, calls + 3, 0.0);
-  nf_handle_t h;
-  assert_int_equal(f->ops->mem_create(f, NF_TIER_DEVICE, G, &h), NF_OK); // call 12
-  assert_int_equal(f->ops->mem_create(f, NF_TIER_DEVICE, G, &h), NF_ERR_OOM); // call 13, injected
-  err_has(f, "injected fault in mem_create (call 13)");
-  usage_is(f, 1, 0); // the injected call never reached the host backend
-  nf_backend_fault_counts(f, &calls, &failed);
-  assert_int_equal(calls, 13);
-  assert_int_equal(failed, 2);
-  nf_backend_destroy(f); // destroys the inner backend too (leak checkers see it)
-}
-
-static void test_fault_p(void **state) {
-  (void)state;
-  nf_backend_t *f;
-  assert_int_equal(nf_backend_fault_create(&f, host(8 * G, G), 0, 1.0, 3), NF_OK);
-  nf_handle_t h;
-  uintptr_t va;
-  nf_event_t ev;
-  assert_int_equal(f->ops->mem_create(f, NF_TIER_DEVICE, G, &h), NF_ERR_OOM); // alternates,
-  assert_int_equal(f->ops->mem_create(f, NF_TIER_DEVICE, G, &h), NF_ERR_BACKEND); // OOM first
-  assert_int_equal(f->ops->mem_create(f, NF_TIER_DEVICE, G, &h), NF_ERR_OOM);
-  assert_int_equal(f->ops->va_reserve(f, G, 0, &va), NF_ERR_BACKEND);
-  assert_int_equal(f->ops->event_create(f, &ev), NF_ERR_BACKEND);
-  assert_int_equal(f->ops->mem_release(f, 1), NF_ERR_BACKEND);
-  uint64_t total;
-  assert_int_equal(f->ops->capacity(f, NF_TIER_DEVICE, &total, NULL), NF_ERR_BACKEND);
-  uint64_t calls, failed;
-  nf_backend_fault_counts(f, &calls, &failed);
-  assert_int_equal(calls, 7);
-  assert_int_equal(failed, 7);
-  usage_is(f, 0, 0);
-
-  nf_backend_fault_set(f, 0, 0.0); // p = 0: nothing fails
-  for (int i = 0; i < 100; i++) {
-    assert_int_equal(f->ops->mem_create(f, NF_TIER_DEVICE, G, &h), NF_OK);
-    assert_int_equal(f->ops->mem_release(f, h), NF_OK);
-  }
-  nf_backend_fault_counts(f, &calls, &failed);
-  assert_int_equal(calls, 207);
-  assert_int_equal(failed, 7);
-  nf_backend_destroy(f);
-}
-
-// The same seed gives the same failures; the rate is about p.
-static void test_fault_p_reproducible(void **state) {
-  (void)state;
-  nf_backend_t *f1, *f2;
-  assert_int_equal(nf_backend_fault_create(&f1, host(4 * G, G), 0, 0.3, 12345), NF_OK);
-  assert_int_equal(nf_backend_fault_create(&f2, host(4 * G, G), 0, 0.3, 12345), NF_OK);
-  int fails = 0;
-  for (int i = 0; i < 2000; i++) {
-    size_t g1, g2;
-    nf_status_t s1 = f1->ops->granularity(f1, NF_TIER_DEVICE, &g1);
-    nf_status_t s2 = f2->ops->granularity(f2, NF_TIER_DEVICE, &g2);
-    assert_int_equal(s1, s2);
-    fails += s1 != NF_OK;
-  }
-  assert_in_range(fails, 450, 750);
-  uint64_t calls, failed;
-  nf_backend_fault_counts(f1, &calls, &failed);
-  assert_int_equal(calls, 2000);
-  assert_int_equal(failed, (uint64_t)fails);
-  nf_backend_destroy(f1);
-  nf_backend_destroy(f2);
-}
-
-// Host hooks reach through the fault wrapper; cleanup ops fail too.
-static void test_fault_cleanup_ops(void **state) {
-  (void)state;
-  nf_backend_t *f;
-  assert_int_equal(nf_backend_fault_create(&f, host(4 * G, G), 0, 0.0, 1), NF_OK);
-  uintptr_t a;
-  assert_int_equal(f->ops->va_reserve(f, 2 * G, 0, &a), NF_OK);
-  nf_handle_t h;
-  assert_int_equal(f->ops->mem_create(f, NF_TIER_DEVICE, G, &h), NF_OK);
-  assert_int_equal(f->ops->map(f, a, G, h), NF_OK);
-  nf_event_t ev;
-  assert_int_equal(f->ops->event_create(f, &ev), NF_OK);
-  nf_backend_host_set_manual_events(f, 1);
-  assert_int_equal(f->ops->event_record(f, ev, NULL), NF_OK);
-  assert_int_equal(f->ops->event_query(f, ev), NF_ERR_NOT_READY); // passes through, not a failure
-  nf_backend_host_complete_events(f);
-  assert_int_equal(f->ops->event_query(f, ev), NF_OK);
-  nf_backend_fault_set(f, 0, 1.0);
-  assert_int_equal(f->ops->unmap(f, a, G), NF_ERR_BACKEND);
-  assert_int_equal(f->ops->event_destroy(f, ev), NF_ERR_BACKEND);
-  assert_int_equal(f->ops->va_release(f, a, 2 * G), NF_ERR_BACKEND);
-  usage_is(f, 1, 1); // nothing changed underneath
-  nf_backend_fault_set(f, 0, 0.0);
-  assert_int_equal(f->ops->unmap(f, a, G), NF_OK);
-  usage_is(f, 1, 0);
-  nf_backend_destroy(f); // the event, handle and range leaked above are freed here
-}
-
-// ---------------------------------------------------------------- threads
-
 typedef struct {
   nf_backend_t *be;
   int id;
 } thread_arg;
-
 static void *thread_body(void *p) {
   thread_arg *t = p;
   nf_backend_t *be = t->be;
@@ -846,7 +476,7 @@ static void *thread_body(void *p) {
 
 static void test_host_threads(void **state) {
   (void)state;
-  nf_backend_t *be = host(16 * G, G);
+  nf_backend_t *be = nft_host(16 * G, G);
   enum { T = 4 };
   pthread_t th[T];
   thread_arg args[T];
@@ -859,7 +489,7 @@ static void test_host_threads(void **state) {
     assert_int_equal(pthread_join(th[i], &ret), 0);
     assert_null(ret);
   }
-  usage_is(be, 0, 0);
+  nft_usage_is(be, 0, 0);
   nf_backend_destroy(be);
 }
 
@@ -914,15 +544,6 @@ int main(void) {
       cmocka_unit_test(test_host_usage),
       cmocka_unit_test_teardown(test_host_unmap_at_map_bound, nft_teardown_filler),
       cmocka_unit_test(test_host_copy),
-      cmocka_unit_test(test_host_events),
-      cmocka_unit_test(test_host_use_violations),
-      cmocka_unit_test(test_host_use_stream_wait),
-      cmocka_unit_test(test_host_use_new_ordering),
-      cmocka_unit_test(test_fault_create_validation),
-      cmocka_unit_test(test_fault_fail_at),
-      cmocka_unit_test(test_fault_p),
-      cmocka_unit_test(test_fault_p_reproducible),
-      cmocka_unit_test(test_fault_cleanup_ops),
       cmocka_unit_test(test_host_threads),
       cmocka_unit_test(test_host_fork_child),
   };

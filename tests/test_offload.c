@@ -1,5 +1,5 @@
-// Spill to host granules and same-address offload/prefetch (src/offload.c,
-// the host tier in src/vmm.c), on the host backend: its "host" tier is a
+// Same-address offload/prefetch (src/tier/: host, detached and disk tiers),
+// on the host backend: its "host" tier is a
 // second memfd, its copies are synchronous, and manual events keep copies
 // "in flight" so that the deferred remapping paths run. Every block carries
 // a pattern that is verified across every move.
@@ -22,112 +22,6 @@ static void tiers(nf_pool_t *p, void *ptr, uint64_t t[3]) { assert_int_equal(nf_
 static void stats(nf_pool_t *p, nf_stats_t *s) {
   nf_stats_get(p, s);
   if (nf_pool_check(p) != NF_OK) fail_msg("%s", nf_last_error());
-}
-
-static void test_spill_basic(void **state) {
-  (void)state;
-  setenv("NOFRAG_QUIET_SPILL", "1", 1);
-  nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,spill_limit:1MiB"); // 8 device granules, 16 host
-  blk_t b[6];
-  for (int i = 0; i < 6; i++) { // 6 x 2 granules = 1.5 x the limit
-    b[i].n = 2 * G;
-    b[i].tag = 100 + (uint64_t)i;
-    b[i].p = nf_alloc(p, b[i].n, NULL);
-    assert_non_null(b[i].p);
-    nft_fill(b[i].p, b[i].n, b[i].tag);
-  }
-  nf_stats_t s;
-  stats(p, &s);
-  assert_true(s.spilled == 4 * G);
-  assert_true(s.physical == 8 * G);
-  assert_true(s.spills >= 2);
-  uint64_t t[3];
-  tiers(p, b[0].p, t);
-  assert_true(t[0] == 2 * G && t[1] == 0);
-  tiers(p, b[5].p, t);
-  assert_true(t[1] == 2 * G && t[0] == 0);
-  for (int i = 0; i < 6; i++) assert_true(nft_check(b[i].p, b[i].n, b[i].tag));
-  // Past spill_limit: a clear OOM, nothing changed.
-  assert_null(nf_alloc(p, 14 * G, NULL));
-  assert_int_equal(nf_last_status(), NF_ERR_OOM);
-  assert_non_null(strstr(nf_last_oom_report(), "raise spill_limit"));
-  stats(p, &s);
-  assert_true(s.spilled == 4 * G);
-  // Spilled memory does not stay cached: free the spilled blocks and the
-  // device blocks; the next blocks land on the device.
-  for (int i = 0; i < 6; i++) assert_int_equal(nf_free(p, b[i].p), NF_OK);
-  void *c = nf_alloc(p, 6 * G, NULL);
-  assert_non_null(c);
-  tiers(p, c, t);
-  assert_true(t[0] == 6 * G && t[1] == 0);
-  stats(p, &s);
-  assert_true(s.spilled == 0);
-  nf_free(p, c);
-  nf_pool_destroy(p);
-  uint64_t gr, maps;
-  nf_backend_host_usage(be, &gr, &maps);
-  assert_true(gr == 0 && maps == 0);
-  nf_backend_destroy(be);
-
-  // The same requests without spill fail at the limit.
-  p = mk(&be, "limit:512KiB");
-  void *q[6];
-  int got = 0;
-  for (int i = 0; i < 6; i++) got += (q[i] = nf_alloc(p, 2 * G, NULL)) != NULL;
-  assert_int_equal(got, 4);
-  assert_int_equal(nf_last_status(), NF_ERR_OOM);
-  assert_non_null(strstr(nf_last_oom_report(), "set spill:host"));
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
-}
-
-static void test_spill_config_errors(void **state) {
-  (void)state;
-  nf_backend_t *be;
-  nf_config_t cfg;
-  nf_config_default(&cfg);
-  assert_int_equal(nf_config_parse(&cfg, "spill:host,spill_limit:1KiB", NULL, 0), NF_OK);
-  assert_int_equal(nf_backend_host_create(&be, 64 * G, G), NF_OK);
-  nf_pool_t *p = NULL;
-  assert_int_equal(nf_pool_create(&p, be, &cfg), NF_ERR_CONFIG);
-  assert_non_null(strstr(nf_last_error(), "spill_limit is below one granule"));
-  nf_backend_destroy(be);
-}
-
-// spill_reserve: host granules made at creation, used by the first spill
-// without creating any, kept by trim; more than spill_limit is an error.
-static void test_spill_reserve(void **state) {
-  (void)state;
-  setenv("NOFRAG_QUIET_SPILL", "1", 1);
-  nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,spill_limit:1MiB,spill_reserve:256KiB");
-  nf_stats_t s;
-  stats(p, &s);
-  assert_true(s.host_physical == 4 * G && s.spilled == 0);
-  void *a = nf_alloc(p, 12 * G, NULL); // 8 device + 4 host granules
-  assert_non_null(a);
-  stats(p, &s);
-  assert_true(s.spilled == 4 * G && s.host_physical == 4 * G && s.calls.create == 8 + 4);
-  nft_fill(a, 12 * G, 5);
-  assert_true(nft_check(a, 12 * G, 5));
-  nf_free(p, a);
-  assert_int_equal(nf_trim(p), NF_OK);
-  stats(p, &s);
-  assert_true(s.host_physical == 4 * G && s.physical == 0);
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
-  nf_config_t cfg;
-  nf_config_default(&cfg);
-  assert_int_equal(nf_config_parse(&cfg, "spill:host,spill_limit:256KiB,spill_reserve:1MiB", NULL, 0), NF_OK);
-  assert_int_equal(nf_backend_host_create(&be, 64 * G, G), NF_OK);
-  p = NULL;
-  assert_int_equal(nf_pool_create(&p, be, &cfg), NF_ERR_OOM);
-  assert_non_null(strstr(nf_last_error(), "spill_reserve"));
-  uint64_t gr, maps;
-  nf_backend_host_usage(be, &gr, &maps);
-  assert_true(gr == 0 && maps == 0); // nothing left behind
-  nf_backend_destroy(be);
 }
 
 // Offload frees device memory for others; prefetch brings the same bytes
@@ -584,80 +478,6 @@ static void test_offload_refused_in_capture(void **state) {
   nf_backend_destroy(be);
 }
 
-// A block whose owned granules are all spilled: nf_offload to the host tier
-// has nothing to move, so it queues no copy ordered after the block's work.
-// nf_prefetch must then still wait for that work (queued before the offload,
-// which the caller may do) before remapping the block onto device granules,
-// as for any spilled block; and the offload moved nothing, so it is not
-// counted as one.
-static void test_offload_spilled_block(void **state) {
-  (void)state;
-  setenv("NOFRAG_QUIET_SPILL", "1", 1);
-  nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
-  nf_stream_t A = (nf_stream_t)(uintptr_t)1, S = (nf_stream_t)(uintptr_t)2;
-  void *d = nf_alloc(p, 8 * G, A), *b = nf_alloc(p, 2 * G, A);
-  assert_true(d && b);
-  uint64_t t[3];
-  tiers(p, b, t);
-  assert_true(t[NF_TIER_HOST] == 2 * G); // wholly spilled
-  nft_fill(b, 2 * G, 9);
-  nf_backend_host_set_manual_events(be, 1);
-  nf_stats_t s0, s;
-  stats(p, &s0);
-  assert_int_equal(nf_offload(p, b, A, NF_TIER_HOST), NF_OK);
-  stats(p, &s);
-  assert_true(s.offloads == s0.offloads && s.offloaded == 0 && s.spilled == 2 * G); // nothing moved: still spilled
-  assert_int_equal(nf_free(p, d), NF_OK);
-  nf_backend_host_complete_events(be); // d's work
-  assert_int_equal(nf_trim(p), NF_OK);  // d's granules unmapped now: the prefetch waits for nothing to get them
-  nf_backend_host_use(be, A, b, 2 * G); // work on b queued on A before the offload, in flight
-  assert_int_equal(nf_prefetch(p, b, S), NF_OK);
-  if (nf_backend_host_violations(be)) fail_msg("b's range remapped under its own stream's work");
-  tiers(p, b, t);
-  assert_true(t[NF_TIER_DEVICE] == 2 * G);
-  nf_backend_host_complete_events(be);
-  assert_int_equal(nf_offload_wait(p), NF_OK);
-  assert_true(nft_check(b, 2 * G, 9));
-  stats(p, &s);
-  assert_int_equal(nf_free(p, b), NF_OK);
-  nf_backend_host_set_manual_events(be, 0);
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
-}
-
-// A partly spilled block offloaded to the host: all of its owned granules
-// then hold an offloaded block, the spilled ones too ("spilled" counts host
-// granules of blocks that are not offloaded).
-static void test_offload_partly_spilled(void **state) {
-  (void)state;
-  setenv("NOFRAG_QUIET_SPILL", "1", 1);
-  nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
-  void *d = nf_alloc(p, 6 * G, NULL), *b = nf_alloc(p, 4 * G, NULL); // b: 2 device + 2 spilled granules
-  assert_true(d && b);
-  nft_fill(b, 4 * G, 4);
-  nf_stats_t s;
-  stats(p, &s);
-  assert_true(s.spilled == 2 * G && s.offloaded == 0);
-  assert_int_equal(nf_offload(p, b, NULL, NF_TIER_HOST), NF_OK);
-  assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
-  assert_true(s.offloaded == 4 * G && s.spilled == 0);
-  assert_int_equal(nf_free(p, d), NF_OK);
-  assert_int_equal(nf_prefetch(p, b, NULL), NF_OK);
-  assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
-  assert_true(s.offloaded == 0 && s.spilled == 0 && nft_check(b, 4 * G, 4));
-  assert_int_equal(nf_offload(p, b, NULL, NF_TIER_HOST), NF_OK);
-  assert_int_equal(nf_free(p, b), NF_OK); // in flight
-  assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
-  assert_true(s.offloaded == 0 && s.spilled == 0);
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
-}
-
 // The disk file's extents are not reused while blocks are on disk, but
 // once none is, the next offloads start at offset 0 again: a job that moves
 // its blocks out and back every step must not run the file's offsets up to
@@ -689,48 +509,14 @@ static void test_offload_disk_offsets(void **state) {
   nf_backend_destroy(be);
 }
 
-// A block wholly spilled when offloaded to the host tier needs no copy: it is
-// "offloaded" at once, with nothing ordering the work queued on its stream
-// before nf_offload (which the contract allows). nf_prefetch must then wait
-// for that work before it swaps device granules in under the block, as for
-// any spilled block (before the fix it swapped at once, under the work).
-static void test_prefetch_spilled_offload_waits(void **state) {
-  (void)state;
-  nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,spill_limit:1MiB"); // 8 device granules
-  nf_stream_t S = (nf_stream_t)(uintptr_t)7;
-  nf_backend_host_set_manual_events(be, 1);
-  void *a = nf_alloc(p, 8 * G, NULL), *b = nf_alloc(p, 4 * G, S);
-  assert_true(a && b);
-  uint64_t t[3];
-  tiers(p, b, t);
-  assert_true(t[NF_TIER_HOST] == 4 * G); // all spilled
-  nft_fill(b, 4 * G, 9);
-  nf_backend_host_use(be, S, b, 4 * G); // a kernel on S, in flight
-  assert_int_equal(nf_offload(p, b, S, NF_TIER_HOST), NF_OK);
-  assert_int_equal(nf_free(p, a), NF_OK);
-  assert_int_equal(nf_prefetch(p, b, S), NF_OK);
-  if (nf_backend_host_violations(be)) fail_msg("b's host granules unmapped under S's work");
-  tiers(p, b, t);
-  assert_true(t[NF_TIER_DEVICE] == 4 * G && nft_check(b, 4 * G, 9));
-  nf_free(p, b);
-  assert_int_equal(nf_pool_check(p), NF_OK);
-  nf_backend_host_set_manual_events(be, 0);
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
-}
-
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_spill_basic),  cmocka_unit_test(test_spill_config_errors),
-      cmocka_unit_test(test_spill_reserve), cmocka_unit_test(test_offload_poll_cost),
-      cmocka_unit_test(test_offload_wait_at_limit), cmocka_unit_test(test_offload_detached),
-      cmocka_unit_test(test_offload_host), cmocka_unit_test(test_offload_disk),
-      cmocka_unit_test(test_random),       cmocka_unit_test(test_random_faults),
-      cmocka_unit_test(test_prefetch_other_stream), cmocka_unit_test(test_offload_spilled_block),
-      cmocka_unit_test(test_offload_partly_spilled), cmocka_unit_test(test_offload_disk_offsets),
-      cmocka_unit_test(test_offload_refused_in_capture), cmocka_unit_test(test_prefetch_spilled_offload_waits),
+      cmocka_unit_test(test_offload_poll_cost),     cmocka_unit_test(test_offload_wait_at_limit),
+      cmocka_unit_test(test_offload_detached),      cmocka_unit_test(test_offload_host),
+      cmocka_unit_test(test_offload_disk),          cmocka_unit_test(test_random),
+      cmocka_unit_test(test_random_faults),         cmocka_unit_test(test_prefetch_other_stream),
+      cmocka_unit_test(test_offload_disk_offsets),  cmocka_unit_test(test_offload_refused_in_capture),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
