@@ -92,6 +92,17 @@ static inline int nft_run_cli(const char *args, char *out, size_t n) {
 }
 
 
+// A block's bytes per tier (nf_block_tiers), asserted to succeed.
+static inline void nft_tiers(nf_pool_t *p, void *ptr, uint64_t t[3]) {
+  assert_int_equal(nf_block_tiers(p, ptr, t), NF_OK);
+}
+
+// The pool's statistics, after checking its invariants (nf_pool_check).
+static inline void nft_stats(nf_pool_t *p, nf_stats_t *s) {
+  nf_stats_get(p, s);
+  if (nf_pool_check(p) != NF_OK) fail_msg("%s", nf_last_error());
+}
+
 // ------------------------------------------------------------ backend tests
 #include "backend/backend.h"
 #include <unistd.h>

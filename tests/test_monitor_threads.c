@@ -341,6 +341,23 @@ static void test_reader_races_writer(void **state) {
 
 // ------------------------------------------------------------------ dead
 
+// A monitor file as a writer of this version would leave it, for process
+// `pid` started at `start_ns` (0: unknown), with `device` as its name.
+static void fake_file(const char *path, int mode, int32_t pid, uint64_t start_ns, const char *device) {
+  int fd = open(path, O_RDWR | O_CREAT | O_EXCL, mode);
+  assert_true(fd >= 0);
+  nf_mon_shm_t m;
+  memset(&m, 0, sizeof m);
+  m.magic = NF_MON_MAGIC;
+  m.version = NF_MON_VERSION;
+  m.size = sizeof m;
+  m.pid = pid;
+  m.start_ns = start_ns;
+  if (device) snprintf(m.device, sizeof m.device, "%s", device);
+  assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
+  close(fd);
+}
+
 static void test_dead_process_ignored_and_cleaned(void **state) {
   (void)state;
   pid_t child = fork(); // a pid that is certainly dead once reaped
@@ -349,17 +366,7 @@ static void test_dead_process_ignored_and_cleaned(void **state) {
   assert_int_equal(waitpid(child, NULL, 0), child);
   char path[512];
   snprintf(path, sizeof path, "%s/nofrag.%u.%d.0", dir, (unsigned)getuid(), (int)child);
-  int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
-  assert_true(fd >= 0);
-  nf_mon_shm_t m;
-  memset(&m, 0, sizeof m);
-  m.magic = NF_MON_MAGIC;
-  m.version = NF_MON_VERSION;
-  m.size = sizeof m;
-  m.pid = (int32_t)child;
-  snprintf(m.device, sizeof m.device, "host");
-  assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
-  close(fd);
+  fake_file(path, 0600, (int32_t)child, 0, "host");
   char junk[512]; // not a monitor file: skipped, never removed
   snprintf(junk, sizeof junk, "%s/nofrag.junk", dir);
   FILE *f = fopen(junk, "w");
@@ -373,12 +380,7 @@ static void test_dead_process_ignored_and_cleaned(void **state) {
   // file is stale too (written for our own pid, dated 1970).
   char reused[512];
   snprintf(reused, sizeof reused, "%s/nofrag.%u.%d.99", dir, (unsigned)getuid(), (int)getpid());
-  m.pid = (int32_t)getpid();
-  m.start_ns = 1000000000ull;
-  fd = open(reused, O_RDWR | O_CREAT | O_EXCL, 0600);
-  assert_true(fd >= 0);
-  assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
-  close(fd);
+  fake_file(reused, 0600, (int32_t)getpid(), 1000000000ull, "host");
   assert_int_equal(nf__mon_read(reused, &e), 1);
   assert_int_equal(unlink(reused), 0);
   long dead = 0;
@@ -407,18 +409,7 @@ static void test_reused_pid_of_other_user(void **state) {
   (void)state;
   char path[512];
   snprintf(path, sizeof path, "%s/nofrag.%u.1.0", dir, (unsigned)getuid());
-  int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
-  assert_true(fd >= 0);
-  nf_mon_shm_t m;
-  memset(&m, 0, sizeof m);
-  m.magic = NF_MON_MAGIC;
-  m.version = NF_MON_VERSION;
-  m.size = sizeof m;
-  m.pid = 1;
-  m.start_ns = 1000000000ull;
-  snprintf(m.device, sizeof m.device, "host");
-  assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
-  close(fd);
+  fake_file(path, 0644, 1, 1000000000ull, "host");
   assert_int_equal(chmod(dir, 0755), 0);
   pid_t child = fork();
   assert_true(child >= 0);
@@ -446,20 +437,10 @@ static void test_device_name_sanitized(void **state) {
   (void)state;
   char path[512];
   snprintf(path, sizeof path, "%s/nofrag.%u.%d.77", dir, (unsigned)getuid(), (int)getpid());
-  int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
-  assert_true(fd >= 0);
-  nf_mon_shm_t m;
-  memset(&m, 0, sizeof m);
-  m.magic = NF_MON_MAGIC;
-  m.version = NF_MON_VERSION;
-  m.size = sizeof m;
-  m.pid = (int32_t)getpid(); // alive, and the file is newer than this process
-  struct timespec t;
+  struct timespec t; // alive, and the file is newer than this process
   clock_gettime(CLOCK_REALTIME, &t);
-  m.start_ns = (uint64_t)t.tv_sec * 1000000000ull;
-  snprintf(m.device, sizeof m.device, "\033[2J\033]0;x\007cuda:\2330\177");
-  assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
-  close(fd);
+  fake_file(path, 0600, (int32_t)getpid(), (uint64_t)t.tv_sec * 1000000000ull,
+            "\033[2J\033]0;x\007cuda:\2330\177");
   nf_mon_entry_t e;
   assert_int_equal(nf__mon_read(path, &e), 0);
   for (const char *c = e.device; *c; c++)
@@ -482,16 +463,7 @@ static void test_clean_counts_removed_only(void **state) {
   assert_int_equal(waitpid(dead, NULL, 0), dead);
   char path[512];
   snprintf(path, sizeof path, "%s/nofrag.0.%d.0", dir, (int)dead);
-  int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644); // root's, readable by all
-  assert_true(fd >= 0);
-  nf_mon_shm_t m;
-  memset(&m, 0, sizeof m);
-  m.magic = NF_MON_MAGIC;
-  m.version = NF_MON_VERSION;
-  m.size = sizeof m;
-  m.pid = (int32_t)dead;
-  assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
-  close(fd);
+  fake_file(path, 0644, (int32_t)dead, 0, NULL); // root's, readable by all
   assert_int_equal(chmod(dir, 01777), 0);
   pid_t child = fork();
   assert_true(child >= 0);

@@ -17,13 +17,6 @@ static nf_pool_t *mk(nf_backend_t **be, const char *conf) {
   return p;
 }
 
-static void tiers(nf_pool_t *p, void *ptr, uint64_t t[3]) { assert_int_equal(nf_block_tiers(p, ptr, t), NF_OK); }
-
-static void stats(nf_pool_t *p, nf_stats_t *s) {
-  nf_stats_get(p, s);
-  if (nf_pool_check(p) != NF_OK) fail_msg("%s", nf_last_error());
-}
-
 // Offload frees device memory for others; prefetch brings the same bytes
 // back at the same address; in-flight copies (manual events) are settled
 // by wait, by prefetch (cancel) and by free.
@@ -38,15 +31,15 @@ static void test_offload_host(void **state) {
   nf_backend_host_set_manual_events(be, 1);
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
   nf_stats_t s;
-  stats(p, &s); // copy in flight: still on the device
+  nft_stats(p, &s); // copy in flight: still on the device
   assert_true(s.offloaded == 0 && s.calls.copy >= 1);
   assert_true(nft_check(a, 10 * G, 7));
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.offloaded == 10 * G && s.offloads == 1 && s.spilled == 0);
   uint64_t t[3];
-  tiers(p, a, t);
+  nft_tiers(p, a, t);
   assert_true(t[1] == 10 * G && t[0] == 0);
   assert_true(nft_check(a, 10 * G, 7)); // host memory at the same address
   char *snap = nf_snapshot(p);
@@ -66,28 +59,28 @@ static void test_offload_host(void **state) {
   assert_int_equal(nf_offload(p, b, NULL, NF_TIER_HOST), NF_OK);
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_prefetch(p, a, NULL), NF_OK); // b's finished offload made room
-  stats(p, &s);
-  tiers(p, a, t);
+  nft_stats(p, &s);
+  nft_tiers(p, a, t);
   assert_true(t[0] == 10 * G && t[1] == 0);
   assert_true(nft_check(a, 10 * G, 7) && nft_check(b, 10 * G, 8));
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.prefetches == 1 && s.offloaded == 10 * G);
   // In flight, then prefetched (cancel) and freed (settle).
   assert_int_equal(nf_prefetch(p, b, NULL), NF_ERR_OOM);
   assert_int_equal(nf_free(p, b), NF_OK); // offloaded block freed: host granules go back
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
   assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(nft_check(a, 10 * G, 7));
   void *c = nf_alloc(p, 2 * G, NULL);
   assert_int_equal(nf_offload(p, c, NULL, NF_TIER_HOST), NF_OK);
   assert_int_equal(nf_free(p, c), NF_OK);
   nf_backend_host_complete_events(be);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_int_equal(nf_trim(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.host_physical == 0 && s.offloaded == 0);
   // Bad input changes nothing.
   assert_int_equal(nf_offload(p, (char *)a + 512, NULL, NF_TIER_HOST), NF_ERR_INVALID);
@@ -98,11 +91,11 @@ static void test_offload_host(void **state) {
   // A block under one granule owns none: nothing moves.
   void *small = nf_alloc(p, 1000, NULL);
   assert_int_equal(nf_offload(p, small, NULL, NF_TIER_HOST), NF_OK);
-  tiers(p, small, t);
+  nft_tiers(p, small, t);
   assert_true(t[0] == 1024 && t[1] == 0);
   nf_free(p, small);
   nf_free(p, a);
-  stats(p, &s);
+  nft_stats(p, &s);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
 }
@@ -122,16 +115,16 @@ static void test_offload_wait_at_limit(void **state) {
     nf_backend_host_set_manual_events(be, 1);
     assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
     nf_stats_t s;
-    stats(p, &s);
+    nft_stats(p, &s);
     assert_true(s.offloaded == 0); // copy in flight
     nf_stats_t s0 = s;
     void *b = nf_alloc(p, 10 * G, NULL); // fits once the copy is done
     assert_non_null(b);
-    stats(p, &s);
+    nft_stats(p, &s);
     assert_true(s.offloaded == 10 * G && s.spilled == 0 && s.physical <= 16 * G);
     assert_true(s.calls.event_sync > s0.calls.event_sync); // it waited
     uint64_t t[3];
-    tiers(p, b, t);
+    nft_tiers(p, b, t);
     assert_true(t[0] == 10 * G && t[1] == 0);
     nft_fill(b, 10 * G, 4);
     assert_true(nft_check(a, 10 * G, 3) && nft_check(b, 10 * G, 4));
@@ -139,7 +132,7 @@ static void test_offload_wait_at_limit(void **state) {
     // fit fails (or spills) without waiting for anything.
     s0 = s;
     void *c = nf_alloc(p, 10 * G, NULL);
-    stats(p, &s);
+    nft_stats(p, &s);
     if (i == 0) assert_null(c);
     else assert_true(c && s.spilled == 4 * G);
     assert_int_equal(s.calls.event_sync, s0.calls.event_sync);
@@ -162,13 +155,13 @@ static void test_offload_poll_cost(void **state) {
   nf_backend_host_set_manual_events(be, 1);
   nf_stats_t s0, s1;
   for (int i = 0; i < 99; i++) assert_int_equal(nf_offload(p, a[i], NULL, NF_TIER_HOST), NF_OK);
-  stats(p, &s0);
+  nft_stats(p, &s0);
   assert_int_equal(nf_offload(p, a[99], NULL, NF_TIER_HOST), NF_OK); // polls 99 copies in flight
-  stats(p, &s1);
+  nft_stats(p, &s1);
   assert_true(s1.calls.event_query - s0.calls.event_query <= 1);
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s1);
+  nft_stats(p, &s1);
   assert_true(s1.offloaded == 100 * 2 * G && s1.calls.event_sync - s0.calls.event_sync <= 1);
   for (int i = 0; i < 100; i++) nf_free(p, a[i]);
   nf_pool_destroy(p);
@@ -183,10 +176,10 @@ static void test_offload_disk(void **state) {
   nft_fill(a, 10 * G + 4096, 21);
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_DISK), NF_OK);
   nf_stats_t s;
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.offloaded_disk >= 10 * G && s.mapped <= 2 * G);
   uint64_t t[3];
-  tiers(p, a, t);
+  nft_tiers(p, a, t);
   assert_true(t[2] == 10 * G && t[0] == 4096);
   void *b = nf_alloc(p, 12 * G, NULL); // the device is free for others
   assert_non_null(b);
@@ -196,12 +189,12 @@ static void test_offload_disk(void **state) {
   nf_free(p, b);
   assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
   assert_true(nft_check(a, 10 * G + 4096, 21));
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.offloaded_disk == 0 && s.prefetches == 1);
   // Freed while on disk.
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_DISK), NF_OK);
   assert_int_equal(nf_free(p, a), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.offloaded_disk == 0);
   // An unusable directory: a clear error, the block stays.
   nf_pool_destroy(p);
@@ -212,7 +205,7 @@ static void test_offload_disk(void **state) {
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_DISK), NF_ERR_BACKEND);
   assert_non_null(strstr(nf_last_error(), "/nonexistent/nofrag"));
   assert_true(nft_check(a, 4 * G, 3));
-  stats(p, &s);
+  nft_stats(p, &s);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
 }
@@ -229,14 +222,14 @@ static void test_offload_detached(void **state) {
   nf_backend_host_set_manual_events(be, 1);
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK);
   nf_stats_t s;
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.offloaded == 0 && s.offloads == 0); // copy in flight: still mapped
   assert_true(nft_check(a, 10 * G + 4096, 5));
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   uint64_t t[3];
-  tiers(p, a, t);
+  nft_tiers(p, a, t);
   uint64_t moved = t[NF_TIER_HOST];
   assert_true(moved >= 9 * G && s.offloaded == moved && s.offloads == 1 && t[NF_TIER_DISK] == 0);
   char *snap = nf_snapshot(p); // the block says which host tier holds it
@@ -251,20 +244,20 @@ static void test_offload_detached(void **state) {
   nft_fill(b, 12 * G, 6);
   assert_int_equal(nf_prefetch(p, a, NULL), NF_ERR_OOM); // no room: stays detached, intact
   assert_non_null(strstr(nf_last_error(), "prefetch: no device memory")); // this call's own message
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_int_equal(nf_free(p, b), NF_OK);
   uint64_t calls0 = s.calls.set_access;
   assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.offloaded == 0 && s.prefetches == 1);
   assert_true(s.calls.set_access - calls0 <= 2); // the block's range once (the window is mapped already)
   assert_true(nft_check(a, 10 * G + 4096, 5));
-  tiers(p, a, t);
+  nft_tiers(p, a, t);
   assert_true(t[NF_TIER_DEVICE] == 10 * G + 4096);
   // Cycles reuse the host granules and their window mappings: no new maps there.
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   uint64_t maps0 = s.calls.map;
   for (int k = 0; k < 3; k++) {
     assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK);
@@ -277,7 +270,7 @@ static void test_offload_detached(void **state) {
   }
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.calls.map - maps0 <= 3 * moved / G); // the block's range only
   // Prefetch while the copy is in flight: dropped, the block never left.
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK);
@@ -285,15 +278,15 @@ static void test_offload_detached(void **state) {
   assert_true(nft_check(a, 10 * G + 4096, 5));
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
-  tiers(p, a, t);
+  nft_stats(p, &s);
+  nft_tiers(p, a, t);
   assert_true(t[NF_TIER_DEVICE] == 10 * G + 4096 && s.offloaded == 0);
   // Freed while detached, and freed while its copy is in flight.
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK);
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
   assert_int_equal(nf_free(p, a), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.offloaded == 0);
   a = nf_alloc(p, 8 * G, NULL);
   nft_fill(a, 8 * G, 7);
@@ -301,10 +294,10 @@ static void test_offload_detached(void **state) {
   assert_int_equal(nf_free(p, a), NF_OK);
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   // Trim gives every host granule back, window mappings first.
   assert_int_equal(nf_trim(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.host_physical == 0 && s.offloaded == 0);
   nf_pool_destroy(p);
   uint64_t gr, maps;

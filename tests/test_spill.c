@@ -15,13 +15,6 @@ static nf_pool_t *mk(nf_backend_t **be, const char *conf) {
   return p;
 }
 
-static void tiers(nf_pool_t *p, void *ptr, uint64_t t[3]) { assert_int_equal(nf_block_tiers(p, ptr, t), NF_OK); }
-
-static void stats(nf_pool_t *p, nf_stats_t *s) {
-  nf_stats_get(p, s);
-  if (nf_pool_check(p) != NF_OK) fail_msg("%s", nf_last_error());
-}
-
 static void test_spill_basic(void **state) {
   (void)state;
   setenv("NOFRAG_QUIET_SPILL", "1", 1);
@@ -36,30 +29,30 @@ static void test_spill_basic(void **state) {
     nft_fill(b[i].p, b[i].n, b[i].tag);
   }
   nf_stats_t s;
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.spilled == 4 * G);
   assert_true(s.physical == 8 * G);
   assert_true(s.spills >= 2);
   uint64_t t[3];
-  tiers(p, b[0].p, t);
+  nft_tiers(p, b[0].p, t);
   assert_true(t[0] == 2 * G && t[1] == 0);
-  tiers(p, b[5].p, t);
+  nft_tiers(p, b[5].p, t);
   assert_true(t[1] == 2 * G && t[0] == 0);
   for (int i = 0; i < 6; i++) assert_true(nft_check(b[i].p, b[i].n, b[i].tag));
   // Past spill_limit: a clear OOM, nothing changed.
   assert_null(nf_alloc(p, 14 * G, NULL));
   assert_int_equal(nf_last_status(), NF_ERR_OOM);
   assert_non_null(strstr(nf_last_oom_report(), "raise spill_limit"));
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.spilled == 4 * G);
   // Spilled memory does not stay cached: free the spilled blocks and the
   // device blocks; the next blocks land on the device.
   for (int i = 0; i < 6; i++) assert_int_equal(nf_free(p, b[i].p), NF_OK);
   void *c = nf_alloc(p, 6 * G, NULL);
   assert_non_null(c);
-  tiers(p, c, t);
+  nft_tiers(p, c, t);
   assert_true(t[0] == 6 * G && t[1] == 0);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.spilled == 0);
   nf_free(p, c);
   nf_pool_destroy(p);
@@ -101,17 +94,17 @@ static void test_spill_reserve(void **state) {
   nf_backend_t *be;
   nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,spill_limit:1MiB,spill_reserve:256KiB");
   nf_stats_t s;
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.host_physical == 4 * G && s.spilled == 0);
   void *a = nf_alloc(p, 12 * G, NULL); // 8 device + 4 host granules
   assert_non_null(a);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.spilled == 4 * G && s.host_physical == 4 * G && s.calls.create == 8 + 4);
   nft_fill(a, 12 * G, 5);
   assert_true(nft_check(a, 12 * G, 5));
   nf_free(p, a);
   assert_int_equal(nf_trim(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.host_physical == 4 * G && s.physical == 0);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
@@ -143,14 +136,14 @@ static void test_offload_spilled_block(void **state) {
   void *d = nf_alloc(p, 8 * G, A), *b = nf_alloc(p, 2 * G, A);
   assert_true(d && b);
   uint64_t t[3];
-  tiers(p, b, t);
+  nft_tiers(p, b, t);
   assert_true(t[NF_TIER_HOST] == 2 * G); // wholly spilled
   nft_fill(b, 2 * G, 9);
   nf_backend_host_set_manual_events(be, 1);
   nf_stats_t s0, s;
-  stats(p, &s0);
+  nft_stats(p, &s0);
   assert_int_equal(nf_offload(p, b, A, NF_TIER_HOST), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.offloads == s0.offloads && s.offloaded == 0 && s.spilled == 2 * G); // nothing moved: still spilled
   assert_int_equal(nf_free(p, d), NF_OK);
   nf_backend_host_complete_events(be); // d's work
@@ -158,12 +151,12 @@ static void test_offload_spilled_block(void **state) {
   nf_backend_host_use(be, A, b, 2 * G); // work on b queued on A before the offload, in flight
   assert_int_equal(nf_prefetch(p, b, S), NF_OK);
   if (nf_backend_host_violations(be)) fail_msg("b's range remapped under its own stream's work");
-  tiers(p, b, t);
+  nft_tiers(p, b, t);
   assert_true(t[NF_TIER_DEVICE] == 2 * G);
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
   assert_true(nft_check(b, 2 * G, 9));
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_int_equal(nf_free(p, b), NF_OK);
   nf_backend_host_set_manual_events(be, 0);
   nf_pool_destroy(p);
@@ -182,21 +175,21 @@ static void test_offload_partly_spilled(void **state) {
   assert_true(d && b);
   nft_fill(b, 4 * G, 4);
   nf_stats_t s;
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.spilled == 2 * G && s.offloaded == 0);
   assert_int_equal(nf_offload(p, b, NULL, NF_TIER_HOST), NF_OK);
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.offloaded == 4 * G && s.spilled == 0);
   assert_int_equal(nf_free(p, d), NF_OK);
   assert_int_equal(nf_prefetch(p, b, NULL), NF_OK);
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.offloaded == 0 && s.spilled == 0 && nft_check(b, 4 * G, 4));
   assert_int_equal(nf_offload(p, b, NULL, NF_TIER_HOST), NF_OK);
   assert_int_equal(nf_free(p, b), NF_OK); // in flight
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  stats(p, &s);
+  nft_stats(p, &s);
   assert_true(s.offloaded == 0 && s.spilled == 0);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
@@ -216,7 +209,7 @@ static void test_prefetch_spilled_offload_waits(void **state) {
   void *a = nf_alloc(p, 8 * G, NULL), *b = nf_alloc(p, 4 * G, S);
   assert_true(a && b);
   uint64_t t[3];
-  tiers(p, b, t);
+  nft_tiers(p, b, t);
   assert_true(t[NF_TIER_HOST] == 4 * G); // all spilled
   nft_fill(b, 4 * G, 9);
   nf_backend_host_use(be, S, b, 4 * G); // a kernel on S, in flight
@@ -224,7 +217,7 @@ static void test_prefetch_spilled_offload_waits(void **state) {
   assert_int_equal(nf_free(p, a), NF_OK);
   assert_int_equal(nf_prefetch(p, b, S), NF_OK);
   if (nf_backend_host_violations(be)) fail_msg("b's host granules unmapped under S's work");
-  tiers(p, b, t);
+  nft_tiers(p, b, t);
   assert_true(t[NF_TIER_DEVICE] == 4 * G && nft_check(b, 4 * G, 9));
   nf_free(p, b);
   assert_int_equal(nf_pool_check(p), NF_OK);
