@@ -2,7 +2,8 @@
 // file that `nofrag top` (tools/top.c) reads from another process. The layout
 // is monitor_shm.h; the core writes the counters into it (core/publish.h)
 // once it is handed the buffer (p->pub). This file creates and removes the
-// files, and reads them.
+// files, and reads them (with pread: writers map their file, readers never
+// do, so a file truncated by whoever owns it cannot fault the reader).
 //
 // Lifetime: created at pool creation (unless NOFRAG_MONITOR=0), removed at
 // nf_pool_destroy and, for pools never destroyed, by an atexit handler. A
@@ -119,16 +120,37 @@ void nf__mon_close(nf_pool_t *p) {
 
 // ------------------------------------------------------------------ reader
 
-// Seqlock read: s0 (acquire) even, fields (acquire), s1 (relaxed) == s0. An
-// acquire load that sees a value of a write in progress synchronises with its
-// release store, which comes after the odd seq: s1 then differs from s0.
-static bool mon_snapshot(const nf_mon_shm_t *m, int nfields, nf_mon_entry_t *e) {
-  nf_mon_shm_t *w = (nf_mon_shm_t *)m; // atomics are read-only here; C11 loads take non-const
+// The file is read with pread, not mapped: anyone can write a file here, and
+// one truncated while it is read would make a load from a mapping SIGBUS
+// (nofrag top dies, for whoever runs it). False: short read (truncated).
+static bool read_at(int fd, void *buf, size_t n, off_t off) {
+  for (size_t done = 0; done < n;) {
+    ssize_t r = pread(fd, (char *)buf + done, n - done, off + (off_t)done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    done += (size_t)r;
+  }
+  return true;
+}
+
+// Seqlock read through the file: the whole record (seq, then the fields, in
+// address order), then seq again; the copy holds one write's values when both
+// seqs are the same even number. The writer makes seq odd before its first
+// field store and even after its last (release stores), so a copy that saw
+// any new field sees a new seq in the second read (the kernel copies in
+// order; on a weakly ordered CPU a copy may in theory tear, which shows as one
+// odd figure in top, never as a fault).
+static bool mon_snapshot(int fd, size_t len, nf_mon_shm_t *copy, int nfields, nf_mon_entry_t *e) {
+  const off_t seq_at = (off_t)offsetof(nf_mon_shm_t, pub.seq);
   for (unsigned tries = 0; tries < 200000; tries++) {
-    uint64_t s0 = atomic_load_explicit(&w->pub.seq, memory_order_acquire);
+    if (!read_at(fd, copy, len, 0)) return false;
+    uint64_t s0 = atomic_load_explicit(&copy->pub.seq, memory_order_relaxed), s1;
     if (!(s0 & 1)) {
-      for (int i = 0; i < nfields; i++) e->v[i] = atomic_load_explicit(&w->pub.v[i], memory_order_acquire);
-      if (atomic_load_explicit(&w->pub.seq, memory_order_relaxed) == s0) return true;
+      if (!read_at(fd, &s1, sizeof s1, seq_at)) return false;
+      if (s1 == s0) {
+        for (int i = 0; i < nfields; i++) e->v[i] = atomic_load_explicit(&copy->pub.v[i], memory_order_relaxed);
+        return true;
+      }
     }
     if (tries > 64) sched_yield();
   }
@@ -189,34 +211,32 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e) {
     return -1;
   }
   size_t len = (size_t)sb.st_size < sizeof(nf_mon_shm_t) ? (size_t)sb.st_size : sizeof(nf_mon_shm_t);
-  void *addr = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
-  close(fd);
-  if (addr == MAP_FAILED) return -1;
-  const nf_mon_shm_t *m = addr;
+  nf_mon_shm_t copy;
+  memset(&copy, 0, sizeof copy);
   int rc = -1;
-  if (__atomic_load_n(&m->magic, __ATOMIC_ACQUIRE) == NF_MON_MAGIC && m->version == NF_MON_VERSION &&
-      m->size >= min) {
-    size_t have = (m->size < len ? m->size : len) - v_at;
+  if (read_at(fd, &copy, len, 0) && copy.magic == NF_MON_MAGIC && copy.version == NF_MON_VERSION &&
+      copy.size >= min) {
+    size_t have = (copy.size < len ? copy.size : len) - v_at;
     int nfields = have / sizeof(uint64_t) < NF_PUB_NFIELDS ? (int)(have / sizeof(uint64_t)) : NF_PUB_NFIELDS;
-    e->pid = m->pid;
-    e->uid = m->uid;
-    e->pool_id = m->pool_id;
-    e->start_ns = m->start_ns;
-    memcpy(e->device, m->device, sizeof e->device);
+    e->pid = copy.pid;
+    e->uid = copy.uid;
+    e->pool_id = copy.pool_id;
+    e->start_ns = copy.start_ns;
+    memcpy(e->device, copy.device, sizeof e->device);
     e->device[sizeof e->device - 1] = 0;
     // nofrag top prints it as is, and anyone can write a file here: no
     // control bytes (terminal escapes) get through. Ours are plain ASCII.
     for (char *c = e->device; *c; c++)
       if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f) *c = '?';
     if (pid_dead(e->pid, e->start_ns)) rc = 1;
-    else if (mon_snapshot(m, nfields, e)) {
+    else if (mon_snapshot(fd, len, &copy, nfields, e)) {
       uint64_t mp = e->v[NF_PUB_MAPPED];
       uint64_t live = e->v[NF_PUB_LIVE], away = e->v[NF_PUB_AWAY], resident = live > away ? live - away : 0;
       e->fragmentation = mp ? 1.0 - (double)resident / (double)mp : 0.0;
       rc = 0;
     }
   }
-  munmap(addr, len);
+  close(fd);
   return rc;
 }
 
