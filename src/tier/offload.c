@@ -454,9 +454,8 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   if (st == NF_OK && p->xfers) st = nf__xfer_poll(p, false);
   if (st != NF_OK || !nf__owned(p, b, &g0, &g1)) goto out;
   if (b->where) o = nf__offl_find(p, b, &link);
-  if (o && o->x) { // still copying out: the block never left the device
+  if (o && o->x) { // still copying out: the block never left the device (not counted: nothing moved)
     offload_cancel(b, o);
-    p->st.prefetches++;
   } else if (b->where == NF_TIER_DISK) {
     if ((st = nf__prefetch_disk(p, b, o, s, g0, g1)) != NF_OK) goto out;
     prefetched_on(b, s);
