@@ -35,7 +35,7 @@ static const nf_backend_ops_t host_ops;
 
 
 // Grow a dynamic array so that it holds at least `need` elements.
-static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
+bool nf__host_grow(void **arr, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return true;
   size_t n = *cap ? *cap * 2 : 16;
   while (n < need) n *= 2;
@@ -57,7 +57,7 @@ static nf_status_t check_tier(nf_backend_t *be, nf_tier_t tier) {
 static nf_status_t tier_init(host_backend *h, nf_tier_t tier) {
   tier_state *t = &h->tiers[tier];
   if (t->fd >= 0) return NF_OK;
-  if (!grow((void **)&t->free, &t->capfree, 1, sizeof(extent)))
+  if (!nf__host_grow((void **)&t->free, &t->capfree, 1, sizeof(extent)))
     return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
   int fd = memfd_create(tier == NF_TIER_DEVICE ? "nofrag-device" : "nofrag-host", MFD_CLOEXEC);
   if (fd < 0) return nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: memfd_create: %s", strerror(errno));
@@ -119,7 +119,7 @@ static void ext_free(tier_state *t, uint64_t off, uint64_t len) {
 
 static bool ext_reserve(host_backend *h, size_t more) {
   for (int i = 0; i < NTIERS; i++)
-    if (!grow((void **)&h->tiers[i].free, &h->tiers[i].capfree, h->tiers[i].nfree + more, sizeof(extent))) return false;
+    if (!nf__host_grow((void **)&h->tiers[i].free, &h->tiers[i].capfree, h->tiers[i].nfree + more, sizeof(extent))) return false;
   return true;
 }
 
@@ -214,7 +214,7 @@ static nf_status_t va_reserve_locked(host_backend *h, size_t size, size_t align,
   size_t total = size + a; // over-reserve, then trim to the alignment
   if (total < size) return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: va_reserve(%zu): too large", size);
   // Allocate the metadata first so that nothing can fail after mmap.
-  if (!grow((void **)&h->ranges, &h->capranges, h->nranges + 1, sizeof(va_range)))
+  if (!nf__host_grow((void **)&h->ranges, &h->capranges, h->nranges + 1, sizeof(va_range)))
     return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
   uint32_t *slot = calloc(size / h->granule, sizeof(uint32_t)); // large callocs are lazily zeroed pages
   if (!slot) return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
@@ -261,7 +261,7 @@ static nf_status_t va_release_locked(host_backend *h, uintptr_t va, size_t size)
 // A free slot in recs[] (reused or appended), or NULL (out of host memory or
 // at MAX_RECS). Under h->mu.
 mem_rec *nf__host_rec_new(host_backend *h, uint32_t *idx) {
-  if (!h->free_rec && (h->nrecs >= MAX_RECS || !grow((void **)&h->recs, &h->caprecs, h->nrecs + 1, sizeof(mem_rec))))
+  if (!h->free_rec && (h->nrecs >= MAX_RECS || !nf__host_grow((void **)&h->recs, &h->caprecs, h->nrecs + 1, sizeof(mem_rec))))
     return NULL;
   if (h->free_rec) {
     *idx = h->free_rec - 1;
@@ -290,7 +290,7 @@ static nf_status_t mem_create_locked(host_backend *h, nf_tier_t tier, size_t siz
     return nf__backend_fail(&h->base, NF_ERR_OOM, "host backend: out of memory: %llu of %llu bytes created, %zu requested",
                             (unsigned long long)t->created, (unsigned long long)h->capacity, size);
   if ((st = tier_init(h, tier)) != NF_OK) return st;
-  if (!h->free_rec && (h->nrecs >= MAX_RECS || !grow((void **)&h->recs, &h->caprecs, h->nrecs + 1, sizeof(mem_rec))))
+  if (!h->free_rec && (h->nrecs >= MAX_RECS || !nf__host_grow((void **)&h->recs, &h->caprecs, h->nrecs + 1, sizeof(mem_rec))))
     return nf__backend_fail(&h->base, NF_ERR_NOMEM, "host backend: out of host memory");
   uint64_t off;
   if (!ext_alloc(t, size, &off))

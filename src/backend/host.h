@@ -109,6 +109,8 @@ void nf__host_event_free(host_backend *h, host_event *e); // unlink and free, un
 void nf__host_uses_check(host_backend *h, uintptr_t va, size_t size);
 uint64_t nf__host_phys(host_backend *h, uintptr_t va, size_t *n); // physical run under va (0: unmapped), *n cut
 void nf__host_uses_free(host_backend *h); // destroy
+// *arr holds at least `need` elements of `elem` bytes (doubling); false: out of memory, unchanged.
+bool nf__host_grow(void **arr, size_t *cap, size_t need, size_t elem);
 host_backend *nf__host_of(nf_backend_t *be); // the host backend behind be (through fault wrappers), or NULL
 // host_maps.c: the bound on mappings (vm.max_map_count, or NOFRAG_HOST_MAX_MAPS).
 void nf__host_map_bound_init(void);                                      // read vm.max_map_count (once)

@@ -26,13 +26,8 @@ static void stream_done(host_backend *h, nf_stream_t s, uint64_t gen) {
     if (gen <= h->dones[i].gen) return; // nothing new (also ends cycles of waits)
     h->dones[i].gen = gen;
   } else {
-    if (h->ndones == h->capdones) {
-      size_t cap = h->capdones ? h->capdones * 2 : 8;
-      struct host_done *d = realloc(h->dones, cap * sizeof *d);
-      if (!d) return; // a use then stays "in flight": a false alarm, never a missed one
-      h->dones = d;
-      h->capdones = cap;
-    }
+    if (!nf__host_grow((void **)&h->dones, &h->capdones, h->ndones + 1, sizeof *h->dones))
+      return; // a use then stays "in flight": a false alarm, never a missed one
     h->dones[h->ndones++] = (struct host_done){s, gen};
   }
   for (size_t k = 0; k < h->ndeps; k++)
@@ -77,12 +72,8 @@ static bool ordered(const host_backend *h, nf_stream_t s, uint64_t before, nf_st
 }
 
 static void add_use(host_backend *h, struct host_use u) {
-  if (h->nuses == h->capuses) {
-    size_t cap = h->capuses ? h->capuses * 2 : 64;
-    struct host_use *n = realloc(h->uses, cap * sizeof *n);
-    if (n) h->uses = n, h->capuses = cap;
-  } // out of host memory: the use goes unchecked (tests only)
-  if (h->nuses < h->capuses) h->uses[h->nuses++] = u;
+  // Out of host memory: the use goes unchecked (tests only).
+  if (nf__host_grow((void **)&h->uses, &h->capuses, h->nuses + 1, sizeof *h->uses)) h->uses[h->nuses++] = u;
 }
 
 // `fresh`: the memory was just handed to s (a new block): every use of it by
@@ -245,14 +236,9 @@ nf_status_t nf__host_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev)
   nf_status_t st;
   host_event *e = ev_lock(be, "stream_wait", ev, &st);
   host_backend *h = hb(be);
-  if (e && h->manual && !e->done) {
-    if (h->ndeps == h->capdeps) {
-      size_t cap = h->capdeps ? h->capdeps * 2 : 16;
-      struct host_dep *d = realloc(h->deps, cap * sizeof *d);
-      if (d) h->deps = d, h->capdeps = cap;
-    } // out of host memory: the wait goes unrecorded (a false alarm at worst)
-    if (h->ndeps < h->capdeps) h->deps[h->ndeps++] = (struct host_dep){s, e->stream, h->event_gen, e->gen};
-  }
+  // Out of host memory: the wait goes unrecorded (a false alarm at worst).
+  if (e && h->manual && !e->done && nf__host_grow((void **)&h->deps, &h->capdeps, h->ndeps + 1, sizeof *h->deps))
+    h->deps[h->ndeps++] = (struct host_dep){s, e->stream, h->event_gen, e->gen};
   return ev_unlock(be, st);
 }
 

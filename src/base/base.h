@@ -39,6 +39,7 @@ static inline void nf__lock(nf_lock_t *l) {
   if (NF_LIKELY(!atomic_exchange_explicit(&l->v, 1, memory_order_acquire))) return;
   nf__lock_slow(l);
 }
+static inline bool nf__trylock(nf_lock_t *l) { return !atomic_exchange_explicit(&l->v, 1, memory_order_acquire); }
 static inline void nf__unlock(nf_lock_t *l) { atomic_store_explicit(&l->v, 0, memory_order_release); }
 
 // Bitmaps of 64-bit words (granule i is bit i & 63 of word i >> 6).

@@ -142,8 +142,7 @@ static bool read_at(int fd, void *buf, size_t n, off_t off) {
 // odd figure in top, never as a fault).
 static bool mon_snapshot(int fd, size_t len, nf_mon_shm_t *copy, int nfields, nf_mon_entry_t *e) {
   const off_t seq_at = (off_t)offsetof(nf_mon_shm_t, pub.seq);
-  for (unsigned tries = 0; tries < 200000; tries++) {
-    if (!read_at(fd, copy, len, 0)) return false;
+  for (unsigned tries = 0;; tries++) { // `copy`: the record as last read
     uint64_t s0 = atomic_load_explicit(&copy->pub.seq, memory_order_relaxed), s1;
     if (!(s0 & 1)) {
       if (!read_at(fd, &s1, sizeof s1, seq_at)) return false;
@@ -152,9 +151,10 @@ static bool mon_snapshot(int fd, size_t len, nf_mon_shm_t *copy, int nfields, nf
         return true;
       }
     }
+    if (tries >= 200000) return false; // a writer died mid-update: the file stays odd forever
     if (tries > 64) sched_yield();
+    if (!read_at(fd, copy, len, 0)) return false;
   }
-  return false; // a writer died mid-update: the file stays odd forever
 }
 
 // When process `pid` started, in seconds since the epoch (-1: unknown):

@@ -117,7 +117,7 @@ static void rec_atexit(void) {
     if (r->pid != getpid()) continue;
     nf_lock_t *l = &r->pool->lock;
     int tries = 0;
-    while (atomic_exchange_explicit(&l->v, 1, memory_order_acquire) && ++tries < 100000) sched_yield();
+    while (!nf__trylock(l) && ++tries < 100000) sched_yield();
     if (tries >= 100000) continue;
     r->at_exit = true;
     if (r->len && !r->stopped) flush(r);

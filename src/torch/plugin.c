@@ -104,7 +104,7 @@ static void nft_error(const char *fmt, ...) {
 // truncates its file: device 0 records to trace:PATH as given, device N to
 // PATH with ".devN" before the extension (job.csv -> job.dev1.csv), so that
 // devices do not overwrite each other's logs. False: the path gets too long.
-static bool trace_per_device(char *path, size_t cap, int device) {
+static bool trace_per_device(char path[NF_TRACE_PATH_MAX], int device) {
   if (!path[0] || device == 0) return true;
   char tag[16], out[NF_TRACE_PATH_MAX];
   snprintf(tag, sizeof tag, ".dev%d", device);
@@ -113,7 +113,7 @@ static bool trace_per_device(char *path, size_t cap, int device) {
   const char *dot = strrchr(base, '.');
   size_t at = dot && dot != base ? (size_t)(dot - path) : strlen(path);
   int n = snprintf(out, sizeof out, "%.*s%s%s", (int)at, path, tag, path + at);
-  if (n < 0 || (size_t)n >= cap || (size_t)n >= sizeof out) return false;
+  if (n < 0 || (size_t)n >= sizeof out) return false;
   memcpy(path, out, (size_t)n + 1);
   return true;
 }
@@ -134,9 +134,9 @@ static nf_pool_t *nft_create_locked(int device) {
     return NULL;
   }
   cfg.device = device;
-  if (!trace_per_device(cfg.trace, sizeof cfg.trace, device)) {
-    snprintf(g_err, sizeof g_err, "device %d: trace path '%s' is too long for its per-device name (%d bytes at most)",
-             device, cfg.trace, NF_TRACE_PATH_MAX - 8);
+  if (!trace_per_device(cfg.trace, device)) {
+    snprintf(g_err, sizeof g_err, "device %d: trace path '%s' is too long once '.dev%d' is added (%d bytes at most)",
+             device, cfg.trace, device, NF_TRACE_PATH_MAX - 1);
     return NULL;
   }
   nf_backend_t *be = NULL;
