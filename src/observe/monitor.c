@@ -133,28 +133,28 @@ static bool read_at(int fd, void *buf, size_t n, off_t off) {
   return true;
 }
 
-// Seqlock read through the file: the whole record (seq, then the fields, in
-// address order), then seq again; the copy holds one write's values when both
-// seqs are the same even number. The writer makes seq odd before its first
-// field store and even after its last (release stores), so a copy that saw
-// any new field sees a new seq in the second read (the kernel copies in
-// order; on a weakly ordered CPU a copy may in theory tear, which shows as one
-// odd figure in top, never as a fault).
+// Seqlock read through the file: seq (s0), then the whole record, then seq
+// again (s1), each its own pread; the record holds one write's values when
+// s0 == s1 is even. The writer makes seq odd before its first field store and
+// even after its last (release stores). seq is read on its own, not taken
+// from the record's copy: the kernel copies a record with string moves, whose
+// loads may run out of order among themselves (a copy's seq may be newer
+// than its fields), but not with the reads before and after it.
 static bool mon_snapshot(int fd, size_t len, nf_mon_shm_t *copy, int nfields, nf_mon_entry_t *e) {
   const off_t seq_at = (off_t)offsetof(nf_mon_shm_t, pub.seq);
-  for (unsigned tries = 0;; tries++) { // `copy`: the record as last read
-    uint64_t s0 = atomic_load_explicit(&copy->pub.seq, memory_order_relaxed), s1;
+  for (unsigned tries = 0; tries < 200000; tries++) {
+    uint64_t s0, s1;
+    if (!read_at(fd, &s0, sizeof s0, seq_at)) return false;
     if (!(s0 & 1)) {
-      if (!read_at(fd, &s1, sizeof s1, seq_at)) return false;
+      if (!read_at(fd, copy, len, 0) || !read_at(fd, &s1, sizeof s1, seq_at)) return false;
       if (s1 == s0) {
         for (int i = 0; i < nfields; i++) e->v[i] = atomic_load_explicit(&copy->pub.v[i], memory_order_relaxed);
         return true;
       }
     }
-    if (tries >= 200000) return false; // a writer died mid-update: the file stays odd forever
     if (tries > 64) sched_yield();
-    if (!read_at(fd, copy, len, 0)) return false;
   }
+  return false; // a writer died mid-update: the file stays odd forever
 }
 
 // When process `pid` started, in seconds since the epoch (-1: unknown):
