@@ -106,13 +106,22 @@ static void test_file_lifecycle(void **state) {
   assert_int_equal(WEXITSTATUS(ws), 0);
   assert_int_equal(list_files(names), 0);
 
-  // A fork()ed child that destroys its copy of the parent's pool: the file
-  // is the parent's (its pid in the name) and stays until the parent's destroy.
+  // A fork()ed child that uses, then destroys its copy of the parent's pool:
+  // the file is the parent's (its pid in the name), stays until the parent's
+  // destroy, and does not count the child's allocations (they are not the
+  // parent's: the child's copy publishes into memory of its own).
   p = new_pool(64 * NF_MiB);
+  assert_int_equal(nf_free(p, nf_alloc(p, 4096, NULL)), NF_OK); // a mapped range the child can use
   assert_int_equal(list_files(names), 1);
+  snprintf(path, sizeof path, "%s/%s", dir, names[0]);
+  assert_int_equal(nf__mon_read(path, &e), 0);
+  uint64_t allocs = e.v[NF_PUB_ALLOCS];
   child = fork();
   assert_true(child >= 0);
   if (child == 0) {
+    void *b = nf_alloc(p, 4096, NULL);
+    if (!b || nf_free(p, b) != NF_OK) _exit(6);
+    if (nf__mon_read(path, &e) != 0 || e.v[NF_PUB_ALLOCS] != allocs) _exit(7);
     nf_pool_destroy(p);
     _exit(list_files(names) == 1 ? 0 : 5);
   }
@@ -120,6 +129,8 @@ static void test_file_lifecycle(void **state) {
   assert_true(WIFEXITED(ws));
   assert_int_equal(WEXITSTATUS(ws), 0);
   assert_int_equal(list_files(names), 1);
+  assert_int_equal(nf__mon_read(path, &e), 0);
+  assert_int_equal(e.v[NF_PUB_ALLOCS], allocs);
   nf_pool_destroy(p);
   assert_int_equal(list_files(names), 0);
 }
@@ -224,6 +235,7 @@ static void test_offloaded_and_old_layout(void **state) {
   assert_int_equal(read(fd, buf, sizeof buf), (ssize_t)sizeof buf);
   close(fd);
   ((nf_mon_shm_t *)buf)->size = (uint32_t)v1;
+  ((nf_mon_shm_t *)buf)->flags = 0; // nor did it take the liveness lock
   char old[600];
   snprintf(old, sizeof old, "%s/old-layout", dir);
   fd = open(old, O_CREAT | O_WRONLY | O_TRUNC, 0600);
@@ -490,6 +502,165 @@ static void test_truncated_while_read(void **state) {
   (void)refused;
 }
 
+// ------------------------------------------------------------------ liveness
+
+// A child process with a published pool (one 4 KiB block). HOLD: it waits for
+// EOF on the pipe *in, then exits (atexit removes its file); EXEC: it execs
+// cat reading that pipe (same pid and start time, its pools gone); FORK_EXEC:
+// the same, after forking a grandchild that uses its copy of the pool and
+// waits on the pipe too. Returns once all that is done; close *in to end them.
+enum { HOLD, EXEC, FORK_EXEC };
+static pid_t pool_child(int mode, int *in) {
+  int ready[2], cin[2]; // ready: O_CLOEXEC, so that its EOF says the exec is done
+  assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+  assert_int_equal(pipe2(cin, O_CLOEXEC), 0);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    close(ready[0]);
+    close(cin[1]);
+    nf_pool_t *p = NULL;
+    char c;
+    if (nf_pool_create_from_string(&p, "limit:64MiB") != NF_OK || !nf_alloc(p, 4096, NULL)) _exit(3);
+    if (mode == FORK_EXEC) {
+      pid_t g = fork();
+      if (g < 0) _exit(4);
+      if (g == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); // gone with cat
+        if (!nf_alloc(p, 8192, NULL) || write(ready[1], "g", 1) != 1) _exit(5);
+        close(ready[1]);
+        while (read(cin[0], &c, 1) > 0) {}
+        _exit(0);
+      }
+    }
+    if (write(ready[1], "p", 1) != 1) _exit(6);
+    if (mode == HOLD) {
+      close(ready[1]);
+      while (read(cin[0], &c, 1) > 0) {}
+      exit(0);
+    }
+    dup2(cin[0], 0);
+    execl("/bin/cat", "cat", (char *)NULL);
+    _exit(7);
+  }
+  close(ready[1]);
+  close(cin[0]);
+  char buf[4];
+  ssize_t n, got = 0;
+  while ((n = read(ready[0], buf + got, sizeof buf - (size_t)got)) > 0) got += n;
+  close(ready[0]);
+  assert_int_equal(got, mode == FORK_EXEC ? 2 : 1);
+  *in = cin[1];
+  return child;
+}
+
+// Ends a pool_child (closes its pipe) and checks that it exited with 0.
+static void end_child(pid_t child, int in) {
+  close(in);
+  int ws = 0;
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  assert_true(WIFEXITED(ws));
+  assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
+// A process that exec()s keeps its pid and start time but not its pools: its
+// file must read as dead and be cleaned, not be shown live with frozen
+// figures forever. FORK_EXEC: a grandchild forked after the pool lives on
+// (its copy of the pool in use) and must not keep the file alive.
+static void test_exec_leaves_dead(void **state) {
+  (void)state;
+  for (int mode = EXEC; mode <= FORK_EXEC; mode++) {
+    int in;
+    pid_t child = pool_child(mode, &in);
+    char names[8][256], path[512];
+    assert_int_equal(list_files(names), 1);
+    snprintf(path, sizeof path, "%s/%s", dir, names[0]);
+    assert_int_equal(kill(child, 0), 0); // alive, as cat
+    // The exec lets go of the old image's files as it returns to user space,
+    // in no set order: the pipe's EOF may come a moment before.
+    nf_mon_entry_t e, *v;
+    int rc = 0;
+    for (int i = 0; i < 500 && (rc = nf__mon_read(path, &e)) == 0; i++) usleep(10000);
+    if (rc != 1) fail_msg("mode %d: the exec'd process's pool reads live", mode);
+    long dead = -1;
+    assert_int_equal(nf__mon_list(NULL, false, &v, &dead), 0);
+    free(v);
+    assert_int_equal(dead, 1);
+    assert_int_equal(nf__mon_list(NULL, true, &v, &dead), 0);
+    free(v);
+    assert_int_equal(dead, 1);
+    assert_int_equal(list_files(names), 0);
+    end_child(child, in);
+  }
+}
+
+// The normal cases beside it: another process's pool reads live (its pid, its
+// figures) and its file goes at its exit; a killed one reads dead at once,
+// even as a zombie not yet reaped (kill(pid, 0) still finds the pid).
+static void test_other_process_live_then_killed(void **state) {
+  (void)state;
+  int in;
+  pid_t child = pool_child(HOLD, &in);
+  char names[8][256], path[512];
+  assert_int_equal(list_files(names), 1);
+  snprintf(path, sizeof path, "%s/%s", dir, names[0]);
+  nf_mon_entry_t e;
+  assert_int_equal(nf__mon_read(path, &e), 0);
+  assert_int_equal(e.pid, child);
+  assert_int_equal(e.v[NF_PUB_ALLOCS], 1);
+  end_child(child, in);
+  assert_int_equal(list_files(names), 0);
+
+  child = pool_child(HOLD, &in);
+  assert_int_equal(list_files(names), 1);
+  snprintf(path, sizeof path, "%s/%s", dir, names[0]);
+  assert_int_equal(nf__mon_read(path, &e), 0);
+  assert_int_equal(kill(child, SIGKILL), 0);
+  siginfo_t si;
+  assert_int_equal(waitid(P_PID, (id_t)child, &si, WEXITED | WNOWAIT), 0);
+  assert_int_equal(kill(child, 0), 0); // a zombie
+  if (nf__mon_read(path, &e) != 1) fail_msg("a killed process's pool reads live while it is a zombie");
+  assert_int_equal(waitpid(child, NULL, 0), child);
+  assert_int_equal(nf__mon_read(path, &e), 1);
+  close(in);
+  unlink(path);
+}
+
+// The reader trusts the lock only in files whose writer says it takes one:
+// a file of an older library (flags 0) is never locked and, its process
+// alive, must not read as dead; one flagged NF_MON_LOCKED reads live exactly
+// while someone holds a lock on it, even with a pid that is dead here (a
+// writer in another pid namespace that shares the directory).
+static void test_lock_flag(void **state) {
+  (void)state;
+  pid_t gone = fork();
+  assert_true(gone >= 0);
+  if (gone == 0) _exit(0);
+  assert_int_equal(waitpid(gone, NULL, 0), gone);
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  const pid_t pids[2] = {getpid(), gone};
+  for (int i = 0; i < 2; i++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/nofrag.%u.%d.79", dir, (unsigned)getuid(), (int)pids[i]);
+    fake_file(path, 0600, (int32_t)pids[i], (uint64_t)t.tv_sec * 1000000000ull, "host");
+    nf_mon_entry_t e;
+    assert_int_equal(nf__mon_read(path, &e), i == 0 ? 0 : 1); // unflagged: the pid decides
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint32_t flags = NF_MON_LOCKED;
+    assert_int_equal(pwrite(fd, &flags, sizeof flags, offsetof(nf_mon_shm_t, flags)), (ssize_t)sizeof flags);
+    assert_int_equal(nf__mon_read(path, &e), 1);
+    struct flock l = {.l_type = F_RDLCK, .l_whence = SEEK_SET};
+    assert_int_equal(fcntl(fd, F_OFD_SETLK, &l), 0);
+    assert_int_equal(nf__mon_read(path, &e), 0);
+    assert_int_equal(nf__mon_read(path, &e), 0); // the reader took no lock of its own
+    close(fd);
+    assert_int_equal(nf__mon_read(path, &e), 1);
+    unlink(path);
+  }
+}
+
 // --clean in a sticky directory (/dev/shm) cannot remove another user's
 // file of a dead process: it must not count it as removed (nofrag top prints
 // "removed N files"). Needs root to make a file of another user; the listing
@@ -576,6 +747,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_truncated_while_read, setup, teardown),
       cmocka_unit_test_setup_teardown(test_clean_counts_removed_only, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reused_pid_of_other_user, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_exec_leaves_dead, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_other_process_live_then_killed, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_lock_flag, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

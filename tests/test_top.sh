@@ -3,8 +3,9 @@
 # (`nofrag top --selftest-hold`, a host pool with 12345678 live bytes and a
 # steady allocation rate) publishes its stats; `nofrag top` runs in a detached
 # tmux session; capture-pane must show the holder's pid and live bytes; `q`
-# must quit and give the shell back. Then --once --json and file removal at
-# exit. Exit 77 (ctest SKIP_RETURN_CODE) when tmux is missing.
+# must quit and give the shell back. Then --once --json, file removal at exit,
+# and a holder that exec()s: its file is dead. Exit 77 (ctest
+# SKIP_RETURN_CODE) when tmux is missing.
 #
 #   sh tests/test_top.sh path/to/nofrag
 set -u
@@ -71,4 +72,18 @@ wait "$holder"
 holder=
 [ -z "$(ls -A "$dir")" ] || fail "files left: $(ls -A "$dir")"
 "$CLI" top --once | grep -q "no nofrag pools" || fail "top --once with no pools"
+# A process that exec()s keeps its pid and start time but not its pools: once
+# the holder has exec'd sleep, top shows no pool (not a live one with frozen
+# figures) and --clean removes its file.
+"$CLI" top --selftest-exec 60 >"$out" 2>&1 &
+holder=$!
+wait_for '[ "$(cat /proc/$holder/comm 2>/dev/null)" = sleep ]' 100 || fail "exec holder: $(cat "$out")"
+grep -q "^ready $holder" "$out" || fail "exec holder: $(cat "$out")"
+[ -n "$(ls -A "$dir")" ] || fail "the exec'd holder left no file"
+# (polled: the exec lets go of the old image's mapping a moment after the switch)
+wait_for '"$CLI" top --once | grep -q "no nofrag pools"' 50 ||
+  fail "top shows the exec'd holder's pool: $("$CLI" top --once)"
+clean=$("$CLI" top --clean)
+[ "$clean" = "removed 1 file of dead processes; 0 live pools" ] || fail "--clean: $clean"
+[ -z "$(ls -A "$dir")" ] || fail "files left after --clean: $(ls -A "$dir")"
 echo "test_top: ok (pid $pid, rate $rate/s)"

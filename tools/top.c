@@ -6,6 +6,7 @@
 //   nofrag top --clean          remove the files of dead processes
 //   --dir DIR                   read DIR instead of $NOFRAG_SHM_DIR or /dev/shm
 //   --selftest-hold SECONDS     (tests) hold a host pool with known live bytes
+//   --selftest-exec SECONDS     (tests) the same, then exec `sleep SECONDS`
 //
 // Exit codes: 0 ok, 2 usage error or unreadable directory.
 #include "nofrag.h"
@@ -163,7 +164,8 @@ static int run_live(const char *dir) {
 // For tests: a real process with a host pool, 3 live blocks of known sizes
 // (live = 12345678 B), one more block allocated and freed ~1000 times a
 // second for a visible allocation rate; prints "ready PID" once published.
-static int selftest_hold(double seconds) {
+// then_exec: once ready, exec `sleep SECONDS` instead (same pid, pool gone).
+static int selftest_hold(double seconds, bool then_exec) {
   nf_pool_t *p;
   if (nf_pool_create_from_string(&p, "limit:1GiB") != NF_OK) {
     fprintf(stderr, "nofrag top: %s\n", nf_last_error());
@@ -176,6 +178,13 @@ static int selftest_hold(double seconds) {
   }
   printf("ready %d\n", (int)getpid());
   fflush(stdout);
+  if (then_exec) {
+    char arg[32];
+    snprintf(arg, sizeof arg, "%.0f", seconds);
+    execlp("sleep", "sleep", arg, (char *)NULL);
+    fprintf(stderr, "nofrag top: exec sleep: %s\n", strerror(errno));
+    return 1;
+  }
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -200,7 +209,7 @@ static const char top_usage[] =
     "  (no option)  refresh every second; q or Ctrl-C quits\n"
     "  --once       print one table and exit\n"
     "  --json       with --once: a JSON array instead of the table\n"
-    "  --clean      remove the files left by processes that have exited\n"
+    "  --clean      remove the files left by processes that have exited or exec'd\n"
     "  --dir DIR    read DIR instead of $NOFRAG_SHM_DIR, else /dev/shm\n";
 
 int nfc_top(int argc, char **argv) {
@@ -212,7 +221,8 @@ int nfc_top(int argc, char **argv) {
     else if (strcmp(argv[i], "--json") == 0) json = 1;
     else if (strcmp(argv[i], "--clean") == 0) clean = 1;
     else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc) dir = argv[++i];
-    else if (strcmp(argv[i], "--selftest-hold") == 0 && i + 1 < argc) return selftest_hold(atof(argv[++i]));
+    else if (strcmp(argv[i], "--selftest-hold") == 0 && i + 1 < argc) return selftest_hold(atof(argv[++i]), false);
+    else if (strcmp(argv[i], "--selftest-exec") == 0 && i + 1 < argc) return selftest_hold(atof(argv[++i]), true);
     else {
       fprintf(stderr, "nofrag top: unknown option '%s'\n"
                       "usage: nofrag top [--once [--json]] [--clean] [--dir DIR]\n", argv[i]);

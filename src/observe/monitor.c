@@ -7,8 +7,15 @@
 //
 // Lifetime: created at pool creation (unless NOFRAG_MONITOR=0), removed at
 // nf_pool_destroy and, for pools never destroyed, by an atexit handler. A
-// process that dies without exiting leaves its files behind: readers detect
-// the dead pid and skip them; `nofrag top --clean` removes them.
+// process that dies without exiting, or exec()s, leaves its files behind:
+// readers find them dead (a dead pid, or the liveness lock of monitor_shm.h
+// released with the writer's mapping) and skip them; `nofrag top --clean`
+// removes them.
+//
+// The lock is held by the mapping, not by a kept fd: an OFD lock belongs to
+// the open file description, which lives on (the fd closed) as long as a
+// mapping of it does, and goes with the last one: munmap, exec, exit, crash.
+// No fd per pool, and none that the application could close under us.
 #include "observe/observe.h"
 
 #include <dirent.h>
@@ -27,12 +34,16 @@
 #include <unistd.h>
 
 // ------------------------------------------------------------------ registry
-// Files this process created and has not removed yet, for the atexit handler.
-// A fork()ed child inherits the list; entries carry the creating pid so that
-// the child's exit does not remove its parent's files.
+// Files this process created and has not removed yet, for the atexit handler
+// and fork(). A fork()ed child inherits the list; entries carry the creating
+// pid so that the child's exit does not remove its parent's files. An entry
+// is in the list for as long as its file is mapped (reg_mu held from the open
+// to the insertion, and from the removal to the munmap), so that the fork
+// handler knows every mapping.
 typedef struct mon_reg_s {
   struct mon_reg_s *next;
   nf_mon_shm_t *m;
+  nf_pool_t *pool;
   pid_t pid;
   char path[];
 } mon_reg_t;
@@ -50,7 +61,35 @@ static void mon_atexit(void) {
   pthread_mutex_unlock(&reg_mu);
 }
 
-static void reg_init(void) { atexit(mon_atexit); }
+// fork(): the child's copies of the pools would keep the parent's files
+// mapped, holding their liveness locks past the parent's exec (a phantom live
+// pool for as long as the child runs), and publish the child's figures into
+// the parent's files. The child's mappings are replaced with private copies
+// at the same address: its pools publish where nobody reads. reg_mu is held
+// across the fork so that no mapping is half-registered.
+static void mon_prefork(void) { pthread_mutex_lock(&reg_mu); }
+static void mon_postfork_parent(void) { pthread_mutex_unlock(&reg_mu); }
+static void mon_postfork_child(void) {
+  for (mon_reg_t **pp = &reg_head, *r; (r = *pp);) {
+    unsigned char keep[sizeof(nf_mon_shm_t)];
+    memcpy(keep, r->m, sizeof keep);
+    if (mmap(r->m, sizeof keep, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+        MAP_FAILED) {
+      memcpy(r->m, keep, sizeof keep);
+      pp = &r->next;
+    } else { // the range may be gone: that pool's copy stops publishing
+      r->pool->pub = NULL;
+      *pp = r->next;
+      free(r);
+    }
+  }
+  pthread_mutex_unlock(&reg_mu);
+}
+
+static void reg_init(void) {
+  atexit(mon_atexit);
+  pthread_atfork(mon_prefork, mon_postfork_parent, mon_postfork_child);
+}
 
 const char *nf__mon_dir(void) {
   const char *d = getenv("NOFRAG_SHM_DIR");
@@ -68,16 +107,36 @@ void nf__mon_open(nf_pool_t *p) {
   mon_reg_t *r = malloc(sizeof *r + (size_t)n + 1);
   if (!r) return;
   memcpy(r->path, path, (size_t)n + 1);
-  // O_EXCL: a stale file of a dead process with our pid is replaced, never shared.
+  // O_EXCL: a stale file of a dead process with our pid (or of this pid
+  // before an exec) is replaced, never shared.
   unlink(path);
+  bool locked = false;
+  pthread_mutex_lock(&reg_mu); // a fork() before the insertion would give the child the fd or mapping
   int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) { free(r); return; } // the monitor is best effort: the pool works without it
   void *addr = MAP_FAILED;
-  if (fchmod(fd, 0600) == 0 && ftruncate(fd, (off_t)sizeof(nf_mon_shm_t)) == 0)
+  if (fd >= 0 && fchmod(fd, 0600) == 0 && ftruncate(fd, (off_t)sizeof(nf_mon_shm_t)) == 0) {
+    // The liveness lock (monitor_shm.h), before the magic is published; if
+    // OFD locks are not there, readers judge the file by its pid only.
+    struct flock l = {.l_type = F_RDLCK, .l_whence = SEEK_SET}; // the whole file
+    locked = fcntl(fd, F_OFD_SETLK, &l) == 0;
     addr = mmap(NULL, sizeof(nf_mon_shm_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (addr == MAP_FAILED) { unlink(path); free(r); return; }
+  }
+  if (fd >= 0) close(fd); // the mapping holds the file, and the lock
+  if (addr != MAP_FAILED) {
+    r->m = addr;
+    r->pool = p;
+    r->pid = getpid();
+    r->next = reg_head;
+    reg_head = r;
+  }
+  pthread_mutex_unlock(&reg_mu);
+  if (addr == MAP_FAILED) { // the monitor is best effort: the pool works without it
+    if (fd >= 0) unlink(path);
+    free(r);
+    return;
+  }
   nf_mon_shm_t *m = addr; // zero-filled by ftruncate
+  m->flags = locked ? NF_MON_LOCKED : 0;
   m->version = NF_MON_VERSION;
   m->size = sizeof *m;
   m->pid = (int32_t)getpid();
@@ -94,12 +153,6 @@ void nf__mon_open(nf_pool_t *p) {
   // The header is complete: publish the magic last (release) so that readers
   // never trust a half-written header.
   __atomic_store_n(&m->magic, NF_MON_MAGIC, __ATOMIC_RELEASE);
-  r->m = m;
-  r->pid = getpid();
-  pthread_mutex_lock(&reg_mu);
-  r->next = reg_head;
-  reg_head = r;
-  pthread_mutex_unlock(&reg_mu);
 }
 
 void nf__mon_close(nf_pool_t *p) {
@@ -110,12 +163,12 @@ void nf__mon_close(nf_pool_t *p) {
   pthread_mutex_lock(&reg_mu);
   for (mon_reg_t **pp = &reg_head; *pp; pp = &(*pp)->next)
     if ((*pp)->m == m) { r = *pp; *pp = r->next; break; }
-  pthread_mutex_unlock(&reg_mu);
-  if (r) {
-    if (r->pid == getpid()) unlink(r->path); // a fork()ed child's copy of the pool: the file is the parent's
-    free(r);
-  }
+  // A fork()ed child's copy of the pool: the file is the parent's. Removed
+  // before the unmap releases the liveness lock: never seen dead while there.
+  if (r && r->pid == getpid()) unlink(r->path);
   munmap(m, sizeof *m);
+  pthread_mutex_unlock(&reg_mu);
+  free(r);
 }
 
 // ------------------------------------------------------------------ reader
@@ -194,6 +247,18 @@ static bool pid_dead(int pid, uint64_t start_ns) {
   return started >= 0 && started > (double)start_ns / 1e9 + 2.0; // btime is whole seconds
 }
 
+// The liveness lock of a file flagged NF_MON_LOCKED: 1 held, so its writer
+// maps it, whatever its pid means here (a writer in another pid namespace
+// sharing the directory: a dead or unrelated pid to us); 0 released, so no
+// process maps it any more though its pid may live on (exec, a zombie); -1
+// unknown (no OFD locks here: the pid decides). F_OFD_GETLK only tests: two
+// readers never see each other's lock.
+static int lock_held(int fd) {
+  struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  if (fcntl(fd, F_OFD_GETLK, &l) != 0) return -1;
+  return l.l_type != F_UNLCK;
+}
+
 int nf__mon_read(const char *path, nf_mon_entry_t *e) {
   memset(e, 0, sizeof *e);
   snprintf(e->path, sizeof e->path, "%s", path);
@@ -228,7 +293,8 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e) {
     // control bytes (terminal escapes) get through. Ours are plain ASCII.
     for (char *c = e->device; *c; c++)
       if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f) *c = '?';
-    if (pid_dead(e->pid, e->start_ns)) rc = 1;
+    int held = copy.flags & NF_MON_LOCKED ? lock_held(fd) : -1;
+    if (held == 0 || (held < 0 && pid_dead(e->pid, e->start_ns))) rc = 1;
     else if (mon_snapshot(fd, len, &copy, nfields, e)) {
       uint64_t mp = e->v[NF_PUB_MAPPED];
       uint64_t live = e->v[NF_PUB_LIVE], away = e->v[NF_PUB_AWAY], resident = live > away ? live - away : 0;

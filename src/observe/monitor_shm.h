@@ -4,6 +4,14 @@
 // that `nofrag top` (tools/top.c) reads from outside the process. The layout
 // only grows at the end: readers accept files of the first layout (later
 // fields read 0).
+//
+// Liveness: a writer flags its file NF_MON_LOCKED and takes an open file
+// description read lock (F_OFD_SETLK) on the whole of it before publishing
+// the magic; the lock lasts as long as the writer maps the file (monitor.c),
+// so it goes when the pool's mapping does: exec() and a zombie's exit
+// included, where the pid lives on. Such a file is alive exactly while locked.
+// Files of older writers (flags 0), or where OFD locks are missing, are
+// judged by their pid: dead if it is gone, or reused (started after the file).
 #ifndef NF_OBSERVE_MONITOR_SHM_H
 #define NF_OBSERVE_MONITOR_SHM_H
 
@@ -14,12 +22,14 @@
 
 #define NF_MON_MAGIC 0x314e4f4d4746524eull // "NRFGMON1" little-endian
 #define NF_MON_VERSION 1
+#define NF_MON_LOCKED 1u // flags: the writer holds the liveness lock while it maps the file
 
 typedef struct nf_mon_shm_s {
   uint64_t magic;    // written last at creation (release): readers skip files without it
   uint32_t version, size;
   int32_t pid;
-  uint32_t uid, pool_id, reserved;
+  uint32_t uid, pool_id;
+  uint32_t flags;    // NF_MON_LOCKED; 0 in files of older writers (was reserved, always 0)
   uint64_t start_ns; // CLOCK_REALTIME at pool creation
   char device[32];   // "host", "cuda:0", ...
   nf_pub_t pub;      // the counters (core/publish.h): seq, then the fields
