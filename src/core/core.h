@@ -1,6 +1,7 @@
 // The core layer's private header: the pool, blocks, chunks, granules and
 // streams, and the functions the core's files share:
-//   pool.c       nf_alloc / nf_free / record_stream / trim / limits (the hot path)
+//   pool.c       nf_alloc / nf_free / record_stream (the hot path), deferred-coalescing bins
+//   capacity.c   pool creation and teardown, limits, reserve, trim
 //   freelist.c   TLSF index of free blocks, split and coalesce
 //   placement.c  the placement policy (which free block, which end)
 //   vmm.c        granules, address-range chunks, mapping, stitching, spill, release
@@ -356,7 +357,7 @@ static inline bool nf__capture_ok(const nf_pool_t *p, const nf_block_t *b, uint3
 #define NF_BE(pool, op, counter, ...) \
   ((pool)->st.calls.counter++, (pool)->be->ops->op((pool)->be, __VA_ARGS__))
 
-// pool.c: the core of a pool, without tiers or observers (src/nofrag.c
+// capacity.c: the core of a pool, without tiers or observers (src/nofrag.c
 // attaches those). Errors set nf_last_error(); *out is NULL on failure.
 nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t *cfg);
 void nf__core_destroy(nf_pool_t *p); // also destroys an owned backend

@@ -1,0 +1,197 @@
+// A pool's size and lifetime. nf__core_create / nf__core_destroy (which
+// src/nofrag.c wraps with the layers above): the configuration resolved
+// against the backend (granule, limit, address-range size, release
+// threshold, host tier), what cannot work refused before anything is
+// created. nf_set_limit, nf_reserve and nf_trim change later the granules a
+// pool may hold or holds; nf_pool_config reads the resolved configuration.
+// The allocation hot path is pool.c; vmm.c finds and releases what trim and
+// limits give back.
+#include "core/core.h"
+
+#include <stdlib.h>
+
+// ------------------------------------------------------------------ lifetime
+
+void nf__core_destroy(nf_pool_t *p) {
+  nf__privs_destroy(p);
+  nf__streams_destroy(p);
+  nf__chunks_destroy(p);
+  nf__blocks_destroy(p);
+  nf_backend_t *owned = p->owned_be;
+  free(p);
+  if (owned) nf_backend_destroy(owned);
+}
+
+static uint64_t resolve_threshold(uint64_t thr, uint64_t limit, bool explicit_limit) {
+  // Auto: under a limit the user set, never -- the limit is the pool's
+  // budget, and giving granules back only to re-create them at the next
+  // peak costs driver calls every step (measured on H200: a GPT-2 run at a
+  // cap released 25 GiB after a short step and re-created them in the next,
+  // 0.7-1.1 s per step instead of 0.1-0.25). Without a limit (the device's
+  // capacity): a quarter of it, so that a training step's swing between its
+  // peak and its trough stays cached while other processes can get the rest.
+  if (thr != NF_RELEASE_AUTO) return thr;
+  return explicit_limit ? NF_RELEASE_NEVER : limit / 4;
+}
+
+nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t *cfg) {
+  *out = NULL;
+  size_t bg = 0;
+  nf_status_t st = be->ops->granularity(be, NF_TIER_DEVICE, &bg);
+  if (st != NF_OK) return nf__error(st, "nofrag: backend granularity: %s", be->err);
+  uint64_t g = cfg->granule ? cfg->granule : bg;
+  if (!bg || (g & (g - 1)) || g % bg)
+    return nf__error(NF_ERR_CONFIG, "nofrag: granule %llu B is not a power-of-two multiple of the backend's %zu B",
+                     (unsigned long long)g, bg);
+  uint64_t total = 0, avail = 0;
+  st = be->ops->capacity(be, NF_TIER_DEVICE, &total, &avail);
+  if (st != NF_OK) return nf__error(st, "nofrag: backend capacity: %s", be->err);
+  nf_pool_t *p = calloc(1, sizeof *p);
+  if (!p) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
+  p->be = be;
+  p->cfg = *cfg;
+  p->granule = g;
+  p->gshift = (uint32_t)__builtin_ctzll(g);
+  uint64_t limit = cfg->limit ? cfg->limit : total;
+  p->cfg.limit = limit & ~(g - 1);
+  p->cfg.granule = g;
+  p->max_granules = p->cfg.limit >> p->gshift;
+  p->cfg.release_threshold = resolve_threshold(cfg->release_threshold, p->cfg.limit, cfg->limit != 0);
+  p->release_auto = cfg->release_threshold == NF_RELEASE_AUTO;
+  if (!p->cfg.va_chunk) {
+    uint64_t v = p->cfg.limit > (NF_GiB << 8) ? NF_GiB << 10 : p->cfg.limit * 4;
+    p->cfg.va_chunk = v < NF_GiB ? NF_GiB : v;
+  }
+  p->cfg.va_chunk = (p->cfg.va_chunk + g - 1) & ~(g - 1);
+  if ((p->cfg.va_chunk >> p->gshift) > NF_CHUNK_MAX_GRANULES) {
+    char vb[32], gb[32];
+    nf__fmt_bytes(vb, sizeof vb, p->cfg.va_chunk);
+    nf__fmt_bytes(gb, sizeof gb, g);
+    free(p);
+    return nf__error(NF_ERR_CONFIG, "nofrag: va_chunk %s is %llu granules of %s, above the %llu one address range "
+                     "may hold: use a smaller va_chunk or a larger granule", vb,
+                     (unsigned long long)(cfg->va_chunk >> __builtin_ctzll(g)), gb,
+                     (unsigned long long)NF_CHUNK_MAX_GRANULES);
+  }
+  p->cfg.small_max = (p->cfg.small_max + NF_ALIGN - 1) & ~(NF_ALIGN - 1);
+  p->gran_free = p->gran_unused = p->host_free = -1;
+  p->disk_fd = -1;
+  // Host tier for spill and offload: spill_limit, else what the backend says
+  // the host has. A backend without a host tier can still serve the device.
+  uint64_t htotal = 0;
+  if (be->ops->capacity(be, NF_TIER_HOST, &htotal, NULL) != NF_OK) htotal = 0;
+  p->max_host_granules = (cfg->spill_limit ? cfg->spill_limit : htotal) >> p->gshift;
+  if (cfg->spill && !p->max_host_granules) {
+    free(p);
+    return nf__error(NF_ERR_CONFIG, "nofrag: spill:host needs host memory, but %s",
+                     htotal ? "spill_limit is below one granule" : "the backend has no host tier");
+  }
+  if (!p->max_granules) {
+    free(p);
+    return nf__error(NF_ERR_CONFIG, "nofrag: limit %llu B is below one granule (%llu B)",
+                     (unsigned long long)limit, (unsigned long long)g);
+  }
+  if (cfg->reserve > p->cfg.limit) { // name the key and both sizes before creating anything
+    char rb[32], lb[32];
+    nf__fmt_bytes(rb, sizeof rb, cfg->reserve);
+    nf__fmt_bytes(lb, sizeof lb, p->cfg.limit);
+    free(p);
+    return nf__error(NF_ERR_CONFIG, "nofrag: reserve %s (%llu B) exceeds the pool's limit %s (%llu B, %s)", rb,
+                     (unsigned long long)cfg->reserve, lb, (unsigned long long)limit & ~(g - 1),
+                     cfg->limit ? "the limit key rounded to whole granules" : "no limit given: the backend's capacity");
+  }
+  if (cfg->reserve && (st = nf__granules_create(p, (cfg->reserve + g - 1) >> p->gshift)) != NF_OK) {
+    if (st == NF_ERR_OOM) nf__error(st, "nofrag: reserve %llu B exceeds the limit %llu B",
+                                    (unsigned long long)cfg->reserve, (unsigned long long)p->cfg.limit);
+    nf__core_destroy(p);
+    return st;
+  }
+  if (cfg->spill_reserve && (st = nf__host_granules_create(p, (cfg->spill_reserve + g - 1) >> p->gshift)) != NF_OK) {
+    if (st == NF_ERR_OOM) nf__error(st, "nofrag: spill_reserve %llu B exceeds the host tier's limit %llu B (spill_limit)",
+                                    (unsigned long long)cfg->spill_reserve,
+                                    (unsigned long long)(p->max_host_granules << p->gshift));
+    nf__core_destroy(p);
+    return st;
+  }
+  *out = p;
+  return NF_OK;
+}
+
+// ------------------------------------------------------------------ capacity
+
+nf_status_t nf_trim(nf_pool_t *p) {
+  if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_trim: NULL pool");
+  nf__lock(&p->lock);
+  if (p->capture_mask) { // trim waits for the streams: not while one is captured
+    nf__unlock(&p->lock);
+    return nf__error(NF_ERR_INVALID, "nofrag: nf_trim: a stream is being captured (nf_private_begin); trim after nf_private_end");
+  }
+  nf_status_t st = p->tier.poll ? p->tier.poll(p, true) : NF_OK;
+  if (st == NF_OK) st = nf__pending_poll(p, true);
+  if (st == NF_OK) nf__unmap_cached(p, UINT64_MAX, true, NULL, 0, 0, -1, &st);
+  if (st == NF_OK) st = nf__granules_release(p, p->cfg.retain >> p->gshift);
+  if (st == NF_OK) nf__host_granules_release(p, p->cfg.spill_reserve >> p->gshift);
+  p->host_sweep = false;
+  nf__pub_full(p);
+  nf__unlock(&p->lock);
+  return st;
+}
+
+nf_status_t nf_reserve(nf_pool_t *p, uint64_t bytes) {
+  if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_reserve: NULL pool");
+  nf__lock(&p->lock);
+  nf_status_t st = NF_OK;
+  if (bytes > p->cfg.limit) {
+    st = nf__error(NF_ERR_OOM, "nofrag: reserve %llu B exceeds the limit %llu B", (unsigned long long)bytes,
+                   (unsigned long long)p->cfg.limit);
+  } else {
+    uint64_t want = (bytes + p->granule - 1) >> p->gshift;
+    p->fx++; // more granules: placement's `tight` test may change (bin_pop)
+    if (want > p->gran_created) st = nf__granules_create(p, want - p->gran_created);
+  }
+  nf__pub_full(p);
+  nf__unlock(&p->lock);
+  return st;
+}
+
+nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
+  if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_set_limit: NULL pool");
+  bool explicit_limit = limit != 0;
+  uint64_t total = 0, avail = 0;
+  if (!limit) {
+    nf_status_t st = p->be->ops->capacity(p->be, NF_TIER_DEVICE, &total, &avail);
+    if (st != NF_OK) return nf__error(st, "nofrag: backend capacity: %s", p->be->err);
+    limit = total;
+  }
+  if (limit < p->granule)
+    return nf__error(NF_ERR_CONFIG, "nofrag: limit %llu B is below one granule", (unsigned long long)limit);
+  nf__lock(&p->lock);
+  uint64_t old_limit = p->cfg.limit, old_threshold = p->cfg.release_threshold;
+  p->cfg.limit = limit & ~(p->granule - 1);
+  p->max_granules = p->cfg.limit >> p->gshift;
+  p->fx++; // placement's `tight` test may change (bin_pop)
+  if (p->release_auto) p->cfg.release_threshold = resolve_threshold(NF_RELEASE_AUTO, p->cfg.limit, explicit_limit);
+  nf_status_t st = NF_OK;
+  if (p->gran_created > p->max_granules) {
+    // Existing granules above the new limit: give back what is not live.
+    st = nf__granules_release(p, p->max_granules);
+    if (st == NF_OK && p->gran_created > p->max_granules) {
+      nf__unmap_cached(p, p->gran_created - p->max_granules, true, NULL, 0, 0, NF_TIER_DEVICE, &st);
+      if (st == NF_OK) st = nf__granules_release(p, p->max_granules);
+    }
+  }
+  if (st != NF_OK) { // a failing call changes nothing the caller sees (what went back stays back: cache)
+    p->cfg.limit = old_limit;
+    p->max_granules = old_limit >> p->gshift;
+    p->cfg.release_threshold = old_threshold;
+  }
+  nf__pub_full(p);
+  nf__unlock(&p->lock);
+  return st;
+}
+
+void nf_pool_config(nf_pool_t *p, nf_config_t *cfg) {
+  nf__lock(&p->lock);
+  *cfg = p->cfg;
+  nf__unlock(&p->lock);
+}
