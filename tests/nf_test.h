@@ -103,6 +103,42 @@ static inline void nft_stats(nf_pool_t *p, nf_stats_t *s) {
   if (nf_pool_check(p) != NF_OK) fail_msg("%s", nf_last_error());
 }
 
+// The pool's statistics as a value (no invariant check).
+static inline nf_stats_t nft_stats_of(nf_pool_t *p) {
+  nf_stats_t s;
+  nf_stats_get(p, &s);
+  return s;
+}
+
+// ------------------------------------------------------------ live blocks
+// A test's record of a block it allocated and filled with nft_fill(p, n, tag)
+// on stream s (p NULL: the slot is unused).
+typedef struct {
+  void *p;
+  size_t n;
+  uint64_t tag;
+  nf_stream_t s;
+} nft_live_t;
+
+// [a, a + n) and [b, b + m) overlap.
+static inline bool nft_overlaps(uintptr_t a, size_t n, uintptr_t b, size_t m) { return a < b + m && b < a + n; }
+
+// Every recorded block still holds its pattern.
+static inline void nft_check_all(nft_live_t *l, int n) {
+  for (int i = 0; i < n; i++)
+    if (l[i].p && !nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("block %d (%p, %zu B) lost its data", i, l[i].p, l[i].n);
+}
+
+// No two recorded blocks overlap.
+static inline void nft_no_overlap(nft_live_t *l, int n) {
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++) {
+      if (!l[i].p || !l[j].p) continue;
+      uintptr_t a = (uintptr_t)l[i].p, b = (uintptr_t)l[j].p;
+      if (a < b + l[j].n && b < a + l[i].n) fail_msg("blocks %p and %p overlap", l[i].p, l[j].p);
+    }
+}
+
 // ------------------------------------------------------------ backend tests
 #include "backend/backend.h"
 #include <unistd.h>

@@ -1,9 +1,11 @@
 // Streams (src/core/stream.c): the per-stream ring of event records, host
 // waits on the oldest record that covers what they need (so that the GPU
 // keeps the work queued after it), frees recording only after a host wait,
-// and cross-stream waits on the oldest covering record. White box: the
-// stream records (core.h) show which record a wait took. The host backend's
-// manual events stand in for GPU work in flight.
+// and cross-stream waits on the oldest covering record; a block freed on
+// one stream reaches another only through one lazily recorded event, whose
+// wait covers every earlier free there. White box: the stream records
+// (core.h) show which record a wait took. The host backend's manual events
+// stand in for GPU work in flight.
 #include "nf_test.h"
 #include "core/core.h"
 
@@ -216,6 +218,33 @@ static void test_failed_records_do_not_fail_frees(void **state) {
   nf_backend_destroy(fb); // and host, which it owns
 }
 
+// A block freed on stream A is used by stream B only after B waits on an
+// event recorded on A; the event is recorded lazily, and one wait covers all
+// earlier frees on A.
+static void test_cross_stream(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:8MiB");
+  void *x = nf_alloc(p, 8192, A), *y = nf_alloc(p, 8192, A);
+  assert_int_equal(nf_free(p, x), NF_OK);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  nf_stats_t s = stats(p);
+  assert_int_equal(s.calls.event_record, 0); // nothing recorded at free
+  void *z = nf_alloc(p, 8192, A); // same stream: at once, no event
+  assert_int_equal(stats(p).calls.event_record, 0);
+  void *w = nf_alloc(p, 8192, B); // cross-stream: record + wait once
+  s = stats(p);
+  assert_int_equal(s.calls.event_record, 1);
+  assert_int_equal(s.calls.stream_wait, 1);
+  assert_int_equal(s.cross_stream_reuses, 1);
+  void *v = nf_alloc(p, 8192, B); // covered by the same wait
+  assert_int_equal(stats(p).calls.stream_wait, 1);
+  assert_true(z && w && v);
+  nf_free(p, z); nf_free(p, w); nf_free(p, v);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cold_frees_record_nothing),
@@ -224,6 +253,7 @@ int main(void) {
       cmocka_unit_test(test_recording_ends_without_waits),
       cmocka_unit_test(test_cross_stream_waits_on_covering_record),
       cmocka_unit_test(test_failed_records_do_not_fail_frees),
+      cmocka_unit_test(test_cross_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,6 +4,8 @@
 // view reuse, moves, eviction, spill, offload, trim and limit changes; the
 // pool checker (no granule owned at two places, no view under a live block)
 // runs throughout; a repeating workload at the limit converges to zero calls.
+// Stitching takes granules cached for another stream as views behind a
+// GPU-side stream wait, with no host wait and no unmap.
 #include "nf_test.h"
 
 #include "backend/backend.h"
@@ -402,12 +404,79 @@ static void test_moved_edge_granule_orders_its_neighbour(void **state) {
   nf_backend_destroy(be);
 }
 
+// Granules move to a new place only after the work that used them: with
+// events held incomplete, a cached granule of another stream is mapped at
+// its new place (a view) behind a GPU-side stream wait, never unmapped (no
+// host wait, no unmap); trim must synchronize before unmapping.
+static void test_unmap_waits(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:8MiB");
+  nf_backend_host_set_manual_events(be, 1);
+  nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+  void *x = nf_alloc(p, 6 * G, A);
+  void *y = nf_alloc(p, 6 * G, B);
+  assert_true(x && y);
+  nf_free(p, x);
+  nf_free(p, y);
+  nf_stats_t s0 = stats(p);
+  void *big = nf_alloc(p, 124 * G, A); // needs granules cached for B and A
+  assert_non_null(big);
+  nf_stats_t s = stats(p);
+  assert_int_equal(s.calls.event_sync, s0.calls.event_sync);
+  assert_int_equal(s.calls.unmap, s0.calls.unmap);
+  assert_true(s.view_moves >= 12 - 4); // 116 free + 12 cached: the cached ones moved
+  assert_true(s.calls.stream_wait >= s0.calls.stream_wait + 1); // A after B
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, big);
+  // record_stream: the block is held back until the extra stream's work is done.
+  void *r = nf_alloc(p, 4096, A);
+  assert_int_equal(nf_record_stream(p, r, B), NF_OK);
+  nft_fill(r, 4096, 5);
+  assert_int_equal(nf_free(p, r), NF_OK);
+  void *r2 = nf_alloc(p, 4096, A);
+  assert_ptr_not_equal(r2, r); // still pending on B
+  nf_backend_host_complete_events(be);
+  nf_free(p, r2);
+  assert_int_equal(nf_trim(p), NF_OK); // trim waits for pending blocks too
+  assert_int_equal(stats(p).live, 0);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// Stitching takes cached granules freed on another stream without a host
+// wait: mapped at the new place as well (a view), behind a GPU-side wait.
+static void test_stitch_without_wait(void **state) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:8MiB"); // 128 granules
+  nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+  void *x = nf_alloc(p, 64 * G, A), *y = nf_alloc(p, 60 * G, A);
+  assert_true(x && y);
+  nft_fill(y, 60 * G, 3);
+  nf_free(p, x);
+  nf_stats_t s0 = stats(p);
+  void *z = nf_alloc(p, 66 * G, B); // fits nowhere mapped: x's granules move
+  assert_non_null(z);
+  nf_stats_t s1 = stats(p);
+  assert_true(s1.view_moves > s0.view_moves); // mapped at z too (views), not unmapped
+  assert_int_equal(s1.calls.unmap, s0.calls.unmap);
+  assert_int_equal(s1.calls.event_sync, s0.calls.event_sync);
+  assert_true(s1.calls.stream_wait > s0.calls.stream_wait); // B after A's frees, on the GPU
+  assert_true(nft_check(y, 60 * G, 3));
+  nf_free(p, y);
+  nf_free(p, z);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_backend_maps_a_granule_twice), cmocka_unit_test(test_steady_state_makes_no_calls),
       cmocka_unit_test(test_random_patterns), cmocka_unit_test(test_busy_view_unmapped_after_its_work),
       cmocka_unit_test(test_view_budget), cmocka_unit_test(test_park_ticks_out_of_memory),
       cmocka_unit_test(test_moved_edge_granule_keeps_last_users),
-      cmocka_unit_test(test_moved_edge_granule_orders_its_neighbour)};
+      cmocka_unit_test(test_moved_edge_granule_orders_its_neighbour),
+      cmocka_unit_test(test_unmap_waits), cmocka_unit_test(test_stitch_without_wait)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
