@@ -1,15 +1,17 @@
 // Live monitor (src/observe/monitor.c), the reading side (nf__mon_read,
 // nf__mon_list, what `nofrag top` shows and --clean removes): files of dead
 // processes, reused pids, exec'd, killed and zombie writers, the liveness
-// lock's flag, what --clean counts, and files anyone can write under a monitor
-// name (special files, escape bytes, truncation while read). The publishing
-// side is in test_monitor.c.
+// lock's flag, what --clean counts, its race with a writer replacing the file
+// it judged, and files anyone can write under a monitor name (special files,
+// escape bytes, truncation while read). The publishing side is in
+// test_monitor.c.
 #include "nf_test.h"
 #include "monitor_test.h"
 #include "observe/observe.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <sys/prctl.h>
@@ -399,6 +401,110 @@ static void test_special_files_skipped(void **state) {
   rmdir(sub);
 }
 
+// ------------------------------------------------------------------ clean race
+
+// --clean judges a file dead, then removes it; in between, its pid's next
+// writer (the pid after an exec, or reused) may replace it with a live file
+// under the same name, which must stay. The judgement and the removal are
+// called apart here, the replacement between them. Without a replacement the
+// judged file goes.
+static void test_clean_spares_replaced_file(void **state) {
+  (void)state;
+  pid_t gone = fork();
+  assert_true(gone >= 0);
+  if (gone == 0) _exit(0);
+  assert_int_equal(waitpid(gone, NULL, 0), gone);
+  char path[512];
+  snprintf(path, sizeof path, "%s/nofrag.%u.%d.0", dir, (unsigned)getuid(), (int)gone);
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  for (int replace = 0; replace < 2; replace++) {
+    fake_file(path, 0600, (int32_t)gone, 0, "host");
+    nf_mon_entry_t e;
+    int fd = -1, live = -1;
+    assert_int_equal(nf__mon_read_fd(path, &e, &fd), 1);
+    assert_true(fd >= 0);
+    if (replace) { // a new writer's file, flagged and locked as monitor.c makes them
+      assert_int_equal(unlink(path), 0);
+      fake_file(path, 0600, (int32_t)gone, (uint64_t)t.tv_sec * 1000000000ull, "host");
+      live = open(path, O_RDWR);
+      assert_true(live >= 0);
+      uint32_t flags = NF_MON_LOCKED;
+      assert_int_equal(pwrite(live, &flags, sizeof flags, offsetof(nf_mon_shm_t, flags)), (ssize_t)sizeof flags);
+      struct flock l = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_len = NF_MON_GUARD_AT};
+      assert_int_equal(fcntl(live, F_OFD_SETLK, &l), 0);
+      assert_int_equal(nf__mon_read(path, &e), 0);
+    }
+    bool removed = nf__mon_unlink_dead(fd, &e);
+    close(fd);
+    if (replace && removed) fail_msg("--clean removed the live file that replaced the dead one");
+    assert_int_equal(removed, !replace);
+    assert_int_equal(access(path, F_OK), replace ? 0 : -1);
+    if (replace) {
+      close(live);
+      unlink(path);
+    }
+  }
+}
+
+static void *create_pool(void *arg) {
+  nf_pool_t **p = arg;
+  if (nf_pool_create_from_string(p, "limit:64MiB") != NF_OK) *p = NULL;
+  return NULL;
+}
+
+// The writer's half: replacing a stale file under its name (here, the name
+// this process's next pool gets), it waits while a cleaner holds that file's
+// name guard (between the cleaner's check that the name still names the file
+// and its unlink), so that the unlink cannot hit the new file. A guard never
+// let go costs the pool its monitor file, not a hang.
+static void test_writer_waits_for_cleaner(void **state) {
+  (void)state;
+  nf_pool_t *p = new_pool(64 * NF_MiB);
+  char names[8][256], path[512];
+  assert_int_equal(list_files(names), 1);
+  snprintf(path, sizeof path, "%s/%s", dir, names[0]);
+  nf_mon_entry_t e;
+  assert_int_equal(nf__mon_read(path, &e), 0);
+  uint32_t next = e.pool_id + 1; // pool ids count up in a process
+  nf_pool_destroy(p);
+  for (int let_go = 1; let_go >= 0; let_go--, next++) {
+    snprintf(path, sizeof path, "%s/nofrag.%u.%d.%u", dir, (unsigned)getuid(), (int)getpid(), next);
+    fake_file(path, 0600, (int32_t)getpid(), 1000000000ull, "host"); // stale: dated 1970
+    int fd = open(path, O_RDONLY); // a cleaner's, holding the guard
+    assert_true(fd >= 0);
+    struct flock g = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = NF_MON_GUARD_AT, .l_len = 1};
+    assert_int_equal(fcntl(fd, F_OFD_SETLK, &g), 0);
+    struct stat held, now;
+    assert_int_equal(fstat(fd, &held), 0);
+    p = NULL;
+    if (let_go) {
+      pthread_t th;
+      assert_int_equal(pthread_create(&th, NULL, create_pool, &p), 0);
+      usleep(200000); // the pool's creation waits (unguarded, it is done long before)
+      bool replaced = lstat(path, &now) != 0 || now.st_ino != held.st_ino;
+      int gone = replaced ? 0 : unlink(path); // the cleaner's unlink, then it lets go
+      close(fd);
+      assert_int_equal(pthread_join(th, NULL), 0); // before any failure: p is the thread's
+      if (replaced) fail_msg("the writer replaced the file while a cleaner held its guard");
+      assert_int_equal(gone, 0);
+      assert_non_null(p);
+      assert_int_equal(nf__mon_read(path, &e), 0); // the pool's own file, live
+      assert_int_equal(e.pid, getpid());
+      assert_int_equal(e.pool_id, next);
+    } else {
+      p = new_pool(64 * NF_MiB); // gives up waiting: no file
+      assert_int_equal(lstat(path, &now), 0);
+      assert_int_equal(now.st_ino, held.st_ino);
+      assert_int_equal(list_files(names), 1);
+      close(fd);
+      unlink(path);
+    }
+    nf_pool_destroy(p);
+    assert_int_equal(list_files(names), 0);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_dead_process_ignored_and_cleaned, setup, teardown),
@@ -410,6 +516,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_exec_leaves_dead, setup, teardown),
       cmocka_unit_test_setup_teardown(test_other_process_live_then_killed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lock_flag, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_clean_spares_replaced_file, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_writer_waits_for_cleaner, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -96,6 +96,35 @@ const char *nf__mon_dir(void) {
   return d && *d ? d : "/dev/shm";
 }
 
+// The name guard's byte (monitor_shm.h), to lock as `type`.
+static struct flock guard(short type) {
+  return (struct flock){.l_type = type, .l_whence = SEEK_SET, .l_start = NF_MON_GUARD_AT, .l_len = 1};
+}
+
+// Removes the stale file under our name before ours is created. A cleaner may
+// be about to unlink that file by name (nf__mon_unlink_dead holds its guard
+// from its check that the name still names the file to its unlink): wait for
+// it, else that unlink would remove our new file. False: the guard stayed held
+// for a second (a cleaner stopped mid-way): this pool goes without a file.
+static bool unlink_stale(const char *path) {
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  bool ok = true;
+  if (fd >= 0) {
+    struct flock g = guard(F_WRLCK);
+    struct timespec t0, t, nap = {0, 1000000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    // Other errors: no OFD locks here, so no cleaner holds one either.
+    while (fcntl(fd, F_OFD_SETLK, &g) != 0 && (errno == EAGAIN || errno == EACCES)) {
+      clock_gettime(CLOCK_MONOTONIC, &t);
+      if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= 1000) { ok = false; break; }
+      nanosleep(&nap, NULL);
+    }
+  }
+  if (ok) unlink(path); // the guard still ours: no cleaner is between its check and its unlink
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
 void nf__mon_open(nf_pool_t *p) {
   const char *env = getenv("NOFRAG_MONITOR");
   if (env && strcmp(env, "0") == 0) return;
@@ -109,7 +138,7 @@ void nf__mon_open(nf_pool_t *p) {
   memcpy(r->path, path, (size_t)n + 1);
   // O_EXCL: a stale file of a dead process with our pid (or of this pid
   // before an exec) is replaced, never shared.
-  unlink(path);
+  if (!unlink_stale(path)) { free(r); return; }
   bool locked = false;
   pthread_mutex_lock(&reg_mu); // a fork() before the insertion would give the child the fd or mapping
   int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -117,7 +146,7 @@ void nf__mon_open(nf_pool_t *p) {
   if (fd >= 0 && fchmod(fd, 0600) == 0 && ftruncate(fd, (off_t)sizeof(nf_mon_shm_t)) == 0) {
     // The liveness lock (monitor_shm.h), before the magic is published; if
     // OFD locks are not there, readers judge the file by its pid only.
-    struct flock l = {.l_type = F_RDLCK, .l_whence = SEEK_SET}; // the whole file
+    struct flock l = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_len = NF_MON_GUARD_AT};
     locked = fcntl(fd, F_OFD_SETLK, &l) == 0;
     addr = mmap(NULL, sizeof(nf_mon_shm_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
@@ -254,12 +283,20 @@ static bool pid_dead(int pid, uint64_t start_ns) {
 // unknown (no OFD locks here: the pid decides). F_OFD_GETLK only tests: two
 // readers never see each other's lock.
 static int lock_held(int fd) {
-  struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_len = NF_MON_GUARD_AT}; // not the guard
   if (fcntl(fd, F_OFD_GETLK, &l) != 0) return -1;
   return l.l_type != F_UNLCK;
 }
 
-int nf__mon_read(const char *path, nf_mon_entry_t *e) {
+// The judgement of a file open on fd, its header read into e.
+static bool mon_dead(int fd, const nf_mon_entry_t *e) {
+  int held = e->flags & NF_MON_LOCKED ? lock_held(fd) : -1;
+  return held == 0 || (held < 0 && pid_dead(e->pid, e->start_ns));
+}
+
+int nf__mon_read(const char *path, nf_mon_entry_t *e) { return nf__mon_read_fd(path, e, NULL); }
+
+int nf__mon_read_fd(const char *path, nf_mon_entry_t *e, int *keep) {
   memset(e, 0, sizeof *e);
   snprintf(e->path, sizeof e->path, "%s", path);
   // O_NONBLOCK: anyone can put a FIFO under a monitor name in /dev/shm, and a
@@ -287,14 +324,14 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e) {
     e->uid = copy.uid;
     e->pool_id = copy.pool_id;
     e->start_ns = copy.start_ns;
+    e->flags = copy.flags;
     memcpy(e->device, copy.device, sizeof e->device);
     e->device[sizeof e->device - 1] = 0;
     // nofrag top prints it as is, and anyone can write a file here: no
     // control bytes (terminal escapes) get through. Ours are plain ASCII.
     for (char *c = e->device; *c; c++)
       if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f) *c = '?';
-    int held = copy.flags & NF_MON_LOCKED ? lock_held(fd) : -1;
-    if (held == 0 || (held < 0 && pid_dead(e->pid, e->start_ns))) rc = 1;
+    if (mon_dead(fd, e)) rc = 1;
     else if (mon_snapshot(fd, len, &copy, nfields, e)) {
       uint64_t mp = e->v[NF_PUB_MAPPED];
       uint64_t live = e->v[NF_PUB_LIVE], away = e->v[NF_PUB_AWAY], resident = live > away ? live - away : 0;
@@ -302,8 +339,25 @@ int nf__mon_read(const char *path, nf_mon_entry_t *e) {
       rc = 0;
     }
   }
-  close(fd);
+  if (rc == 1 && keep) *keep = fd;
+  else close(fd);
   return rc;
+}
+
+// unlink() goes by name, so only while the name still names the file judged:
+// fd keeps that file (its inode number cannot go to a new file meanwhile),
+// and its guard keeps a writer from replacing it between the check and the
+// unlink (unlink_stale). A writer holding the guard is replacing the file:
+// it removes it itself. Other lock errors: no OFD locks here, no guard.
+bool nf__mon_unlink_dead(int fd, const nf_mon_entry_t *e) {
+  struct flock g = guard(F_RDLCK);
+  if (fcntl(fd, F_OFD_SETLK, &g) != 0 && (errno == EAGAIN || errno == EACCES)) return false;
+  struct stat judged, named;
+  bool gone = mon_dead(fd, e) && fstat(fd, &judged) == 0 && lstat(e->path, &named) == 0 &&
+              judged.st_dev == named.st_dev && judged.st_ino == named.st_ino && unlink(e->path) == 0;
+  g.l_type = F_UNLCK; // the caller's fd may live on
+  fcntl(fd, F_OFD_SETLK, &g);
+  return gone;
 }
 
 static int entry_cmp(const void *a, const void *b) {
@@ -332,12 +386,13 @@ long nf__mon_list(const char *dir, bool clean, nf_mon_entry_t **out, long *dead)
     }
     char path[512];
     if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) >= (int)sizeof path) continue;
-    int rc = nf__mon_read(path, &v[n]);
+    int fd = -1, rc = nf__mon_read_fd(path, &v[n], clean ? &fd : NULL);
     if (rc == 0) n++;
     else if (rc == 1) {
       // With `clean`, count what was removed: another user's file in a
       // sticky directory (/dev/shm) stays, and top says "removed N files".
-      bool gone = clean && unlink(path) == 0;
+      bool gone = clean && nf__mon_unlink_dead(fd, &v[n]);
+      if (fd >= 0) close(fd);
       if (dead && (gone || !clean)) (*dead)++;
     }
   }
