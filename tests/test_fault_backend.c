@@ -156,6 +156,42 @@ static void test_fault_cleanup_ops(void **state) {
   nf_backend_destroy(f); // the event, handle and range leaked above are freed here
 }
 
+// A mask fails chosen calls after `from` (several in a row, or with gaps),
+// on top of fail_at; nf_backend_fault_set clears it.
+static void test_fault_mask(void **state) {
+  (void)state;
+  nf_backend_t *f;
+  assert_int_equal(nf_backend_fault_create(&f, nft_host(8 * G, G), 2, 0.0, 1), NF_OK);
+  nf__backend_fault_mask(f, 4, 0x2Bull); // calls 4, 5, 7, 9 (bits 0, 1, 3, 5)
+  size_t g;
+  char want[64];
+  for (uint64_t i = 1; i <= 12; i++) {
+    bool fails = i == 2 || i == 4 || i == 5 || i == 7 || i == 9;
+    nf_status_t st = f->ops->granularity(f, NF_TIER_DEVICE, &g);
+    assert_int_equal(st, fails ? NF_ERR_BACKEND : NF_OK);
+    snprintf(want, sizeof want, "injected fault in granularity (call %llu)", (unsigned long long)i);
+    if (fails) assert_string_equal(f->err, want);
+  }
+  uint64_t calls, failed;
+  nf_backend_fault_counts(f, &calls, &failed);
+  assert_int_equal(calls, 12);
+  assert_int_equal(failed, 5);
+  // Bit 63 is the last call of a mask; a call before `from` never fails.
+  nf__backend_fault_mask(f, 14, 1ull << 63 | 1);
+  for (uint64_t i = 13; i <= 80; i++)
+    assert_int_equal(f->ops->granularity(f, NF_TIER_DEVICE, &g), i == 14 || i == 77 ? NF_ERR_BACKEND : NF_OK);
+  nf__backend_fault_mask(f, 82, 1);
+  nf_backend_fault_set(f, 0, 0.0); // clears the mask too
+  for (int i = 0; i < 4; i++) assert_int_equal(f->ops->granularity(f, NF_TIER_DEVICE, &g), NF_OK);
+  nf__backend_fault_mask(f, 0, ~0ull); // from 0: off
+  assert_int_equal(f->ops->granularity(f, NF_TIER_DEVICE, &g), NF_OK);
+  nf_backend_t *inner = nft_host(4 * G, G); // not a fault backend: nothing happens
+  nf__backend_fault_mask(inner, 1, ~0ull);
+  assert_int_equal(inner->ops->granularity(inner, NF_TIER_DEVICE, &g), NF_OK);
+  nf_backend_destroy(inner);
+  nf_backend_destroy(f);
+}
+
 // ---------------------------------------------------------------- threads
 
 int main(void) {
@@ -165,6 +201,7 @@ int main(void) {
       cmocka_unit_test(test_fault_p),
       cmocka_unit_test(test_fault_p_reproducible),
       cmocka_unit_test(test_fault_cleanup_ops),
+      cmocka_unit_test(test_fault_mask),
   };
   return cmocka_run_group_tests(tests, setup_granule, NULL);
 }

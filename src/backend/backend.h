@@ -81,4 +81,9 @@ nf_status_t nf__backend_fail(nf_backend_t *be, nf_status_t st, const char *fmt, 
 // go to nf_last_error() (no backend object exists yet to carry them).
 nf_status_t nf__backend_from_config(nf_backend_t **out, const nf_config_t *cfg);
 
+// Fault backend (fault.c), for tests: besides its plan, call `from + i`
+// fails for each bit i set in `mask` (absolute call numbers; from 0: off).
+// nf_backend_fault_set clears the mask. Not a fault backend: no-op.
+void nf__backend_fault_mask(nf_backend_t *be, uint64_t from, uint64_t mask);
+
 #endif

@@ -5,6 +5,9 @@
 // restart the count: fail_at is always an absolute call number). Call number
 // `fail_at` fails, and each call also fails with probability `p` (xorshift64
 // from `seed`, drawn only when 0 < p < 1 so that a plan is reproducible).
+// nf__backend_fault_mask adds a pattern: call `from + i` fails for each bit i
+// set in a 64-bit mask (several failures in one pool call: a failure and
+// then the cleanup's retries, for example). nf_backend_fault_set clears it.
 //
 // A failed call never reaches the inner backend, so it changes nothing, as
 // the vtable requires of every failing op. It returns NF_ERR_BACKEND, except
@@ -33,6 +36,7 @@ typedef struct {
   nf_backend_t *inner; // owned
   pthread_mutex_t mu;
   uint64_t calls, failed, fail_at, rng;
+  uint64_t mask_from, mask; // calls mask_from + i, i a bit set in mask, fail
   double p;
   bool oom_next; // which error the next injected mem_create failure returns
 } fault_backend;
@@ -55,7 +59,7 @@ static bool inject(nf_backend_t *be, const char *op, nf_status_t *st) {
   fault_backend *f = fb(be);
   pthread_mutex_lock(&f->mu);
   uint64_t n = ++f->calls;
-  bool fail = n == f->fail_at;
+  bool fail = n == f->fail_at || (n >= f->mask_from && n - f->mask_from < 64 && (f->mask >> (n - f->mask_from) & 1));
   if (f->p >= 1.0) fail = true;
   else if (f->p > 0.0 && (double)(xorshift64(&f->rng) >> 11) * 0x1.0p-53 < f->p) fail = true;
   if (fail) {
@@ -187,6 +191,16 @@ NF_API void nf_backend_fault_set(nf_backend_t *be, uint64_t fail_at, double p) {
   pthread_mutex_lock(&f->mu);
   f->fail_at = fail_at;
   f->p = isnan(p) || p < 0.0 ? 0.0 : p > 1.0 ? 1.0 : p;
+  f->mask = 0;
+  pthread_mutex_unlock(&f->mu);
+}
+
+void nf__backend_fault_mask(nf_backend_t *be, uint64_t from, uint64_t mask) {
+  if (!be || be->ops != &fault_ops) return;
+  fault_backend *f = fb(be);
+  pthread_mutex_lock(&f->mu);
+  f->mask_from = from;
+  f->mask = from ? mask : 0;
   pthread_mutex_unlock(&f->mu);
 }
 
