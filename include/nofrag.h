@@ -324,6 +324,14 @@ typedef struct nf_stats_s {
 //! Offloading an already offloaded block to the same tier is a no-op; to
 //! another tier, NF_ERR_INVALID. Not enough host memory (spill_limit) or a
 //! failing backend: an error, and the block stays where it was, intact.
+//! Host and detached tiers: the offload is finished (host memory mapped at
+//! the block, or the range unmapped) by whichever later pool call finds the
+//! copy complete, maybe a call about another block. If that finish fails,
+//! the block stays intact and usable (on the device, or offloaded in part:
+//! nf_block_tiers) and the failure, naming the block, is returned by the
+//! next nf_offload_wait, not by that call, which does its own work. Only a
+//! failed event query or wait (a failing backend) is returned by the call
+//! that polls.
 //! While a stream is being captured (nf_private_begin), nf_offload,
 //! nf_prefetch and nf_offload_wait fail with NF_ERR_INVALID and change
 //! nothing: they make event calls and copies, which a capture forbids.
@@ -341,11 +349,19 @@ NF_API nf_status_t nf_offload(nf_pool_t *pool, void *ptr, nf_stream_t stream, nf
 //! no-op. A copy back queued on a stream other than the block's own counts as
 //! a record_stream stream of the block: freeing it on its own stream does not
 //! let its memory be reused or unmapped before the copy has landed.
+//! A failing backend: an error, and the block stays offloaded, intact (where
+//! host memory cannot be mapped back at the block, its bytes are copied into
+//! the device memory mapped there instead: that part is then on the device).
+//! Only if even that fails are bytes lost, and then the message says so:
+//! "... N B of the block's data are LOST (from ADDR)", naming the block.
 NF_API nf_status_t nf_prefetch(nf_pool_t *pool, void *ptr, nf_stream_t stream);
 
 //! Wait for every copy that nf_offload / nf_prefetch enqueued and finish the
 //! remapping they wait for (device granules of offloaded blocks return to the
-//! pool). Blocks the host.
+//! pool). Blocks the host. Returns, once, the first offload whose finish
+//! failed since the last nf_offload_wait reported one, here or at an earlier
+//! pool call (see nf_offload): its message names the block and counts the
+//! failures after it; the blocks stay intact and usable.
 NF_API nf_status_t nf_offload_wait(nf_pool_t *pool);
 
 //! Where a live block's bytes are: bytes[NF_TIER_DEVICE], bytes[NF_TIER_HOST],

@@ -244,6 +244,13 @@ struct nf_pool_s {
   struct nf_offl_s *offl;   // offloaded blocks
   int disk_fd;              // -1 until the first disk offload
   uint64_t disk_end;        // next free offset of the disk file
+  // An offload whose finish failed (offload.c): the first since nf_offload_wait
+  // last reported one (NF_OK: none), its message naming the block, and how
+  // many more failed after it. nf_offload_wait returns it, not the unrelated
+  // call that happened to finish the copy.
+  nf_status_t xfer_err;
+  uint64_t xfer_err_more;
+  char xfer_msg[768];
 
   nf_stats_t st; // counters and peaks (computed fields filled by nf_stats_get)
 

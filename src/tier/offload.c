@@ -4,11 +4,13 @@
 // granule can be mapped at two addresses at once, which makes every step
 // below non-destructive until the data has a second home:
 //
-// offload to host   map new host granules H at a staging range, copy the
-//                   block's device granules D into it on the caller's stream,
-//                   record. Once the copy completed (polled later, never
-//                   waited for unless asked): unmap D at the block, map H
-//                   there, unmap the staging range; D returns to the pool.
+// offload to host   (offload_host.c) map new host granules H at a staging
+//                   range, copy the block's device granules D into it on the
+//                   caller's stream, record. Once the copy completed (polled
+//                   later, never waited for unless asked): unmap D at the
+//                   block, map H there, unmap the staging range; D returns to
+//                   the pool. If that finish fails, the error waits for
+//                   nf_offload_wait (p->xfer_err), not the call that polled.
 // prefetch          (the block is not in use: the caller's contract) map H at
 //                   a staging range too, put device granules D at the block
 //                   instead of H, copy staging -> block on the stream. Work
@@ -43,54 +45,6 @@ void nf__xfer_free(nf_xfer_t *x) {
   free(x);
 }
 
-// Cleanup calls are retried: a transient backend failure there would leak a
-// mapping or an address range for the pool's lifetime.
-static void unstage(nf_pool_t *p, uintptr_t stage, uint64_t mapped, uint64_t size) {
-  for (int t = 0; t < 3 && mapped; t++)
-    if (NF_BE(p, unmap, unmap, stage, mapped) == NF_OK) mapped = 0;
-  for (int t = 0; t < 3 && !mapped; t++)
-    if (NF_BE(p, va_release, va_release, stage, size) == NF_OK) break;
-}
-
-// Staging: reserve n granules of address space and map host granules hg
-// there with access set. On error nothing is left behind.
-static nf_status_t stage_map(nf_pool_t *p, nf_xfer_t *x) {
-  uint64_t G = p->granule;
-  nf_status_t st = NF_BE(p, va_reserve, va_reserve, x->n * G, G, &x->stage);
-  if (st != NF_OK) return nf__error(st, "nofrag: offload: reserving a staging range failed: %s", p->be->err);
-  uint64_t j = 0;
-  for (; j < x->n; j++)
-    if ((st = NF_BE(p, map, map, x->stage + j * G, G, p->gran[x->hg[j]].handle)) != NF_OK) break;
-  if (st == NF_OK && (st = NF_BE(p, set_access, set_access, x->stage, x->n * G)) == NF_OK) return NF_OK;
-  nf__error(st, "nofrag: offload: mapping the staging range failed: %s", p->be->err);
-  unstage(p, x->stage, j * G, x->n * G);
-  return st;
-}
-
-static void stage_drop(nf_pool_t *p, nf_xfer_t *x) {
-  if (x->stage) unstage(p, x->stage, x->n * p->granule, x->n * p->granule);
-  for (uint64_t j = 0; j < x->n; j++) nf__gran_push_free(p, x->hg[j]);
-}
-
-// Take n host granules off the free list (creating them up to spill_limit).
-nf_status_t nf__host_take(nf_pool_t *p, uint64_t n, uint32_t *hg) {
-  if (p->host_free_count < n) {
-    nf_status_t st = nf__host_granules_create(p, n - p->host_free_count);
-    if (st == NF_ERR_OOM) {
-      char lim[32];
-      nf__fmt_bytes(lim, sizeof lim, p->max_host_granules << p->gshift);
-      return nf__error(NF_ERR_OOM, "nofrag: offload: %llu host granules needed, the host tier limit (%s, "
-                       "spill_limit) is reached", (unsigned long long)n, lim);
-    }
-    if (st != NF_OK) return st;
-  }
-  for (uint64_t j = 0; j < n; j++) {
-    hg[j] = nf__gran_pop(p, NF_TIER_HOST);
-    p->gran[hg[j]].state = NF_GR_MAPPED;
-  }
-  return NF_OK;
-}
-
 // Order stream s after the work of the block's other streams (allocation,
 // record_stream): its copy then starts after all of it. No host wait.
 nf_status_t nf__order_block(nf_pool_t *p, const nf_block_t *b, uint32_t s) {
@@ -104,97 +58,21 @@ nf_status_t nf__order_block(nf_pool_t *p, const nf_block_t *b, uint32_t s) {
   return NF_OK;
 }
 
-// Copy each run of consecutive block granules gs[] to/from the staging range.
-static nf_status_t copy_runs(nf_pool_t *p, const nf_xfer_t *x, const nf_chunk_t *c, bool to_stage) {
-  uint64_t G = p->granule;
-  for (uint64_t j = 0; j < x->n;) {
-    uint64_t e = j + 1;
-    while (e < x->n && x->gs[e] == x->gs[e - 1] + 1) e++;
-    uintptr_t blk = c->base + x->gs[j] * G, stg = x->stage + j * G;
-    p->st.calls.copy++;
-    nf_status_t st = p->be->ops->copy(p->be, to_stage ? stg : blk, to_stage ? blk : stg, (e - j) * G,
-                                      p->streams[x->s].handle);
-    if (st != NF_OK) return nf__error(st, "nofrag: offload copy failed: %s", p->be->err);
-    j = e;
+// A finish that failed: kept for nf_offload_wait, where the user asks about
+// the offloads, not returned by the call (on another block, maybe) that
+// happened to poll. The first is kept; later ones are counted.
+static void xfer_defer(nf_pool_t *p, nf_status_t st) {
+  if (p->xfer_err != NF_OK) {
+    p->xfer_err_more++;
+    return;
   }
-  return NF_OK;
+  p->xfer_err = st;
+  snprintf(p->xfer_msg, sizeof p->xfer_msg, "%s", nf_last_error());
 }
 
-// Replace the granule mapped at g of c by physical granule i (made ready by
-// nf__set_ready); *old gets the one it replaced, for the caller to keep or
-// free. On error the old granule is mapped there again (not ready yet) and
-// *old is UINT32_MAX; if even that fails, the granule's data is lost and the
-// message says so.
-static nf_status_t remap_one(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t i, uint32_t *old) {
-  uint64_t G = p->granule;
-  uintptr_t va = c->base + g * G;
-  uint32_t o = c->phys[g];
-  *old = UINT32_MAX;
-  nf_status_t st = NF_BE(p, unmap, unmap, va, G);
-  if (st != NF_OK) return nf__error(st, "nofrag: remap: unmap failed: %s", p->be->err);
-  NF_READY(c)[g >> 6] &= ~(1ull << (g & 63));
-  p->fx++;
-  if ((st = NF_BE(p, map, map, va, G, p->gran[i].handle)) != NF_OK) {
-    char msg[300];
-    snprintf(msg, sizeof msg, "%s", p->be->err);
-    for (int t = 0; t < 3; t++) // put the old granule back: it still holds the data
-      if (NF_BE(p, map, map, va, G, p->gran[o].handle) == NF_OK)
-        return nf__error(st, "nofrag: remap: map failed: %s", msg);
-    c->mapped[g >> 6] &= ~(1ull << (g & 63));
-    p->gran_mapped--;
-    p->host_mapped -= p->gran[o].tier == NF_TIER_HOST;
-    nf__gran_push_free(p, o);
-    return nf__error(st, "nofrag: remap: map failed (%s) and the old mapping could not be restored: "
-                     "%llu B at %p are lost", msg, (unsigned long long)G, (void *)va);
-  }
-  p->host_mapped += (p->gran[i].tier == NF_TIER_HOST) - (p->gran[o].tier == NF_TIER_HOST);
-  c->phys[g] = i;
-  p->gran[i].state = NF_GR_MAPPED;
-  *old = o;
-  return NF_OK;
-}
-
-// Swap the block's granules gs[j] for nw[j] (j < n), then set access over
-// the range. old[j] gets what was replaced; *done how many were swapped.
-static nf_status_t remap_all(nf_pool_t *p, nf_chunk_t *c, const uint64_t *gs, const uint32_t *nw, uint32_t *old,
-                             uint64_t n, uint64_t *done) {
-  nf_status_t st = NF_OK;
-  uint64_t j = 0;
-  for (; j < n; j++) {
-    for (int t = 0; t < 3; t++) // a failed remap leaves the old granule there: retry
-      if ((st = remap_one(p, c, gs[j], nw[j], &old[j])) == NF_OK || !nf__bit(c->mapped, gs[j])) break;
-    if (st != NF_OK) break;
-  }
-  *done = j;
-  // A live block must end up accessible: a failed set-access is retried
-  // (granules already swapped cannot be handed back cheaply).
-  nf_status_t st2 = NF_OK;
-  for (int t = 0; t < 3 && n; t++)
-    if ((st2 = nf__set_ready(p, c, gs[0], gs[n - 1] + 1)) == NF_OK) break;
-  return st != NF_OK ? st : st2;
-}
-
-// An offload whose copy completed: the host granules take the block's place.
-static nf_status_t offload_finish(nf_pool_t *p, nf_xfer_t *x) {
-  nf_block_t *b = x->b;
-  uint64_t done = 0;
-  uint32_t *old = malloc(x->n * sizeof *old);
-  if (!old) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
-  nf_status_t st = remap_all(p, b->chunk, x->gs, x->hg, old, x->n, &done);
-  for (uint64_t j = 0; j < done; j++) nf__gran_push_free(p, old[j]); // device granules back to the pool
-  free(old);
-  unstage(p, x->stage, x->n * p->granule, x->n * p->granule);
-  for (uint64_t j = done; j < x->n; j++) nf__gran_push_free(p, x->hg[j]); // not placed: back to the list
-  p->offl_granules += done;
-  nf_offl_t *o = nf__offl_find(p, b, NULL);
-  o->x = NULL;
-  o->n += done;
-  p->st.offloads++;
-  return st;
-}
-
+// A failed event query or wait is returned at once (the backend is failing:
+// nothing else can be known to be done); a failed finish is deferred.
 nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
-  nf_status_t first = NF_OK;
   uint64_t busy = 0; // streams found not done in this poll: not asked again (one query per stream)
   for (nf_xfer_t **l = &p->xfers; *l;) {
     nf_xfer_t *x = *l;
@@ -207,15 +85,15 @@ nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
     if (!done) { l = &x->next; continue; }
     nf_status_t st = NF_OK;
     *l = x->next;
-    if (x->b) st = x->detached ? nf__detached_finish(p, x) : offload_finish(p, x);
-    else stage_drop(p, x);
-    if (st != NF_OK && first == NF_OK) first = st;
+    if (x->b) st = x->detached ? nf__detached_finish(p, x) : nf__host_finish(p, x);
+    else nf__stage_drop(p, x);
+    if (st != NF_OK) xfer_defer(p, st);
     nf__xfer_free(x);
   }
-  return first;
+  return NF_OK;
 }
 
-void nf__xfer_drain(nf_pool_t *p, uint32_t s) {
+bool nf__xfer_drain(nf_pool_t *p, uint32_t s) {
   nf_stream_rec_t *r = &p->streams[s];
   char msg[512]; // the failure being cleaned up keeps its message
   nf_status_t st = nf_last_status();
@@ -227,6 +105,7 @@ void nf__xfer_drain(nf_pool_t *p, uint32_t s) {
     done = nf__stream_record(p, s) == NF_OK && NF_BE(p, event_sync, event_sync, nf__stream_event(r)) == NF_OK;
   if (!done && r->rec_tick) NF_BE(p, event_sync, event_sync, nf__stream_event(r)); // the best left
   nf__error(st, "%s", msg);
+  return done;
 }
 
 void nf__xfer_push(nf_pool_t *p, nf_xfer_t *x) {
@@ -240,52 +119,6 @@ nf_status_t nf__xfer_reclaim(nf_pool_t *p) {
   return NF_OK;
 }
 
-// ------------------------------------------------------------ host tier
-
-static nf_status_t offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1) {
-  nf_chunk_t *c = b->chunk;
-  nf_xfer_t *x = calloc(1, sizeof *x);
-  nf_offl_t *o = calloc(1, sizeof *o);
-  if (x) x->gs = malloc((g1 - g0) * sizeof *x->gs);
-  if (x) x->hg = malloc((g1 - g0) * sizeof *x->hg);
-  if (!x || !o || !x->gs || !x->hg) {
-    nf__xfer_free(x);
-    free(o);
-    return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
-  }
-  for (uint64_t g = g0; g < g1; g++) // spilled granules are on the host already
-    if (p->gran[c->phys[g]].tier == NF_TIER_DEVICE) x->gs[x->n++] = g;
-  // Wholly spilled: nothing moves and the block stays a spilled one. Marked
-  // offloaded, nf_prefetch would remap it without waiting for the work queued
-  // on it before this call (no copy was ordered after that work).
-  nf_status_t st = x->n ? nf__host_take(p, x->n, x->hg) : NF_OK;
-  if (st != NF_OK || !x->n) { nf__xfer_free(x); free(o); return st; }
-  if ((st = stage_map(p, x)) != NF_OK) goto undo;
-  x->b = b;
-  x->s = s;
-  if ((st = nf__order_block(p, b, s)) != NF_OK || (st = copy_runs(p, x, c, true)) != NF_OK ||
-      (st = nf__stream_record(p, s)) != NF_OK) {
-    nf__xfer_drain(p, s); // the copy may have been queued
-    unstage(p, x->stage, x->n * p->granule, x->n * p->granule);
-    goto undo;
-  }
-  x->tick = p->streams[s].rec_tick;
-  o->b = b;
-  o->n = (g1 - g0) - x->n; // spilled granules: they hold an offloaded block now
-  p->offl_granules += o->n;
-  o->next = p->offl;
-  p->offl = o;
-  b->where = NF_TIER_HOST;
-  o->x = x;
-  nf__xfer_push(p, x);
-  return NF_OK;
-undo:
-  for (uint64_t j = 0; j < x->n; j++) nf__gran_push_free(p, x->hg[j]);
-  nf__xfer_free(x);
-  free(o);
-  return st;
-}
-
 // Drop an offload still in flight: the block keeps its device granules;
 // the staging range goes once the copy is done. The copy may still read the
 // block, so its stream counts as a record_stream stream of the block: the
@@ -296,102 +129,12 @@ static void offload_cancel(nf_block_t *b, nf_offl_t *o) {
   o->x = NULL;
 }
 
-// A copy back into b was queued on stream s: like record_stream, s counts
-// as a user of the block, so a free on the block's own stream does not let
-// its range be reused or unmapped (nor a later offload read it) before the
-// copy has landed.
-static void prefetched_on(nf_block_t *b, uint32_t s) {
-  if (s != b->stream) b->extra |= 1ull << s;
-}
-
 // The device has no room for the n granules a prefetch needs (the granule
 // pool reports OOM without a message: the caller names what failed).
 nf_status_t nf__prefetch_oom(nf_pool_t *p, uint64_t n) {
   char need[32];
   nf__fmt_bytes(need, sizeof need, n << p->gshift);
   return nf__error(NF_ERR_OOM, "nofrag: prefetch: no device memory for %s (the block stays offloaded, intact)", need);
-}
-
-static nf_status_t prefetch_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1, bool spilled) {
-  nf_chunk_t *c = b->chunk;
-  nf_status_t st;
-  nf_xfer_t *x = calloc(1, sizeof *x);
-  uint32_t *dev = malloc((g1 - g0) * sizeof *dev);
-  if (x) x->gs = malloc((g1 - g0) * sizeof *x->gs);
-  if (x) x->hg = malloc((g1 - g0) * sizeof *x->hg);
-  if (!x || !dev || !x->gs || !x->hg) {
-    nf__xfer_free(x);
-    free(dev);
-    return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
-  }
-  for (uint64_t g = g0; g < g1; g++)
-    if (p->gran[c->phys[g]].tier == NF_TIER_HOST) {
-      x->gs[x->n] = g;
-      x->hg[x->n++] = c->phys[g];
-    }
-  x->s = s;
-  if (!x->n) { nf__xfer_free(x); free(dev); return NF_OK; }
-  // A spilled block may be in use: its streams must be done before its
-  // granules move (an offloaded block is not in use, by contract).
-  if (spilled) {
-    for (uint64_t m = b->extra | 1ull << b->stream | 1ull << s; m; m &= m - 1) {
-      uint32_t y = (uint32_t)__builtin_ctzll(m);
-      bool done;
-      if ((st = nf__stream_record(p, y)) != NF_OK ||
-          (st = nf__stream_done(p, y, p->streams[y].rec_tick, true, &done)) != NF_OK)
-        goto fail;
-    }
-  }
-  if ((st = nf__gran_acquire(p, x->n, c, g0, g1)) != NF_OK) {
-    if (st == NF_ERR_OOM) nf__prefetch_oom(p, x->n);
-    goto fail;
-  }
-  for (uint64_t j = 0; j < x->n; j++) {
-    dev[j] = nf__gran_pop(p, NF_TIER_DEVICE);
-    p->gran[dev[j]].state = NF_GR_MAPPED;
-  }
-  // The host granules stay mapped at the block while also mapped at the
-  // staging range: the data is safe whatever fails from here.
-  if ((st = stage_map(p, x)) != NF_OK) {
-    for (uint64_t j = 0; j < x->n; j++) nf__gran_push_free(p, dev[j]);
-    goto fail;
-  }
-  uint64_t done = 0;
-  uint32_t *old = malloc(x->n * sizeof *old); // the host granules, = x->hg
-  if (!old) { st = nf__error(NF_ERR_NOMEM, "nofrag: out of host memory"); done = 0; }
-  else st = remap_all(p, c, x->gs, dev, old, x->n, &done);
-  for (uint64_t j = done; j < x->n; j++) nf__gran_push_free(p, dev[j]); // not placed
-  if (st == NF_OK) st = copy_runs(p, x, c, false);
-  if (st == NF_OK) st = nf__stream_record(p, s);
-  if (st != NF_OK) {
-    // Put the host granules back where they were swapped out; they kept the
-    // data (mapped at the staging range too).
-    nf__xfer_drain(p, s);
-    uint64_t back = 0;
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", nf_last_error());
-    if (old) {
-      remap_all(p, c, x->gs, x->hg, old, done, &back);
-      for (uint64_t j = 0; j < back; j++) nf__gran_push_free(p, old[j]); // device granules
-      for (uint64_t j = back; j < done; j++) nf__gran_push_free(p, x->hg[j]); // could not go back: lost
-      free(old);
-    }
-    unstage(p, x->stage, x->n * p->granule, x->n * p->granule);
-    nf__error(st, "%s", msg);
-    goto fail;
-  }
-  free(old);
-  x->tick = p->streams[s].rec_tick;
-  prefetched_on(b, s);
-  p->st.prefetches++;
-  for (uint64_t j = 0; j < x->n; j++) p->gran[x->hg[j]].state = NF_GR_MAPPED; // until stage_drop
-  nf__xfer_push(p, x);
-  free(dev);
-  return NF_OK;
-fail:
-  nf__xfer_free(x);
-  free(dev);
-  return st;
 }
 
 // ------------------------------------------------------------ public API
@@ -432,7 +175,7 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
     goto out;
   }
   if (!nf__owned(p, b, &g0, &g1)) goto out; // under a granule: nothing it owns alone
-  st = tier == NF_TIER_HOST ? offload_host(p, b, s, g0, g1)
+  st = tier == NF_TIER_HOST ? nf__offload_host(p, b, s, g0, g1)
        : tier == NF_TIER_DISK ? nf__offload_disk(p, b, s, g0, g1)
                               : nf__offload_detached(p, b, s, g0, g1);
 out:
@@ -458,11 +201,11 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
     offload_cancel(b, o);
   } else if (b->where == NF_TIER_DISK) {
     if ((st = nf__prefetch_disk(p, b, o, s, g0, g1)) != NF_OK) goto out;
-    prefetched_on(b, s);
+    nf__prefetched_on(b, s);
   } else if (b->where == NF_TIER_HOST_DETACHED) {
     if ((st = nf__prefetch_detached(p, b, o, s, g0, g1)) != NF_OK) goto out;
-    prefetched_on(b, s);
-  } else if ((st = prefetch_host(p, b, s, g0, g1, !o)) != NF_OK) {
+    nf__prefetched_on(b, s);
+  } else if ((st = nf__prefetch_host(p, b, o, s, g0, g1, !o)) != NF_OK) {
     goto out;
   }
   if (o) {
@@ -482,6 +225,15 @@ nf_status_t nf_offload_wait(nf_pool_t *p) {
   nf__lock(&p->lock);
   nf_status_t st = not_capturing(p, "nf_offload_wait");
   if (st == NF_OK) st = nf__xfer_poll(p, true);
+  if (st == NF_OK && p->xfer_err != NF_OK) { // an offload whose finish failed (xfer_defer), reported once
+    if (p->xfer_err_more)
+      st = nf__error(p->xfer_err, "%s (and %llu more offloads failed to finish since)", p->xfer_msg,
+                     (unsigned long long)p->xfer_err_more);
+    else
+      st = nf__error(p->xfer_err, "%s", p->xfer_msg);
+    p->xfer_err = NF_OK;
+    p->xfer_err_more = 0;
+  }
   nf__pub_full(p);
   nf__unlock(&p->lock);
   return st;
@@ -529,7 +281,7 @@ void nf__offload_destroy(nf_pool_t *p) {
   while (p->xfers) { // polling failed: drop them anyway
     nf_xfer_t *x = p->xfers;
     p->xfers = x->next;
-    stage_drop(p, x);
+    nf__stage_drop(p, x);
     nf__xfer_free(x);
   }
   while (p->offl) {

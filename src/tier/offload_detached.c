@@ -128,7 +128,8 @@ nf_status_t nf__offload_detached(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64
 }
 
 // The copy out completed: unmap the owned range. If that fails the block
-// keeps its device granules (they hold the data too) and is not offloaded.
+// keeps its device granules (they hold the data too) and is not offloaded;
+// the message names it (nf_offload_wait reports it, offload.c).
 nf_status_t nf__detached_finish(nf_pool_t *p, nf_xfer_t *x) {
   nf_block_t *b = x->b;
   nf_offl_t **link, *o = nf__offl_find(p, b, &link);
@@ -138,7 +139,8 @@ nf_status_t nf__detached_finish(nf_pool_t *p, nf_xfer_t *x) {
     *link = o->next;
     free(o);
     b->where = 0;
-    return st;
+    return nf__error(st, "nofrag: offload of %p (detached): finishing it failed (unmap failed: %s); the block is "
+                     "intact, still on the device (not offloaded)", (void *)b->addr, p->be->err);
   }
   p->away_granules += x->n;
   p->detached_granules += x->n;

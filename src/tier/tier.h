@@ -1,7 +1,8 @@
 // The tier layer's private header: same-address moves of live blocks between
-// the device and host memory or disk (offload.c: host tier, copies in flight,
-// the public nf_offload/nf_prefetch API and the hooks the core is handed;
-// offload_disk.c; offload_detached.c: host window and the detached host tier).
+// the device and host memory or disk (offload.c: copies in flight, the public
+// nf_offload/nf_prefetch API and the hooks the core is handed; offload_host.c:
+// the host tier; offload_disk.c; offload_detached.c: host window and the
+// detached host tier).
 // Spill (a request backed partly by host granules) is a placement decision
 // and lives in the core (core/vmm.c); this layer moves blocks already placed.
 #ifndef NF_TIER_H
@@ -17,6 +18,8 @@ void nf__offload_destroy(nf_pool_t *p);
 void nf__win_destroy(nf_pool_t *p);
 
 // offload.c: nf__xfer_poll finishes the copies that completed (blocking: all).
+// A finish that fails is kept for nf_offload_wait (p->xfer_err); only a
+// failed event call is returned.
 nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking);
 // At the device limit: wait for the offload copies in flight that hold
 // device granules (none: no wait), so that those granules come back.
@@ -70,11 +73,31 @@ void nf__xfer_free(nf_xfer_t *x);
 void nf__xfer_push(nf_pool_t *p, nf_xfer_t *x);
 // After a failure once copies may have been queued on stream s: wait for them
 // (a fresh record, retried; else the last one) before their memory is given
-// back. The failure being handled keeps its status and message.
-void nf__xfer_drain(nf_pool_t *p, uint32_t s);
-nf_status_t nf__host_take(nf_pool_t *p, uint64_t n, uint32_t *hg);
+// back. The failure being handled keeps its status and message. False: no
+// fresh record could be waited for (the copies are not known to be done).
+bool nf__xfer_drain(nf_pool_t *p, uint32_t s);
 nf_status_t nf__order_block(nf_pool_t *p, const nf_block_t *b, uint32_t s);
 nf_status_t nf__prefetch_oom(nf_pool_t *p, uint64_t n); // NF_ERR_OOM, with a message
+
+// A copy back into b was queued on stream s: like record_stream, s counts
+// as a user of the block, so a free on the block's own stream does not let
+// its range be reused or unmapped (nor a later offload read it) before the
+// copy has landed.
+static inline void nf__prefetched_on(nf_block_t *b, uint32_t s) {
+  if (s != b->stream) b->extra |= 1ull << s;
+}
+
+// offload_host.c. nf__host_finish: the copy out of x completed, host
+// granules take the block's place (an error names the block: nf__xfer_poll
+// defers it). nf__stage_drop: a prefetch's copy completed, its host granules
+// go back. nf__prefetch_host: o NULL for a block with spilled granules
+// (spilled: it may be in use, its streams are waited for).
+nf_status_t nf__host_take(nf_pool_t *p, uint64_t n, uint32_t *hg);
+nf_status_t nf__offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1);
+nf_status_t nf__host_finish(nf_pool_t *p, nf_xfer_t *x);
+void nf__stage_drop(nf_pool_t *p, nf_xfer_t *x);
+nf_status_t nf__prefetch_host(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_t s, uint64_t g0, uint64_t g1,
+                              bool spilled);
 
 // offload_disk.c
 nf_status_t nf__offload_disk(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1);
