@@ -45,7 +45,9 @@ void nf__stage_drop(nf_pool_t *p, nf_xfer_t *x) {
 nf_status_t nf__host_take(nf_pool_t *p, uint64_t n, uint32_t *hg) {
   if (p->host_free_count < n) {
     nf_status_t st = nf__host_granules_create(p, n - p->host_free_count);
-    if (st == NF_ERR_OOM) {
+    // The limit stops creation without a message; a backend out of pinned
+    // memory has its own, which says what really ran out.
+    if (st == NF_ERR_OOM && p->host_created >= p->max_host_granules) {
       char lim[32];
       nf__fmt_bytes(lim, sizeof lim, p->max_host_granules << p->gshift);
       return nf__error(NF_ERR_OOM, "nofrag: offload: %llu host granules needed, the host tier limit (%s, "
