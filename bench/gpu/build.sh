@@ -28,10 +28,11 @@ nf_build_lib() {
   [ -f build/libnofrag.so ]
 }
 
-# Build and run tests/gpu/test_cuda.c against build/libnofrag.a (after
-# nf_build_lib): $OUT/test_cuda.{log,json}, its tail printed.
+# Build and run the GPU test (tests/gpu: test_cuda.c has main) against
+# build/libnofrag.a (after nf_build_lib): $OUT/test_cuda.{log,json}, its tail printed.
 nf_test_cuda() {
-  if gcc -std=c11 -O2 -g -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c build/libnofrag.a $LIBS \
+  if gcc -std=c11 -O2 -g -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c tests/gpu/test_cuda_tiers.c \
+       tests/gpu/test_cuda_faults.c tests/gpu/cuda_util.c build/libnofrag.a $LIBS \
        -o build/test_cuda >>"$OUT/build.log" 2>&1; then
     timeout 150 ./build/test_cuda "$OUT/test_cuda.json" >"$OUT/test_cuda.log" 2>&1
     local rc=$?

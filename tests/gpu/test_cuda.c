@@ -1,97 +1,22 @@
 // GPU test of the CUDA backend and of the pool on real device memory.
-// Built and run by bench/gpu/run.sh (not by CTest: it needs a GPU):
+// Built and run by bench/gpu/run.sh (not by CTest: it needs a GPU); one
+// program of the files in tests/gpu (cuda_test.h says what they share):
 //
-//   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c
-//       build/libnofrag.a -lpthread -lz -ldl -lm -o test_cuda && ./test_cuda [out.json]
+//   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c tests/gpu/test_cuda_tiers.c
+//       tests/gpu/test_cuda_faults.c tests/gpu/cuda_util.c build/libnofrag.a -lpthread -ldl -lm
+//       -o test_cuda && ./test_cuda [out.json]
 //
 // Exit status: 0 all passed, 1 a check failed, 77 skipped (no driver/GPU).
 // The test talks to the driver itself (dlopen libcuda.so.1) only for what the
 // backend does not do: host<->device copies, memsets and streams, used to
 // write and check data patterns and to put load on streams.
-#include "backend/backend.h"
-#include "nofrag.h"
+// This file: the backend's ops directly, then the core pool on device memory
+// (stitching, steady state, cross-stream reuse, views, destroy); tiers and
+// peers in test_cuda_tiers.c, backend faults in test_cuda_faults.c.
+#include "cuda_test.h"
 
-#include <dlfcn.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-typedef int CUresult;
-typedef void *CUstream;
-typedef unsigned long long CUdeviceptr;
-static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
-static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-static CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
-static CUresult (*cuStreamCreate)(CUstream *, unsigned);
-static CUresult (*cuStreamSynchronize)(CUstream);
-static CUresult (*cuStreamDestroy)(CUstream);
-static CUresult (*cuCtxSynchronize)(void);
-static CUresult (*cuDeviceGetCount)(int *);
-static CUresult (*cuDeviceGet)(int *, int);
-static CUresult (*cuDeviceCanAccessPeer)(int *, int, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(void **, int);
-static CUresult (*cuDevicePrimaryCtxRelease)(int);
-static CUresult (*cuCtxSetCurrent)(void *);
-static CUresult (*cuCtxGetCurrent)(void **);
-static CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
-
-static int failures, checks;
-static FILE *jout;
-#define CHECK(cond, ...)                                                              \
-  do {                                                                                \
-    checks++;                                                                         \
-    if (!(cond)) {                                                                    \
-      failures++;                                                                     \
-      printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                          \
-      printf(__VA_ARGS__);                                                            \
-      printf("\n");                                                                   \
-    }                                                                                 \
-  } while (0)
-#define DRV(call) CHECK((call) == 0, "driver call %s failed", #call)
-// OKB: a backend op (message in be->err); OKP: a pool/config call (nf_last_error).
-#define OKB(call) do { nf_status_t s_ = (call); CHECK(s_ == NF_OK, "%s -> %s: %s", #call, nf_status_str(s_), be->err); } while (0)
-#define OKP(call) do { nf_status_t s_ = (call); CHECK(s_ == NF_OK, "%s -> %s: %s", #call, nf_status_str(s_), nf_last_error()); } while (0)
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
-
-static void *sym(void *lib, const char *name) {
-  void *p = dlsym(lib, name);
-  if (!p) { printf("SKIP: libcuda.so.1 lacks %s\n", name); exit(77); }
-  return p;
-}
-
-// Fill host buffer with a pattern of (tag, word index).
-static void pattern(uint32_t *h, size_t words, uint32_t tag) {
-  for (size_t i = 0; i < words; i++) h[i] = (uint32_t)(tag * 2654435761u) ^ (uint32_t)i;
-}
-static int verify(const uint32_t *h, size_t words, uint32_t tag) {
-  for (size_t i = 0; i < words; i++)
-    if (h[i] != ((uint32_t)(tag * 2654435761u) ^ (uint32_t)i)) return 0;
-  return 1;
-}
-// Write / check a pattern over a device range (whole range; sizes here are small).
-static uint32_t *hbuf;
-static size_t hbuf_words;
-static void hreserve(size_t bytes) {
-  if (bytes / 4 > hbuf_words) { hbuf_words = bytes / 4; hbuf = realloc(hbuf, hbuf_words * 4); }
-}
-static void dev_fill(uintptr_t d, size_t bytes, uint32_t tag) {
-  hreserve(bytes);
-  pattern(hbuf, bytes / 4, tag);
-  DRV(cuMemcpyHtoD((CUdeviceptr)d, hbuf, bytes));
-}
-static int dev_check(uintptr_t d, size_t bytes, uint32_t tag) {
-  hreserve(bytes);
-  memset(hbuf, 0, bytes);
-  if (cuMemcpyDtoH(hbuf, (CUdeviceptr)d, bytes) != 0) return 0;
-  return verify(hbuf, bytes / 4, tag);
-}
 
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -283,12 +208,6 @@ static void test_backend(nf_backend_t *be) {
   DRV(cuStreamDestroy(s1));
   DRV(cuStreamDestroy(s2));
 }
-
-// ------------------------------------------------------------ pool
-typedef struct { uintptr_t p; size_t n; uint32_t tag; } live_t;
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
 
 // Random alloc/free under a 64 MiB limit with sizes up to 24 MiB: holes force
 // reclaim/stitching. Every live block's pattern is checked after every step
@@ -567,202 +486,6 @@ static void test_pool_destroy_returns_memory(nf_backend_t *be) {
   CHECK(f2 + (64ull << 20) >= f0, "destroy left %lld MiB in use", (long long)(f0 - f2) >> 20);
 }
 
-// Peer access (nf_pool_add_peer): the pool's own device is a no-op, a device
-// that does not exist is refused. With two or more GPUs, each peer with a P2P
-// path copies a block mapped before the call and one mapped after it from
-// its own context (the copy engine of the peer reads device 0's mappings:
-// without the grant the driver faults); without a path, UNSUPPORTED.
-static void test_pool_peers(nf_backend_t *be) {
-  printf("-- pool: peer access\n");
-  int n = 0;
-  DRV(cuDeviceGetCount(&n));
-  nf_config_t cfg;
-  nf_config_default(&cfg);
-  nf_pool_t *pool = NULL;
-  OKP(nf_pool_create(&pool, be, &cfg));
-  if (!pool) return;
-  OKP(nf_pool_add_peer(pool, 0));
-  CHECK(nf_pool_add_peer(pool, n) == NF_ERR_INVALID, "device %d does not exist: %s", n, nf_last_error());
-  size_t bytes = 8u << 20;
-  void *before = nf_alloc(pool, bytes, NULL);
-  CHECK(before != NULL, "alloc: %s", nf_last_error());
-  if (before) dev_fill((uintptr_t)before, bytes, 31);
-  void *mine = NULL;
-  for (int d = 1; d < n && before; d++) {
-    int dev0 = 0, devd = 0, can = 0;
-    DRV(cuDeviceGet(&dev0, 0));
-    DRV(cuDeviceGet(&devd, d));
-    DRV(cuDeviceCanAccessPeer(&can, devd, dev0));
-    nf_status_t st = nf_pool_add_peer(pool, d);
-    if (!can) {
-      CHECK(st == NF_ERR_UNSUPPORTED, "device %d has no P2P path to 0: %s", d, nf_status_str(st));
-      continue;
-    }
-    CHECK(st == NF_OK, "add_peer(%d): %s", d, nf_last_error());
-    void *after = nf_alloc(pool, bytes, NULL);
-    CHECK(after != NULL, "alloc: %s", nf_last_error());
-    if (!after) continue;
-    dev_fill((uintptr_t)after, bytes, 32);
-    DRV(cuCtxSynchronize());
-    void *ctx = NULL, *cur = NULL;
-    DRV(cuCtxGetCurrent(&cur));
-    DRV(cuDevicePrimaryCtxRetain(&ctx, devd));
-    DRV(cuCtxSetCurrent(ctx));
-    // Peer reads: device d copies each block within device 0's memory.
-    if (!mine) mine = nf_alloc(pool, bytes, NULL);
-    CHECK(mine != NULL, "alloc: %s", nf_last_error());
-    if (mine) {
-      DRV(cuMemcpyDtoD((CUdeviceptr)mine, (CUdeviceptr)before, bytes));
-      CHECK(dev_check((uintptr_t)mine, bytes, 31), "device %d: block mapped before add_peer reads wrong", d);
-      DRV(cuMemcpyDtoD((CUdeviceptr)mine, (CUdeviceptr)after, bytes));
-      CHECK(dev_check((uintptr_t)mine, bytes, 32), "device %d: block mapped after add_peer reads wrong", d);
-    }
-    DRV(cuCtxSetCurrent(cur));
-    DRV(cuDevicePrimaryCtxRelease(devd));
-    nf_free(pool, after);
-  }
-  if (n < 2) printf("   (one GPU: the peer copies need a second device; not run)\n");
-  if (mine) nf_free(pool, mine);
-  if (before) nf_free(pool, before);
-  nf_pool_destroy(pool);
-}
-
-// Spill past the limit, then offload/prefetch cycles with the copies queued
-// behind other work on the stream, both tiers; every block's pattern is
-// checked after it comes back. Also the bandwidth of one 512 MiB offload and
-// prefetch (H200 here: host memory over PCIe).
-static void test_pool_spill_offload(nf_backend_t *be) {
-  printf("-- pool: spill past a 256 MiB limit; offload/prefetch under load (host, detached, disk)\n");
-  setenv("NOFRAG_QUIET_SPILL", "1", 1);
-  nf_config_t cfg;
-  nf_config_default(&cfg);
-  char err[256];
-  OKP(nf_config_parse(&cfg, "limit:256MiB,spill:host,spill_limit:2GiB,release_threshold:never", err, sizeof err));
-  nf_pool_t *pool = NULL;
-  OKP(nf_pool_create(&pool, be, &cfg));
-  if (!pool) return;
-  const size_t M = 1 << 20;
-  live_t S[6];
-  int bad = 0;
-  for (int i = 0; i < 6; i++) { // 1.5 x the limit
-    S[i] = (live_t){(uintptr_t)nf_alloc(pool, 64 * M, NULL), 64 * M, 500u + (uint32_t)i};
-    CHECK(S[i].p, "spill alloc %d: %s", i, nf_last_error());
-    if (S[i].p) dev_fill(S[i].p, S[i].n, S[i].tag);
-  }
-  nf_stats_t st;
-  nf_stats_get(pool, &st);
-  uint64_t t[3] = {0};
-  if (S[5].p) OKP(nf_block_tiers(pool, (void *)S[5].p, t));
-  CHECK(st.spilled >= 128 * M && t[1] == 64 * M, "spilled %llu, last block on host %llu", (unsigned long long)st.spilled,
-        (unsigned long long)t[1]);
-  // The GPU writes spilled memory through the same address.
-  CUstream s = NULL;
-  DRV(cuStreamCreate(&s, 0));
-  if (S[5].p) {
-    DRV(cuMemsetD32Async((CUdeviceptr)S[5].p, 0x5EED5EEDu, 64 * M / 4, s));
-    DRV(cuStreamSynchronize(s));
-    hreserve(64 * M);
-    DRV(cuMemcpyDtoH(hbuf, (CUdeviceptr)S[5].p, 64 * M));
-    CHECK(hbuf[0] == 0x5EED5EEDu && hbuf[64 * M / 4 - 1] == 0x5EED5EEDu, "GPU write to spilled memory lost");
-    dev_fill(S[5].p, S[5].n, S[5].tag);
-  }
-  for (int i = 0; i < 6; i++) bad += S[i].p && !dev_check(S[i].p, S[i].n, S[i].tag);
-  for (int i = 0; i < 6; i++) nf_free(pool, (void *)S[i].p);
-  void *d = nf_alloc(pool, 192 * M, NULL);
-  if (d) OKP(nf_block_tiers(pool, d, t));
-  CHECK(d && t[1] == 0 && t[0] == 192 * M, "after spill, new blocks must be on the device (host %llu)",
-        (unsigned long long)t[1]);
-  nf_free(pool, d);
-  // Cycles: 8 blocks of 12..33 MiB on a 256 MiB limit with a 64 MiB scratch
-  // block alive too; offloads are queued behind a memset of the scratch.
-  live_t B[8];
-  int where[8] = {0}, moved = 0, cycles = 0;
-  void *scratch = nf_alloc(pool, 64 * M, s);
-  for (int i = 0; i < 8; i++) {
-    B[i] = (live_t){(uintptr_t)nf_alloc(pool, (size_t)(12 + 3 * i) * M, s), (size_t)(12 + 3 * i) * M, 600u + (uint32_t)i};
-    CHECK(B[i].p, "cycle alloc %d: %s", i, nf_last_error());
-    if (B[i].p) dev_fill(B[i].p, B[i].n, B[i].tag);
-  }
-  for (int it = 0; it < 120 && scratch; it++) {
-    int i = (int)(rnd() % 8);
-    if (!B[i].p) continue;
-    DRV(cuMemsetD32Async((CUdeviceptr)scratch, (unsigned)it, 64 * M / 4, s)); // load ahead of the copy
-    if (!where[i]) {
-      int k = (int)(rnd() % 4);
-      nf_tier_t tier = k == 0 ? NF_TIER_DISK : k == 1 ? NF_TIER_HOST_DETACHED : NF_TIER_HOST;
-      nf_status_t r = nf_offload(pool, (void *)B[i].p, s, tier);
-      CHECK(r == NF_OK, "offload: %s", nf_last_error());
-      if (r == NF_OK) where[i] = tier, moved++;
-    } else {
-      nf_status_t r = nf_prefetch(pool, (void *)B[i].p, s);
-      if (r == NF_ERR_OOM) continue; // the others hold the device: fine, try later
-      CHECK(r == NF_OK, "prefetch: %s", nf_last_error());
-      if (r != NF_OK) continue;
-      where[i] = 0;
-      cycles++;
-      DRV(cuStreamSynchronize(s));
-      bad += !dev_check(B[i].p, B[i].n, B[i].tag);
-      B[i].tag += 100; // new contents for the next cycle
-      dev_fill(B[i].p, B[i].n, B[i].tag);
-    }
-    CHECK(nf_pool_check(pool) == NF_OK, "pool_check: %s", nf_last_error());
-  }
-  for (int i = 0; i < 8; i++) {
-    if (!B[i].p) continue;
-    if (where[i]) { OKP(nf_prefetch(pool, (void *)B[i].p, s)); cycles++; }
-    DRV(cuStreamSynchronize(s));
-    bad += !dev_check(B[i].p, B[i].n, B[i].tag);
-    nf_free(pool, (void *)B[i].p);
-  }
-  nf_free(pool, scratch);
-  nf_stats_get(pool, &st);
-  CHECK(bad == 0, "%d blocks lost their data", bad);
-  CHECK(moved >= 20 && cycles >= 15, "too few moves: %d offloads, %d round trips", moved, cycles);
-  printf("   spill peak %llu MiB; %d offloads, %d round trips, 0 blocks lost expected, %d found; copies %llu\n",
-         (unsigned long long)(st.spilled_peak >> 20), moved, cycles, bad, (unsigned long long)st.calls.copy);
-  nf_pool_destroy(pool);
-  // Bandwidth of one 512 MiB block, there and back.
-  OKP(nf_config_parse(&cfg, "limit:2GiB,spill:off", err, sizeof err));
-  pool = NULL;
-  OKP(nf_pool_create(&pool, be, &cfg));
-  void *big = pool ? nf_alloc(pool, 512 * M, s) : NULL;
-  // [tier][round]: round 0 creates the host granules (and, detached, maps
-  // them at the window), round 1 reuses them.
-  double off_gbs[2][2] = {{0}}, pre_gbs[2][2] = {{0}};
-  for (int k = 0; k < 2 && big; k++)
-    for (int round = 0; round < 2; round++) {
-      nf_tier_t tier = k ? NF_TIER_HOST_DETACHED : NF_TIER_HOST;
-      dev_fill((uintptr_t)big, 512 * M, 77u + (uint32_t)(2 * k + round));
-      DRV(cuStreamSynchronize(s));
-      double t0 = now_us();
-      OKP(nf_offload(pool, big, s, tier));
-      OKP(nf_offload_wait(pool));
-      double t1 = now_us();
-      OKP(nf_prefetch(pool, big, s));
-      DRV(cuStreamSynchronize(s));
-      double t2 = now_us();
-      OKP(nf_offload_wait(pool)); // the host granules return before the next round
-      off_gbs[k][round] = 512.0 * M / ((t1 - t0) * 1e3);
-      pre_gbs[k][round] = 512.0 * M / ((t2 - t1) * 1e3);
-      CHECK(dev_check((uintptr_t)big, 512 * M, 77u + (uint32_t)(2 * k + round)),
-            "512 MiB block corrupted by offload + prefetch (tier %d, round %d)", (int)tier, round);
-    }
-  if (big) {
-    printf("   512 MiB host:     offload %.1f GB/s fresh, %.1f warm (incl. remap); prefetch %.1f / %.1f GB/s\n",
-           off_gbs[0][0], off_gbs[0][1], pre_gbs[0][0], pre_gbs[0][1]);
-    printf("   512 MiB detached: offload %.1f GB/s fresh, %.1f warm (incl. unmap);  prefetch %.1f / %.1f GB/s\n",
-           off_gbs[1][0], off_gbs[1][1], pre_gbs[1][0], pre_gbs[1][1]);
-    nf_free(pool, big);
-  }
-  fprintf(jout, "\"offload\": {\"bad_blocks\": %d, \"offloads\": %d, \"round_trips\": %d, \"offload_GBps\": %.2f, "
-                "\"prefetch_GBps\": %.2f, \"offload_warm_GBps\": %.2f, \"prefetch_warm_GBps\": %.2f, "
-                "\"detached_offload_GBps\": [%.2f, %.2f], \"detached_prefetch_GBps\": [%.2f, %.2f]},\n",
-          bad, moved, cycles, off_gbs[0][0], pre_gbs[0][0], off_gbs[0][1], pre_gbs[0][1], off_gbs[1][0],
-          off_gbs[1][1], pre_gbs[1][0], pre_gbs[1][1]);
-  nf_pool_destroy(pool);
-  DRV(cuStreamDestroy(s));
-}
-
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *outp = argc > 1 ? argv[1] : "/dev/null";
@@ -772,23 +495,7 @@ int main(int argc, char **argv) {
     printf("SKIP: no CUDA device: %s: %s\n", nf_status_str(st), nf_last_error());
     return 77;
   }
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
-  cuMemcpyHtoD = sym(lib, "cuMemcpyHtoD_v2");
-  cuMemcpyDtoH = sym(lib, "cuMemcpyDtoH_v2");
-  cuMemsetD32Async = sym(lib, "cuMemsetD32Async");
-  cuStreamCreate = sym(lib, "cuStreamCreate");
-  cuStreamSynchronize = sym(lib, "cuStreamSynchronize");
-  cuStreamDestroy = sym(lib, "cuStreamDestroy_v2");
-  cuCtxSynchronize = sym(lib, "cuCtxSynchronize");
-  cuDeviceGetCount = sym(lib, "cuDeviceGetCount");
-  cuDeviceGet = sym(lib, "cuDeviceGet");
-  cuDeviceCanAccessPeer = sym(lib, "cuDeviceCanAccessPeer");
-  cuDevicePrimaryCtxRetain = sym(lib, "cuDevicePrimaryCtxRetain");
-  cuDevicePrimaryCtxRelease = sym(lib, "cuDevicePrimaryCtxRelease_v2");
-  cuCtxSetCurrent = sym(lib, "cuCtxSetCurrent");
-  cuCtxGetCurrent = sym(lib, "cuCtxGetCurrent");
-  cuMemcpyDtoD = sym(lib, "cuMemcpyDtoD_v2");
+  cuda_test_load();
   jout = fopen(outp, "w");
   if (!jout) jout = fopen("/dev/null", "w");
   fprintf(jout, "{\n");
@@ -799,6 +506,9 @@ int main(int argc, char **argv) {
   test_pool_destroy_returns_memory(be);
   test_pool_peers(be);
   test_pool_spill_offload(be);
+  nf_backend_t *fault_inner = NULL; // a second backend: the fault wrapper owns and destroys it
+  OKP(nf_backend_cuda_create(&fault_inner, 0));
+  if (fault_inner) test_pool_backend_faults(fault_inner);
   fprintf(jout, "\"checks\": %d, \"failures\": %d\n}\n", checks, failures);
   fclose(jout);
   nf_backend_destroy(be);
