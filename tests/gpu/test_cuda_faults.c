@@ -4,7 +4,7 @@
 // A reference run of a small fixed workload (allocs, offloads to the host and
 // detached host tiers, prefetches, waits, frees and allocs again, views on)
 // counts its backend calls; then one run per call number n in which call n
-// fails (every k-th n when there are more than FAULT_RUNS calls). After each
+// fails (every k-th n: as many runs as fit in FAULT_SECONDS, at most FAULT_RUNS). After each
 // pool call, OK or not, every block the device may read holds its pattern: a
 // failing call changes nothing (nofrag.h), unless its message says data was
 // "lost" (counted apart and printed; that run reads no block again). Each run
@@ -17,7 +17,7 @@
 
 #define FAULT_RUNS 300
 #ifndef FAULT_SECONDS
-#define FAULT_SECONDS 15.0 // the sweep stops (not a failure) past this
+#define FAULT_SECONDS 30.0 // the sweep stops (not a failure) past this
 #endif
 #define FB_N 6
 static const size_t MiB = 1u << 20;
@@ -187,9 +187,15 @@ void test_pool_backend_faults(nf_backend_t *inner) {
   inner->ops->capacity(inner, NF_TIER_DEVICE, &t, &free0); // the inner's: not a counted call
   fsum_t sum = {0};
   int runs = 0;
+  double tr = now_us();
   fault_run(fb, 0, &total, &sum);
+  tr = now_us() - tr;
   CHECK(total > 40, "the reference run made only %llu backend calls", (unsigned long long)total);
-  uint64_t step = total > FAULT_RUNS ? (total + FAULT_RUNS - 1) / FAULT_RUNS : 1, n = 1;
+  // As many runs as fit in the time (from the reference run's), spread over
+  // every call number, not the first ones only.
+  uint64_t fit = (uint64_t)(0.8 * FAULT_SECONDS * 1e6 / (tr > 1.0 ? tr : 1.0)), most = fit < FAULT_RUNS ? fit : FAULT_RUNS;
+  if (most < 1) most = 1;
+  uint64_t step = total > most ? (total + most - 1) / most : 1, n = 1;
   double t0 = now_us();
   for (; n <= total && !sum.drv && now_us() - t0 < FAULT_SECONDS * 1e6; n += step, runs++)
     fault_run(fb, n, &calls, &sum);
