@@ -226,6 +226,18 @@ static inline nf_pool_t *nft_pool_on(nf_backend_t *be, const char *conf) {
   return p;
 }
 
+// Destroy pool p and backend be (a fault backend over the host backend
+// `inner`): whatever failed on the way, `inner` must hold no granule and no
+// mapping once the pool is gone (test_fault, test_fault_tier).
+static inline void nft_destroy_all(nf_pool_t *p, nf_backend_t *be, nf_backend_t *inner) {
+  nf_pool_destroy(p);
+  uint64_t gr = 1, mp = 1;
+  nf_backend_host_usage(inner, &gr, &mp);
+  assert_int_equal(gr, 0);
+  assert_int_equal(mp, 0);
+  nf_backend_destroy(be);
+}
+
 // ------------------------------------------------------------ files and mappings
 // Write `n` bytes of `text` to a fresh temp file named after `tag` (gzip-
 // compressed when gz); its path goes to `path` (the caller unlinks).

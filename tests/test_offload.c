@@ -2,7 +2,8 @@
 // on the host backend: its "host" tier is a
 // second memfd, its copies are synchronous, and manual events keep copies
 // "in flight" so that the deferred remapping paths run. Every block carries
-// a pattern that is verified across every move.
+// a pattern that is verified across every move. Backend failures in the
+// tier layer: test_fault_tier.c.
 #include "nf_test.h"
 
 #include <sys/stat.h>
@@ -504,111 +505,6 @@ static void test_offload_disk_offsets(void **state) {
   nf_backend_destroy(be);
 }
 
-// A block's offload whose copy completed is finished by whichever pool call
-// polls next, a call about another block maybe. Its finish fails here (the
-// remap of a's host granules at a, or the detached unmap: each backend call
-// of it fails 3 times in a row in turn). Before the fix, nf_offload or
-// nf_prefetch of block b then failed with a's error, and b's work was not
-// done. Now b's call does b's work; nf_offload_wait reports a's failure,
-// naming a, once; a stays intact and usable (on the device, or offloaded in
-// part), and prefetch brings it back.
-static void test_finish_failure_deferred(void **state) {
-  (void)state;
-  nf_tier_t tiers[] = {NF_TIER_HOST, NF_TIER_HOST_DETACHED};
-  int deferred = 0;
-  for (int t = 0; t < 2; t++)
-    for (int op = 0; op < 2; op++) // the call on b: offload, prefetch
-      for (uint64_t off = 1; off <= 12; off++) {
-        nf_backend_t *inner, *be;
-        assert_int_equal(nf_backend_host_create(&inner, 1024 * G, G), NF_OK);
-        assert_int_equal(nf_backend_fault_create(&be, inner, 0, 0, 1), NF_OK);
-        nf_pool_t *p = nft_pool_on(be, "limit:1MiB,views:0");
-        nf_backend_host_set_manual_events(inner, 1);
-        void *a = nf_alloc(p, 4 * G, NULL), *b = nf_alloc(p, 4 * G, NULL);
-        assert_true(a && b);
-        nft_fill(a, 4 * G, 31);
-        nft_fill(b, 4 * G, 32);
-        if (op == 1) {
-          assert_int_equal(nf_offload(p, b, NULL, NF_TIER_HOST), NF_OK);
-          nf_backend_host_complete_events(inner);
-          assert_int_equal(nf_offload_wait(p), NF_OK);
-        }
-        assert_int_equal(nf_offload(p, a, NULL, tiers[t]), NF_OK);
-        nf_backend_host_complete_events(inner); // a's copy is done: the next poll finishes it
-        uint64_t base, failed, ta[3], tb[3];
-        nf_backend_fault_counts(be, &base, &failed);
-        nf__backend_fault_mask(be, base + off, 7);
-        nf_status_t r = op ? nf_prefetch(p, b, NULL) : nf_offload(p, b, NULL, NF_TIER_HOST);
-        char msg[768], addr[32], what[900];
-        snprintf(msg, sizeof msg, "%s", r ? nf_last_error() : "");
-        nf_backend_fault_set(be, 0, 0);
-        snprintf(addr, sizeof addr, "%p", a);
-        snprintf(what, sizeof what, "tier %d op %d call %llu: %d \"%s\"", (int)tiers[t], op, (unsigned long long)off,
-                 r, msg);
-        if (strstr(msg, addr)) fail_msg("%s: the call on b failed with a's error", what);
-        nf_backend_host_complete_events(inner);
-        nf_status_t w = nf_offload_wait(p);
-        char wmsg[768];
-        snprintf(wmsg, sizeof wmsg, "%s", w ? nf_last_error() : "");
-        // Consistent, except (test_fault.c, offloaded_is) a set access that
-        // failed 3 times in a row: a's granules lack access until its prefetch.
-        bool access = nf_pool_check(p) == NF_OK;
-        if (!access && (!strstr(nf_last_error(), "not fully mapped") || !strstr(wmsg, "without access")))
-          fail_msg("%s: %s (wait: %s)", what, nf_last_error(), wmsg);
-        nft_tiers(p, a, ta);
-        nft_tiers(p, b, tb);
-        if (ta[NF_TIER_DEVICE] || !access) { // a's finish failed: a keeps device granules, or lacks access
-          if (w == NF_OK || !strstr(wmsg, addr) || !strstr(wmsg, "intact"))
-            fail_msg("%s: wait did not report a's failure: %d \"%s\"", what, w, wmsg);
-          assert_int_equal(nf_offload_wait(p), NF_OK); // reported once
-          if (access) assert_true(nft_check(a, 4 * G, 31)); // in place: on the device or the host
-          deferred += r == NF_OK;
-        } else if (w != NF_OK) {
-          fail_msg("%s: wait failed, a is offloaded: \"%s\"", what, wmsg);
-        }
-        if (r == NF_OK && tb[op ? NF_TIER_DEVICE : NF_TIER_HOST] != 4 * G) fail_msg("%s: b's work not done", what);
-        assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
-        assert_int_equal(nf_prefetch(p, b, NULL), NF_OK);
-        assert_true(nft_check(a, 4 * G, 31) && nft_check(b, 4 * G, 32));
-        assert_int_equal(nf_pool_check(p), NF_OK);
-        nf_backend_host_set_manual_events(inner, 0);
-        nf_pool_destroy(p);
-        nf_backend_destroy(be);
-      }
-  assert_true(deferred >= 4); // each tier and call had a's finish fail under b's successful call
-}
-
-// What makes b's call unsafe is still returned at once: the event query
-// that tells whether a's copy is done fails (a broken backend). b is left
-// as it was; a's copy finishes later.
-static void test_poll_failure_returned(void **state) {
-  (void)state;
-  nf_backend_t *inner, *be;
-  assert_int_equal(nf_backend_host_create(&inner, 1024 * G, G), NF_OK);
-  assert_int_equal(nf_backend_fault_create(&be, inner, 0, 0, 1), NF_OK);
-  nf_pool_t *p = nft_pool_on(be, "limit:1MiB,views:0");
-  nf_backend_host_set_manual_events(inner, 1);
-  void *a = nf_alloc(p, 4 * G, NULL), *b = nf_alloc(p, 4 * G, NULL);
-  assert_true(a && b);
-  nft_fill(a, 4 * G, 33);
-  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
-  uint64_t base, failed, tb[3];
-  nf_backend_fault_counts(be, &base, &failed);
-  nf_backend_fault_set(be, base + 1, 0); // the poll's query of a's copy
-  assert_int_equal(nf_offload(p, b, NULL, NF_TIER_HOST), NF_ERR_BACKEND);
-  assert_non_null(strstr(nf_last_error(), "event query failed"));
-  nft_tiers(p, b, tb);
-  assert_true(tb[NF_TIER_DEVICE] == 4 * G);
-  nf_backend_host_complete_events(inner);
-  assert_int_equal(nf_offload_wait(p), NF_OK);
-  assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
-  assert_true(nft_check(a, 4 * G, 33));
-  assert_int_equal(nf_pool_check(p), NF_OK);
-  nf_backend_host_set_manual_events(inner, 0);
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
-}
-
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
@@ -617,7 +513,6 @@ int main(void) {
       cmocka_unit_test(test_offload_disk),          cmocka_unit_test(test_random),
       cmocka_unit_test(test_random_faults),         cmocka_unit_test(test_prefetch_other_stream),
       cmocka_unit_test(test_offload_disk_offsets),  cmocka_unit_test(test_offload_refused_in_capture),
-      cmocka_unit_test(test_finish_failure_deferred), cmocka_unit_test(test_poll_failure_returned),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
