@@ -140,4 +140,31 @@ void nfc_watch_probe(void *ctx, unsigned k, unsigned n, uint64_t limit);
 // Sampling period: the timeline's ~2000 points, else ~1000 progress checks.
 size_t nfc_watch_every(const nfc_watch *w, size_t n_ops);
 
+// ------------------------------------------- replay output (tools/print.c)
+#include "replay.h"
+
+// a / b, 0 where b is 0.
+static inline double nfc_ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
+
+// nofrag replay's options, as parsed by tools/nofrag.c.
+typedef struct nfc_cli_s {
+  const char *trace;
+  const char *conf;
+  const char *limit_str, *granule_str, *allocator, *html;
+  int min_capacity, json, verify, hotspots;
+  int run_nofrag, run_model[NF_MODEL_NKINDS]; // from --allocator
+} nfc_cli;
+
+// The replay through nofrag: one JSON object (closed with `end`), or text.
+// `bisected`: b holds a --min-capacity search.
+void nfc_print_json(const nfc_cli *cli, const nf__trace_ops *ops, const nf__replay_opts *ro,
+                    const nf__replay_result *r, const nf__replay_bisect *b, int bisected, const char *end);
+void nfc_print_text(const nfc_cli *cli, const nf__trace_ops *ops, const nf__replay_opts *ro,
+                    const nf__replay_result *r, const nf__replay_bisect *b, int bisected);
+// One allocator model's run (and bisection): a JSON object (left open), or text lines.
+void nfc_print_model_json(const nf__trace_ops *ops, const nf__model_result *r, const nf__model_bisect *b,
+                          int bisected);
+void nfc_print_model_text(const nf__trace_ops *ops, const nf__model_result *r, const nf__model_bisect *b,
+                          int bisected);
+
 #endif

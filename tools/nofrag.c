@@ -59,14 +59,6 @@ static const char usage[] =
     "\n"
     "example: nofrag replay data/gpt2.trace.gz --min-capacity\n";
 
-typedef struct cli_s {
-  const char *trace;
-  const char *conf;
-  const char *limit_str, *granule_str, *allocator, *html;
-  int min_capacity, json, verify, hotspots;
-  int run_nofrag, run_model[NF_MODEL_NKINDS]; // from --allocator
-} cli_t;
-
 // Sizes go through nf_config_parse so that the syntax is the library's.
 static int parse_bytes(const char *key, const char *val, uint64_t *out) {
   nf_config_t c;
@@ -81,177 +73,8 @@ static int parse_bytes(const char *key, const char *val, uint64_t *out) {
   return 0;
 }
 
-static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
-
-#define CALLS(X) X(va_reserve) X(va_release) X(create) X(release) X(map) X(unmap) X(set_access) \
-  X(event_create) X(event_record) X(event_query) X(event_sync) X(stream_wait) X(copy)
-
-static void print_json(const cli_t *cli, const nf__trace_ops *ops, const nf__replay_opts *ro,
-                       const nf__replay_result *r, const nf__replay_bisect *b, int bisected, const char *end) {
-  const nf_stats_t *s = &r->stats;
-  printf("{\"trace\":");
-  nfc_json_str(stdout, cli->trace);
-  printf(",\"granule\":%" PRIu64 ",\"limit\":", r->granule);
-  if (ro->cfg.limit) printf("%" PRIu64, r->limit); else printf("null");
-  printf(",\"capacity\":%" PRIu64 ",\"events\":%zu,\"allocs\":%zu,\"frees\":%zu,\"free_requested\":%zu"
-         ",\"segment_allocs\":%zu,\"segment_frees\":%zu,\"streams\":%zu,\"ops\":%zu,\"ops_done\":%zu",
-         r->capacity, ops->n_events, ops->n_allocs, ops->n_frees, ops->n_free_requested, ops->n_segment_alloc,
-         ops->n_segment_free, ops->n_streams, ops->n_ops, r->ops_done);
-  printf(",\"status\":\"%s\",\"error\":", r->status == NF_OK ? "ok" : r->status == NF_ERR_OOM ? "oom" : "error");
-  if (r->error[0]) nfc_json_str(stdout, r->error); else printf("null");
-  printf(",\"trace_peak_live\":%" PRIu64 ",\"peak_live\":%" PRIu64 ",\"peak_live_rounded\":%" PRIu64
-         ",\"peak_mapped\":%" PRIu64 ",\"peak_physical\":%" PRIu64 ",\"peak_mapped_ratio\":%.6f"
-         ",\"peak_physical_ratio\":%.6f", ops->peak_live, s->live_peak, s->live_rounded_peak, s->mapped_peak,
-         s->physical_peak, ratio(s->mapped_peak, s->live_peak), ratio(s->physical_peak, s->live_peak));
-  if (ops->n_segment_alloc) // null: the trace recorded no segments (not "0 bytes")
-    printf(",\"native_peak_reserved\":%" PRIu64 ",\"native_peak_ratio\":%.6f", ops->native_peak_reserved,
-           ratio(ops->native_peak_reserved, ops->peak_live));
-  else printf(",\"native_peak_reserved\":null,\"native_peak_ratio\":null");
-  printf(",\"backend_calls\":%" PRIu64 ",\"calls_second_half\":%" PRIu64 ",\"calls\":{", s->backend_calls,
-         r->calls_second_half);
-  const char *sep = "";
-#define X(f) printf("%s\"" #f "\":%" PRIu64, sep, s->calls.f); sep = ",";
-  CALLS(X)
-#undef X
-  printf("},\"reclaims\":%" PRIu64 ",\"reclaimed_granules\":%" PRIu64 ",\"cross_stream_reuses\":%" PRIu64
-         ",\"spilled_peak\":%" PRIu64 ",\"spills\":%" PRIu64 ",\"views\":%" PRIu64 ",\"view_reuses\":%" PRIu64
-         ",\"view_moves\":%" PRIu64 ",\"view_evictions\":%" PRIu64,
-         s->reclaims, s->reclaimed_granules, s->cross_stream_reuses, s->spilled_peak, s->spills, s->views,
-         s->view_reuses, s->view_moves, s->view_evictions);
-  // events_per_second counts trace events walked (free_requested and
-  // segment_* included, as no-ops); ops_per_second counts allocator calls.
-  size_t events_done = r->ops_done < ops->n_ops ? (size_t)ops->ops[r->ops_done].event : ops->n_events;
-  printf(",\"replay_seconds\":%.6f,\"events_per_second\":%.1f,\"ops_per_second\":%.1f,\"ooms\":%" PRIu64,
-         r->seconds, r->seconds > 0 ? (double)events_done / r->seconds : 0.0,
-         r->seconds > 0 ? (double)r->ops_done / r->seconds : 0.0, s->ooms);
-  printf(",\"verify\":%s,\"verified\":%" PRIu64 ",\"pool_check\":%s", cli->verify ? "true" : "false", r->verified,
-         r->check == NF_OK ? "\"ok\"" : "\"failed\"");
-  if (bisected) {
-    const nf_stats_t *m = &b->at_min.stats;
-    printf(",\"min_capacity\":%" PRIu64 ",\"min_capacity_ratio\":%.6f,\"min_capacity_granules\":%" PRIu64
-           ",\"min_capacity_lower\":%" PRIu64 ",\"min_capacity_probes\":%u,\"min_capacity_seconds\":%.3f"
-           ",\"at_min_capacity\":{\"backend_calls\":%" PRIu64 ",\"reclaims\":%" PRIu64
-           ",\"reclaimed_granules\":%" PRIu64 ",\"peak_physical\":%" PRIu64 ",\"replay_seconds\":%.6f}",
-           b->min_capacity, ratio(b->min_capacity, ops->peak_live), b->min_capacity / r->granule, b->lower,
-           b->probes, b->seconds, m->backend_calls, m->reclaims, m->reclaimed_granules, m->physical_peak,
-           b->at_min.seconds);
-  } else {
-    printf(",\"min_capacity\":null,\"min_capacity_ratio\":null");
-  }
-  printf("}%s", end);
-}
-
-// One allocator model's run (and bisection): JSON object (left open), or text lines.
-static void print_model_json(const nf__trace_ops *ops, const nf__model_result *r, const nf__model_bisect *b,
-                             int bisected) {
-  printf("{\"allocator\":\"%s\",\"limit\":", nf__model_name(r->kind));
-  if (r->limit) printf("%" PRIu64, r->limit); else printf("null");
-  printf(",\"status\":\"%s\",\"error\":", r->status == NF_OK ? "ok" : r->status == NF_ERR_OOM ? "oom" : "error");
-  if (r->error[0]) nfc_json_str(stdout, r->error); else printf("null");
-  printf(",\"ops_done\":%zu,\"peak_live\":%" PRIu64 ",\"peak_allocated\":%" PRIu64 ",\"peak_reserved\":%" PRIu64
-         ",\"peak_reserved_ratio\":%.6f,\"native_peak_reserved\":%" PRIu64 ",\"device_allocs\":%" PRIu64
-         ",\"device_frees\":%" PRIu64 ",\"alloc_retries\":%" PRIu64 ",\"ooms\":%" PRIu64 ",\"segments_peak\":%zu"
-         ",\"replay_seconds\":%.6f", r->ops_done, r->peak_requested, r->peak_allocated, r->peak_reserved,
-         ratio(r->peak_reserved, ops->peak_live), ops->native_peak_reserved, r->device_allocs, r->device_frees,
-         r->alloc_retries, r->ooms, r->segments_peak, r->seconds);
-  if (bisected)
-    printf(",\"min_capacity\":%" PRIu64 ",\"min_capacity_ratio\":%.6f,\"min_capacity_probes\":%u"
-           ",\"min_capacity_seconds\":%.3f", b->min_capacity, ratio(b->min_capacity, ops->peak_live), b->probes,
-           b->seconds);
-  else printf(",\"min_capacity\":null,\"min_capacity_ratio\":null");
-  // The caller closes the object (after an optional "hotspots" member).
-}
-
-static void print_model_text(const nf__trace_ops *ops, const nf__model_result *r, const nf__model_bisect *b,
-                             int bisected) {
-  char h[32];
-  printf("allocator             %s (model of PyTorch's caching allocator%s)\n", nf__model_name(r->kind),
-         r->kind == NF_MODEL_EXPANDABLE ? ", expandable_segments:True" : ", default settings");
-  nf__fmt_bytes(h, sizeof h, r->limit);
-  printf("limit                 %s\n", r->limit ? h : "none");
-  nf__fmt_bytes(h, sizeof h, r->peak_allocated);
-  printf("peak allocated        %" PRIu64 " B (%s, block sizes)\n", r->peak_allocated, h);
-  nf__fmt_bytes(h, sizeof h, r->peak_reserved);
-  printf("peak reserved         %" PRIu64 " B (%s, %.4f x live)\n", r->peak_reserved, h,
-         ratio(r->peak_reserved, ops->peak_live));
-  printf("device calls          %" PRIu64 " %s, %" PRIu64 " %s; %" PRIu64 " cache flushes and retries\n",
-         r->device_allocs, r->kind == NF_MODEL_EXPANDABLE ? "maps" : "cudaMalloc", r->device_frees,
-         r->kind == NF_MODEL_EXPANDABLE ? "unmaps" : "cudaFree", r->alloc_retries);
-  printf("segments at peak      %zu\n", r->segments_peak);
-  printf("replay                %.3f s (%zu of %zu ops)\n", r->seconds, r->ops_done, ops->n_ops);
-  if (r->status != NF_OK) printf("stopped               %s\n", r->error);
-  if (bisected) {
-    nf__fmt_bytes(h, sizeof h, b->min_capacity);
-    printf("min capacity          %" PRIu64 " B (%s) = %.4f x peak live (%u probes, %.2f s)\n", b->min_capacity, h,
-           ratio(b->min_capacity, ops->peak_live), b->probes, b->seconds);
-  }
-}
-
-static void print_text(const cli_t *cli, const nf__trace_ops *ops, const nf__replay_opts *ro,
-                       const nf__replay_result *r, const nf__replay_bisect *b, int bisected) {
-  const nf_stats_t *s = &r->stats;
-  char h1[32], h2[32];
-  printf("trace                 %s\n", cli->trace);
-  printf("events                %zu (%zu alloc, %zu free_completed, %zu free_requested, %zu segment_alloc, "
-         "%zu segment_free), %zu stream%s\n", ops->n_events, ops->n_allocs, ops->n_frees, ops->n_free_requested,
-         ops->n_segment_alloc, ops->n_segment_free, ops->n_streams, ops->n_streams == 1 ? "" : "s");
-  nf__fmt_bytes(h1, sizeof h1, r->granule);
-  nf__fmt_bytes(h2, sizeof h2, r->limit);
-  printf("granule               %s\nlimit                 %s", h1, ro->cfg.limit ? h2 : "none (simulated capacity 2 TiB)");
-  if (ro->cfg.limit && r->limit != ro->cfg.limit) { // the pool keeps whole granules
-    char h3[32];
-    nf__fmt_bytes(h3, sizeof h3, ro->cfg.limit);
-    printf(" (rounded down to whole granules from %s)", h3);
-  }
-  printf("\n");
-  nf__fmt_bytes(h1, sizeof h1, s->live_peak);
-  printf("peak live             %" PRIu64 " B (%s)\n", s->live_peak, h1);
-  nf__fmt_bytes(h1, sizeof h1, s->mapped_peak);
-  printf("peak mapped           %" PRIu64 " B (%s, %.4f x live)\n", s->mapped_peak, h1,
-         ratio(s->mapped_peak, s->live_peak));
-  nf__fmt_bytes(h1, sizeof h1, s->physical_peak);
-  printf("peak physical         %" PRIu64 " B (%s, %.4f x live)\n", s->physical_peak, h1,
-         ratio(s->physical_peak, s->live_peak));
-  nf__fmt_bytes(h1, sizeof h1, ops->native_peak_reserved);
-  if (ops->n_segment_alloc)
-    printf("native peak reserved  %" PRIu64 " B (%s, %.4f x live; PyTorch's segments in the trace)\n",
-           ops->native_peak_reserved, h1, ratio(ops->native_peak_reserved, ops->peak_live));
-  else // an RMM log or a hand-written trace: nothing to compare with but the model
-    printf("native peak reserved  n/a (the trace has no segment_alloc events, so PyTorch's reserved memory was not "
-           "recorded; --allocator native models it)\n");
-  printf("backend calls         %" PRIu64 " (", s->backend_calls);
-  const char *sep = "";
-#define X(f) if (s->calls.f) { printf("%s" #f " %" PRIu64, sep, s->calls.f); sep = ", "; }
-  CALLS(X)
-#undef X
-  printf(")\n");
-  printf("  in 2nd half         %" PRIu64 " (steady state: the trace's later steps)\n", r->calls_second_half);
-  printf("reclaims              %" PRIu64 " (%" PRIu64 " granules stitched)\n", s->reclaims, s->reclaimed_granules);
-  printf("views                 %" PRIu64 " granules taken back by a view, %" PRIu64 " moved to a new view, %" PRIu64
-         " views evicted, %" PRIu64 " parked at the end\n", s->view_reuses, s->view_moves, s->view_evictions, s->views);
-  if (s->spills) {
-    nf__fmt_bytes(h1, sizeof h1, s->spilled_peak);
-    printf("spilled               peak %" PRIu64 " B (%s) on host granules, %" PRIu64 " allocations spilled\n",
-           s->spilled_peak, h1, s->spills);
-  }
-  printf("replay                %.3f s, %.0f allocator calls/s (%zu of %zu)\n", r->seconds,
-         r->seconds > 0 ? (double)r->ops_done / r->seconds : 0.0, r->ops_done, ops->n_ops);
-  printf("OOMs                  %" PRIu64 "\n", s->ooms);
-  if (cli->verify) printf("verify                %" PRIu64 " signatures checked%s\n", r->verified,
-                          r->status == NF_OK ? ", none lost" : "");
-  if (r->status == NF_OK) printf("pool check            OK\n");
-  else printf("stopped               %s\n", r->error);
-  if (bisected) {
-    nf__fmt_bytes(h1, sizeof h1, b->min_capacity);
-    printf("min capacity          %" PRIu64 " B (%s, %" PRIu64 " granules) = %.4f x peak live\n", b->min_capacity,
-           h1, b->min_capacity / r->granule, ratio(b->min_capacity, ops->peak_live));
-    printf("                      %u probes in %.2f s; at min capacity: %" PRIu64 " backend calls, %" PRIu64
-           " reclaims\n", b->probes, b->seconds, b->at_min.stats.backend_calls, b->at_min.stats.reclaims);
-  }
-}
-
 static int cmd_replay(int argc, char **argv) {
-  cli_t cli = {0};
+  nfc_cli cli = {0};
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
     const char **val = NULL;
@@ -420,8 +243,8 @@ static int cmd_replay(int argc, char **argv) {
       if (bst == NF_OK) bisected = 1;
       else { fprintf(stderr, "nofrag: %s: min capacity: %s\n", cli.trace, err); rc = 1; }
     }
-    if (cli.json) print_json(&cli, &ops, &ro, r, b, bisected, all ? "" : "\n");
-    else print_text(&cli, &ops, &ro, r, b, bisected);
+    if (cli.json) nfc_print_json(&cli, &ops, &ro, r, b, bisected, all ? "" : "\n");
+    else nfc_print_text(&cli, &ops, &ro, r, b, bisected);
   }
   for (int k = 0; k < NF_MODEL_NKINDS; k++) {
     if (!cli.run_model[k]) continue;
@@ -460,7 +283,7 @@ static int cmd_replay(int argc, char **argv) {
     }
     if (cli.json) {
       if (all) printf(",\"%s\":", nf__model_name(k));
-      print_model_json(&ops, &mr[k], &mb[k], mbisected[k]);
+      nfc_print_model_json(&ops, &mr[k], &mb[k], mbisected[k]);
       if (cli.hotspots && n_hot && hot[n_hot - 1].kind == k) {
         printf(",\"hotspots\":");
         nfc_hotspots_json(stdout, &hot[n_hot - 1], &sites);
@@ -469,7 +292,7 @@ static int cmd_replay(int argc, char **argv) {
       if (!all) printf("\n");
     } else {
       printf("\n");
-      print_model_text(&ops, &mr[k], &mb[k], mbisected[k]);
+      nfc_print_model_text(&ops, &mr[k], &mb[k], mbisected[k]);
       if (cli.hotspots && n_hot && hot[n_hot - 1].kind == k) nfc_hotspots_print(&hot[n_hot - 1], &sites);
     }
   }
@@ -483,7 +306,7 @@ static int cmd_replay(int argc, char **argv) {
   do {                                                                                  \
     if (c) {                                                                            \
       snprintf(capc[0], sizeof capc[0], "%" PRIu64, (uint64_t)(c));                     \
-      snprintf(capc[1], sizeof capc[1], "%.4f", ratio((c), ops.peak_live));            \
+      snprintf(capc[1], sizeof capc[1], "%.4f", nfc_ratio((c), ops.peak_live));            \
     } else {                                                                            \
       snprintf(capc[0], sizeof capc[0], "-");                                           \
       snprintf(capc[1], sizeof capc[1], "-");                                           \
@@ -491,12 +314,12 @@ static int cmd_replay(int argc, char **argv) {
   } while (0)
     CAPCOLS(cli.min_capacity ? b->min_capacity : 0);
     printf("%-11s %14" PRIu64 " %14" PRIu64 " %9.4f %14s %9s %12" PRIu64 " %9.3f\n", "nofrag",
-           r->stats.live_peak, r->stats.physical_peak, ratio(r->stats.physical_peak, ops.peak_live), capc[0],
+           r->stats.live_peak, r->stats.physical_peak, nfc_ratio(r->stats.physical_peak, ops.peak_live), capc[0],
            capc[1], r->stats.backend_calls, r->seconds);
     for (int k = 0; k < NF_MODEL_NKINDS; k++) {
       CAPCOLS(mbisected[k] ? mb[k].min_capacity : 0);
       printf("%-11s %14" PRIu64 " %14" PRIu64 " %9.4f %14s %9s %12" PRIu64 " %9.3f\n", nf__model_name(k),
-             mr[k].peak_requested, mr[k].peak_reserved, ratio(mr[k].peak_reserved, ops.peak_live), capc[0],
+             mr[k].peak_requested, mr[k].peak_reserved, nfc_ratio(mr[k].peak_reserved, ops.peak_live), capc[0],
              capc[1], mr[k].device_allocs + mr[k].device_frees, mr[k].seconds);
     }
 #undef CAPCOLS
