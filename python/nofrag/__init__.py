@@ -182,7 +182,10 @@ def prefetch(pool, ptr, stream=None):
 
 def offload_wait(pool):
     """nf_offload_wait: wait (on the host) for every copy offload/prefetch
-    enqueued on the pool; offloaded blocks' device granules are then free."""
+    enqueued on the pool; offloaded blocks' device granules are then free.
+    Raises NofragError for the first offload that failed to finish since the
+    last call, even one finished by another call (its message names the
+    block, which stays intact and usable); see docs/offload.md rule 6."""
     pl = _pool(pool)
     _lib.check(_lib.require("nf_offload_wait")(pl), "nf_offload_wait")
 
