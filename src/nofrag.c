@@ -50,10 +50,8 @@ nf_status_t nf_pool_create_from_string(nf_pool_t **out, const char *conf) {
   nf_status_t st = nf__backend_from_config(&be, &cfg);
   if (st != NF_OK) {
     // The backend's own message; one "nofrag: " prefix, whoever wrote it.
-    const char *m = nf_last_error();
-    if (strncmp(m, "nofrag: ", 8) == 0) m += 8;
     char msg[600];
-    snprintf(msg, sizeof msg, "%s", m);
+    snprintf(msg, sizeof msg, "%s", nf__unprefixed(nf_last_error()));
     return nf__error(st, "nofrag: backend:%s: %s", cfg.backend == NF_BACKEND_CUDA ? "cuda" : "host", msg);
   }
   if ((st = nf_pool_create(out, be, &cfg)) != NF_OK) {

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__GNUC__)
 #define NF_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -26,6 +27,8 @@
 nf_status_t nf__error(nf_status_t st, const char *fmt, ...) NF_PRINTF(2, 3);
 // Clears this thread's status (a call that succeeded).
 void nf__error_clear(void);
+// A message quoted inside another, without its own "nofrag: " prefix.
+static inline const char *nf__unprefixed(const char *m) { return strncmp(m, "nofrag: ", 8) == 0 ? m + 8 : m; }
 
 // "2.000 TiB", "1.500 GiB", "3.000 MiB", "512 B": the one byte formatter of the library,
 // the plug-in and the tools.

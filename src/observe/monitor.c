@@ -101,6 +101,11 @@ static struct flock guard(short type) {
   return (struct flock){.l_type = type, .l_whence = SEEK_SET, .l_start = NF_MON_GUARD_AT, .l_len = 1};
 }
 
+// The liveness lock's range (monitor_shm.h): below the guard byte.
+static struct flock liveness(short type) {
+  return (struct flock){.l_type = type, .l_whence = SEEK_SET, .l_len = NF_MON_GUARD_AT};
+}
+
 // Removes the stale file under our name before ours is created. A cleaner may
 // be about to unlink that file by name (nf__mon_unlink_dead holds its guard
 // from its check that the name still names the file to its unlink): wait for
@@ -146,7 +151,7 @@ void nf__mon_open(nf_pool_t *p) {
   if (fd >= 0 && fchmod(fd, 0600) == 0 && ftruncate(fd, (off_t)sizeof(nf_mon_shm_t)) == 0) {
     // The liveness lock (monitor_shm.h), before the magic is published; if
     // OFD locks are not there, readers judge the file by its pid only.
-    struct flock l = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_len = NF_MON_GUARD_AT};
+    struct flock l = liveness(F_RDLCK);
     locked = fcntl(fd, F_OFD_SETLK, &l) == 0;
     addr = mmap(NULL, sizeof(nf_mon_shm_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
@@ -283,7 +288,7 @@ static bool pid_dead(int pid, uint64_t start_ns) {
 // unknown (no OFD locks here: the pid decides). F_OFD_GETLK only tests: two
 // readers never see each other's lock.
 static int lock_held(int fd) {
-  struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_len = NF_MON_GUARD_AT}; // not the guard
+  struct flock l = liveness(F_WRLCK); // not the guard
   if (fcntl(fd, F_OFD_GETLK, &l) != 0) return -1;
   return l.l_type != F_UNLCK;
 }

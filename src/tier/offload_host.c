@@ -131,9 +131,6 @@ static nf_status_t place(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t i) {
   return nf__error(st, "nofrag: remap: map failed: %s", p->be->err);
 }
 
-// A message quoted inside another, without its own "nofrag: ".
-static const char *bare(const char *m) { return strncmp(m, "nofrag: ", 8) ? m : m + 8; }
-
 static bool holds(const nf_chunk_t *c, uint64_t g, uint32_t i) { return nf__bit(c->mapped, g) && c->phys[g] == i; }
 
 // Every granule of the copy is mapped with access (a set access that failed
@@ -144,9 +141,12 @@ static bool ready(const nf_chunk_t *c, const nf_xfer_t *x) {
   return true;
 }
 
-static void ready_retried(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
+// nf__set_ready, retried.
+static nf_status_t ready_retried(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
+  nf_status_t st = NF_OK;
   for (int t = 0; t < 3; t++)
-    if (nf__set_ready(p, c, g0, g1) == NF_OK) break;
+    if ((st = nf__set_ready(p, c, g0, g1)) == NF_OK) break;
+  return st;
 }
 
 // Swap the block's granules gs[j] for nw[j] (j < n), then set access over
@@ -165,9 +165,7 @@ static nf_status_t remap_all(nf_pool_t *p, nf_chunk_t *c, const uint64_t *gs, co
   *done = j;
   // A live block must end up accessible: a failed set-access is retried
   // (granules already swapped cannot be handed back cheaply).
-  nf_status_t st2 = NF_OK;
-  for (int t = 0; t < 3 && n; t++)
-    if ((st2 = nf__set_ready(p, c, gs[0], gs[n - 1] + 1)) == NF_OK) break;
+  nf_status_t st2 = n ? ready_retried(p, c, gs[0], gs[n - 1] + 1) : NF_OK;
   return st != NF_OK ? st : st2;
 }
 
@@ -187,7 +185,7 @@ nf_status_t nf__host_finish(nf_pool_t *p, nf_xfer_t *x) {
   nf_status_t st = old ? remap_all(p, c, x->gs, x->hg, old, x->n, &done)
                        : nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
   char msg[400];
-  snprintf(msg, sizeof msg, "%s", bare(nf_last_error()));
+  snprintf(msg, sizeof msg, "%s", nf__unprefixed(nf_last_error()));
   for (uint64_t j = 0; j < done; j++) nf__gran_push_free(p, old[j]); // device granules back to the pool
   if (st != NF_OK && done < x->n && !nf__bit(c->mapped, x->gs[done])) {
     uint64_t g = x->gs[done];
@@ -375,7 +373,7 @@ nf_status_t nf__prefetch_host(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_
     // known to have landed filled their device granules.
     if (!nf__xfer_drain(p, s)) queued = 0;
     char msg[400];
-    snprintf(msg, sizeof msg, "%s", bare(nf_last_error()));
+    snprintf(msg, sizeof msg, "%s", nf__unprefixed(nf_last_error()));
     uintptr_t first = 0;
     uint64_t lost = prefetch_undo(p, c, x, dev, queued, old, o, &first);
     const char *acc = ready(c, x) ? "" : " (part of the block is mapped without access until the next nf_prefetch)";
