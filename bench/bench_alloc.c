@@ -4,10 +4,12 @@
 // case with a live set of 64 blocks of other sizes around the one recycled.
 // The same pairs through glibc's malloc + free run in the same rounds (the
 // reference the issue-13 target compares with: nofrag's pair <= 2x glibc's),
-// and the floor of a pool-locked design: the two uncontended spin-lock
-// acquire/release pairs a nofrag pair takes (nf_alloc, nf_free), alone.
+// and the floors of the pair's locking: two uncontended spin-lock
+// acquire/release pairs alone (a thread without the lock's bias) and two
+// nf__lock/nf__unlock pairs of a thread holding the bias (src/base/lock.c).
 //
 //   ./build/bench_alloc [pairs_per_size]
+#include "base/base.h"
 #include "bench.h"
 #include "nofrag.h"
 
@@ -100,10 +102,13 @@ int main(int argc, char **argv) {
       free(v);
       free(gv);
     }
-  // The same primitive as nf__lock / nf__unlock (src/base/base.h): an
-  // exchange with acquire order, a store with release order.
+  // The floors of the pair's locking (src/base/lock.c): two acquire/release
+  // pairs of the spin lock alone (an exchange with acquire order, a store with
+  // release order: what a thread without the bias pays), and two of the real
+  // nf__lock / nf__unlock from this thread, which earns the bias at once.
   static atomic_int lk;
-  double *fl = malloc(sizeof(double) * (size_t)batches);
+  static nf_lock_t bl;
+  double *fl = malloc(sizeof(double) * (size_t)batches), *fb = malloc(sizeof(double) * (size_t)batches);
   for (long b = 0; b < batches; b++) {
     double t0 = now_ns();
     for (int i = 0; i < BATCH; i++)
@@ -112,11 +117,24 @@ int main(int argc, char **argv) {
         atomic_store_explicit(&lk, 0, memory_order_release);
       }
     fl[b] = (now_ns() - t0) / BATCH;
+    t0 = now_ns();
+    for (int i = 0; i < BATCH; i++)
+      for (int j = 0; j < 2; j++) {
+        nf__lock(&bl);
+        nf__unlock(&bl);
+      }
+    fb[b] = (now_ns() - t0) / BATCH;
   }
   qsort(fl, (size_t)batches, sizeof *fl, cmp);
-  printf("%-16s %10.1f %10.1f   (two lock acquire/release pairs alone: the floor of a locked pair)\n", "lock floor",
-         fl[batches / 2], fl[batches * 99 / 100]);
+  qsort(fb, (size_t)batches, sizeof *fb, cmp);
+  printf("%-16s %10.1f %10.1f   (two spin-lock acquire/release pairs alone: a thread without the bias)\n",
+         "spin floor", fl[batches / 2], fl[batches * 99 / 100]);
+  printf("%-16s %10.1f %10.1f   (two nf__lock/nf__unlock pairs of this thread; lock bias %s)\n", "lock floor",
+         fb[batches / 2], fb[batches * 99 / 100],
+         !nf__lock_biasable() ? "unavailable (no membarrier, or NOFRAG_NO_LOCK_BIAS)"
+         : atomic_load(&bl.bias) ? "held" : "not held");
   free(fl);
+  free(fb);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
   return 0;

@@ -34,16 +34,64 @@ static inline const char *nf__unprefixed(const char *m) { return strncmp(m, "nof
 // the plug-in and the tools.
 void nf__fmt_bytes(char *buf, size_t n, uint64_t bytes);
 
-// Test-and-test-and-set spin lock with yield: the critical sections are tens
-// of nanoseconds, where a futex mutex would double the cost of a cached pair.
-typedef struct { atomic_int v; } nf_lock_t;
+// The pool lock (lock.c): a test-and-test-and-set spin lock with yield (the
+// critical sections are tens of nanoseconds, where a futex mutex would
+// double the cost of a cached pair), biased towards the thread that uses it.
+// A thread that took it 256 times in a row is granted the bias (each revocation
+// doubles that run, so two threads taking turns soon stop paying for it):
+// it then enters with plain stores and loads, no atomic read-modify-write
+// (the exchange was half of a cached alloc+free pair). Any other thread
+// takes the spin lock, revokes the bias and waits for the owner to leave;
+// a membarrier(2) on that rare path stands in for the fence the owner's
+// path leaves out (an asymmetric Dekker lock, as in userspace RCU). Where
+// membarrier is missing (old kernels, seccomp, valgrind) no bias is ever
+// granted and every thread takes the spin lock.
+typedef struct nf_lkslot nf_lkslot_t; // one per thread that has taken a lock (lock.c)
+struct nf_lkslot {
+  _Atomic(void *) held; // the biased lock this thread is inside (a nested one takes v)
+  nf_lkslot_t *next;    // free list (lock.c)
+};
+typedef struct {
+  atomic_int v;                // the spin lock
+  _Atomic(nf_lkslot_t *) bias; // the thread that may enter without v; NULL: none
+  nf_lkslot_t *last;           // under v: the thread that held v last, and
+  uint32_t run, need;          // how many times in a row; the run that earns the bias (0: not set yet)
+} nf_lock_t;
+extern _Thread_local nf_lkslot_t *nf__lk_me;
 void nf__lock_slow(nf_lock_t *l);
+void nf__lock_took(nf_lock_t *l);
+bool nf__trylock(nf_lock_t *l);
+bool nf__lock_biasable(void); // membarrier works here (tests: whether a bias is ever granted)
+
 static inline void nf__lock(nf_lock_t *l) {
-  if (NF_LIKELY(!atomic_exchange_explicit(&l->v, 1, memory_order_acquire))) return;
-  nf__lock_slow(l);
+  nf_lkslot_t *me = nf__lk_me;
+  if (NF_LIKELY(me != NULL)) {
+    if (atomic_load_explicit(&l->bias, memory_order_relaxed) == me && !atomic_load_explicit(&me->held, memory_order_relaxed)) {
+      atomic_store_explicit(&me->held, l, memory_order_relaxed);
+      // No CPU fence: a revoker's membarrier orders this store before the
+      // load below, or makes the load see its revocation. The compiler must
+      // keep the order.
+      atomic_signal_fence(memory_order_seq_cst);
+      if (NF_LIKELY(atomic_load_explicit(&l->bias, memory_order_acquire) == me)) return;
+      atomic_store_explicit(&me->held, NULL, memory_order_release); // revoked meanwhile
+    }
+    if (NF_LIKELY(!atomic_exchange_explicit(&l->v, 1, memory_order_acquire))) {
+      // The same thread again, nobody's bias to revoke, the run not over.
+      if (NF_LIKELY(!atomic_load_explicit(&l->bias, memory_order_relaxed) && l->last == me && ++l->run < l->need)) return;
+      nf__lock_took(l);
+      return;
+    }
+  }
+  nf__lock_slow(l); // this thread's first lock, or contention
 }
-static inline bool nf__trylock(nf_lock_t *l) { return !atomic_exchange_explicit(&l->v, 1, memory_order_acquire); }
-static inline void nf__unlock(nf_lock_t *l) { atomic_store_explicit(&l->v, 0, memory_order_release); }
+static inline void nf__unlock(nf_lock_t *l) {
+  nf_lkslot_t *me = nf__lk_me;
+  if (me && atomic_load_explicit(&me->held, memory_order_relaxed) == (void *)l) {
+    atomic_store_explicit(&me->held, NULL, memory_order_release);
+    return;
+  }
+  atomic_store_explicit(&l->v, 0, memory_order_release);
+}
 
 // Bitmaps of 64-bit words (granule i is bit i & 63 of word i >> 6).
 static inline bool nf__bit(const uint64_t *bm, uint64_t i) { return bm[i >> 6] >> (i & 63) & 1; }

@@ -1,8 +1,7 @@
-// Thread-local error state, status names, the byte formatter and the lock's
-// slow path: the base every layer (backends included) reports through.
+// Thread-local error state, status names and the byte formatter: the base
+// every layer (backends included) reports through.
 #include "base.h"
 
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -48,18 +47,6 @@ void nf__fmt_bytes(char *buf, size_t n, uint64_t v) {
   else if (v >= NF_GiB) snprintf(buf, n, "%.3f GiB", (double)v / (double)NF_GiB);
   else if (v >= NF_MiB) snprintf(buf, n, "%.3f MiB", (double)v / (double)NF_MiB);
   else snprintf(buf, n, "%llu B", (unsigned long long)v);
-}
-
-void nf__lock_slow(nf_lock_t *l) {
-  for (unsigned spins = 0;; spins++) {
-    if (!atomic_load_explicit(&l->v, memory_order_relaxed) &&
-        !atomic_exchange_explicit(&l->v, 1, memory_order_acquire))
-      return;
-    if (spins > 64) sched_yield();
-#if defined(__x86_64__) || defined(__i386__)
-    else __builtin_ia32_pause();
-#endif
-  }
 }
 
 void nf_format_bytes(char *buf, size_t n, uint64_t bytes) {
