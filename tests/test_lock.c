@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static bool held_fast(nf_lock_t *l) { return nf__lk_me && atomic_load(&nf__lk_me->held) == (void *)l; }
@@ -120,6 +121,53 @@ static void test_revocation(void **state) {
   assert_int_equal(pthread_create(&t, NULL, take_run, (void *)(intptr_t)600), 0);
   pthread_join(t, &slot);
   assert_non_null(bias_of(&rl));
+}
+
+// The owner inside its biased lock for a while: another thread's lock must
+// wait for it to leave.
+static nf_lock_t wl;
+static _Atomic int wl_inside, wl_left;
+static void *owner_stays(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 300; i++) {
+    nf__lock(&wl);
+    nf__unlock(&wl);
+  }
+  nf__lock(&wl);
+  wl_inside = held_fast(&wl) ? 1 : 2;
+  struct timespec ts = {0, 50 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  wl_left = 1;
+  nf__unlock(&wl);
+  return NULL;
+}
+
+static void test_revoker_waits_for_owner(void **state) {
+  (void)state;
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, owner_stays, NULL), 0);
+  while (!wl_inside) sched_yield();
+  if (nf__lock_biasable()) assert_int_equal(wl_inside, 1); // inside through its bias
+  nf__lock(&wl);
+  assert_int_equal(wl_left, 1);
+  nf__unlock(&wl);
+  pthread_join(t, NULL);
+}
+
+// A bias that was used enough to pay for its revocation: the next run is
+// the first one again, however many revocations came before.
+static void test_paid_bias_resets_run(void **state) {
+  (void)state;
+  if (!nf__lock_biasable()) skip();
+  pthread_t t;
+  rl.need = 1 << 12; // as after four revocations that did not pay
+  assert_int_equal(pthread_create(&t, NULL, take_run, (void *)(intptr_t)((1 << 12) + 5000)), 0);
+  pthread_join(t, NULL);
+  assert_non_null(bias_of(&rl)); // earned at 4096, then used ~5000 times
+  nf__lock(&rl);
+  assert_null(bias_of(&rl));
+  nf__unlock(&rl);
+  assert_int_equal(rl.need, 256);
 }
 
 // trylock (the recorder's flush at exit) must not wait for an owner inside.
@@ -289,7 +337,9 @@ int main(void) {
   if (getenv("NFT_LOCK_CHILD")) return env_child();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bias_granted_after_run), cmocka_unit_test(test_mutual_exclusion),
-      cmocka_unit_test(test_revocation),             cmocka_unit_test(test_trylock_does_not_wait),
+      cmocka_unit_test(test_revocation),             cmocka_unit_test(test_revoker_waits_for_owner),
+      cmocka_unit_test(test_paid_bias_resets_run),
+      cmocka_unit_test(test_trylock_does_not_wait),
       cmocka_unit_test(test_nested),                 cmocka_unit_test(test_fork),
       cmocka_unit_test(test_pool_threads_take_turns), cmocka_unit_test(test_env_disables_bias),
   };

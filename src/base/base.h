@@ -37,8 +37,9 @@ void nf__fmt_bytes(char *buf, size_t n, uint64_t bytes);
 // The pool lock (lock.c): a test-and-test-and-set spin lock with yield (the
 // critical sections are tens of nanoseconds, where a futex mutex would
 // double the cost of a cached pair), biased towards the thread that uses it.
-// A thread that took it 256 times in a row is granted the bias (each revocation
-// doubles that run, so two threads taking turns soon stop paying for it):
+// A thread that took it 256 times in a row is granted the bias (a revocation
+// that came before the bias paid for it doubles that run, so two threads
+// taking turns soon stop paying for it):
 // it then enters with plain stores and loads, no atomic read-modify-write
 // (the exchange was half of a cached alloc+free pair). Any other thread
 // takes the spin lock, revokes the bias and waits for the owner to leave;
@@ -48,14 +49,16 @@ void nf__fmt_bytes(char *buf, size_t n, uint64_t bytes);
 // granted and every thread takes the spin lock.
 typedef struct nf_lkslot nf_lkslot_t; // one per thread that has taken a lock (lock.c)
 struct nf_lkslot {
-  _Atomic(void *) held; // the biased lock this thread is inside (a nested one takes v)
-  nf_lkslot_t *next;    // free list (lock.c)
+  _Atomic(void *) held;     // the biased lock this thread is inside (a nested one takes v)
+  _Atomic(uint64_t) biased; // entries through a bias (written by its thread only: no RMW)
+  nf_lkslot_t *next;        // free list (lock.c)
 };
 typedef struct {
   atomic_int v;                // the spin lock
   _Atomic(nf_lkslot_t *) bias; // the thread that may enter without v; NULL: none
   nf_lkslot_t *last;           // under v: the thread that held v last, and
   uint32_t run, need;          // how many times in a row; the run that earns the bias (0: not set yet)
+  uint64_t granted_at;         // under v: the owner's `biased` count when granted
 } nf_lock_t;
 extern _Thread_local nf_lkslot_t *nf__lk_me;
 void nf__lock_slow(nf_lock_t *l);
@@ -72,7 +75,11 @@ static inline void nf__lock(nf_lock_t *l) {
       // load below, or makes the load see its revocation. The compiler must
       // keep the order.
       atomic_signal_fence(memory_order_seq_cst);
-      if (NF_LIKELY(atomic_load_explicit(&l->bias, memory_order_acquire) == me)) return;
+      if (NF_LIKELY(atomic_load_explicit(&l->bias, memory_order_acquire) == me)) {
+        atomic_store_explicit(&me->biased, atomic_load_explicit(&me->biased, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+        return;
+      }
       atomic_store_explicit(&me->held, NULL, memory_order_release); // revoked meanwhile
     }
     if (NF_LIKELY(!atomic_exchange_explicit(&l->v, 1, memory_order_acquire))) {

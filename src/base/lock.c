@@ -16,7 +16,7 @@
 
 _Thread_local nf_lkslot_t *nf__lk_me;
 
-enum { RUN_FIRST = 256, RUN_MAX = 1u << 20 };
+enum { RUN_FIRST = 256, RUN_MAX = 1u << 20, PAID = 4096 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static bool bias_ok;   // membarrier works here: biases may be granted
@@ -95,8 +95,14 @@ static void bias_revoke(nf_lock_t *l, nf_lkslot_t *b) {
   atomic_store_explicit(&l->bias, NULL, memory_order_relaxed);
   barrier_all();
   for (unsigned spins = 0; atomic_load_explicit(&b->held, memory_order_acquire) == (void *)l; spins++) relax(spins);
-  // Two threads taking turns: make the next bias cost more runs.
-  if (l->need < RUN_MAX) l->need *= 2;
+  // A bias saves ~5 ns an entry and a revocation costs a membarrier (1 us
+  // alone, more with threads running): one used fewer than PAID times since
+  // its grant did not pay, so the next costs a longer run (two threads taking
+  // turns soon stop paying for revocations); one that paid resets the run.
+  // (`biased` counts the owner's entries through all its biased locks.)
+  uint64_t used = atomic_load_explicit(&b->biased, memory_order_relaxed) - l->granted_at;
+  if (used >= PAID) l->need = RUN_FIRST;
+  else if (l->need < RUN_MAX) l->need *= 2;
 }
 
 // Under v, when the inline path's bookkeeping does not suffice: revoke
@@ -110,6 +116,7 @@ void nf__lock_took(nf_lock_t *l) {
     l->last = me;
     l->run = 1;
   } else if (!b && me && l->run >= l->need) {
+    l->granted_at = atomic_load_explicit(&me->biased, memory_order_relaxed);
     atomic_store_explicit(&l->bias, me, memory_order_release); // granted from the next lock on
     l->run = 0;
   }
