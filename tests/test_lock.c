@@ -11,6 +11,7 @@
 #include "base/base.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -249,6 +250,30 @@ static void test_fork(void **state) {
   nf_backend_destroy(be);
 }
 
+// Re-entering a lock held through the bias (a signal handler calling into
+// nofrag) aborts with a message instead of running two critical sections.
+static void test_reentry_aborts(void **state) {
+  (void)state;
+  if (!nf__lock_biasable()) skip();
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    nf_lock_t l = {0};
+    for (int i = 0; i < 300; i++) {
+      nf__lock(&l);
+      nf__unlock(&l);
+    }
+    nf__lock(&l);
+    freopen("/dev/null", "w", stderr);
+    nf__lock(&l);
+    _exit(0); // not reached
+  }
+  int ws = 0;
+  assert_int_equal(waitpid(pid, &ws, 0), pid);
+  assert_true(WIFSIGNALED(ws));
+  assert_int_equal(WTERMSIG(ws), SIGABRT);
+}
+
 // A pool shared by two threads that take turns in long bursts: each burst
 // earns the bias, the other thread's first call revokes it. Every live block
 // keeps its pattern and nf_pool_check holds after every turn.
@@ -341,6 +366,7 @@ int main(void) {
       cmocka_unit_test(test_paid_bias_resets_run),
       cmocka_unit_test(test_trylock_does_not_wait),
       cmocka_unit_test(test_nested),                 cmocka_unit_test(test_fork),
+      cmocka_unit_test(test_reentry_aborts),
       cmocka_unit_test(test_pool_threads_take_turns), cmocka_unit_test(test_env_disables_bias),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

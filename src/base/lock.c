@@ -110,8 +110,18 @@ static void bias_revoke(nf_lock_t *l, nf_lkslot_t *b) {
 // the end of a run.
 void nf__lock_took(nf_lock_t *l) {
   nf_lkslot_t *me = nf__lk_me, *b = atomic_load_explicit(&l->bias, memory_order_relaxed);
-  if (!l->need) l->need = bias_ok ? RUN_FIRST : UINT32_MAX;
+  // First, so that everything below happens after the owner has left (a
+  // holder through the bias may write what v guards, as a v holder may).
   if (b && b != me) bias_revoke(l, b);
+  // This thread is inside through its bias and took v too: it re-entered the
+  // lock (a signal handler calling into nofrag). A plain spin lock would hang
+  // here; going on would run two critical sections at once.
+  if (NF_UNLIKELY(b && b == me && atomic_load_explicit(&me->held, memory_order_relaxed) == (void *)l)) {
+    fprintf(stderr, "nofrag: a pool lock was re-entered by the thread holding it (a signal handler calling "
+                    "into nofrag?); aborting\n");
+    abort();
+  }
+  if (!l->need) l->need = bias_ok ? RUN_FIRST : UINT32_MAX;
   if (l->last != me) {
     l->last = me;
     l->run = 1;
