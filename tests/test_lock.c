@@ -250,6 +250,44 @@ static void test_fork(void **state) {
   nf_backend_destroy(be);
 }
 
+// A destructor that runs after the lock's own at thread exit (a later
+// pthread key) and calls in again: the thread's old slot, already handed on,
+// must not be used (two threads on one slot would both be owners).
+static nf_lock_t dl;
+static pthread_key_t late_key;
+static _Atomic int late_saw_slot = -1, late_ok;
+static void late_dtor(void *v) {
+  (void)v;
+  late_saw_slot = nf__lk_me != NULL;
+  nf__lock(&dl);
+  nf__unlock(&dl);
+  late_ok = 1;
+}
+static void *exits_with_late_dtor(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 300; i++) { // the lock's key now exists (created on first use), and the bias
+    nf__lock(&dl);
+    nf__unlock(&dl);
+  }
+  pthread_setspecific(late_key, (void *)1);
+  return NULL;
+}
+
+static void test_slot_after_thread_exit(void **state) {
+  (void)state;
+  nf__lock_biasable(); // the lock's key first: destructors run in key order
+  assert_int_equal(pthread_key_create(&late_key, late_dtor), 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, exits_with_late_dtor, NULL), 0);
+  pthread_join(t, NULL);
+  assert_int_equal(late_ok, 1);
+  assert_int_equal(late_saw_slot, 0);
+  nf__lock(&dl); // revokes whatever bias is left, and works
+  nf__unlock(&dl);
+  assert_int_equal(atomic_load(&dl.v), 0);
+  pthread_key_delete(late_key);
+}
+
 // Re-entering a lock held through the bias (a signal handler calling into
 // nofrag) aborts with a message instead of running two critical sections.
 static void test_reentry_aborts(void **state) {
@@ -366,7 +404,7 @@ int main(void) {
       cmocka_unit_test(test_paid_bias_resets_run),
       cmocka_unit_test(test_trylock_does_not_wait),
       cmocka_unit_test(test_nested),                 cmocka_unit_test(test_fork),
-      cmocka_unit_test(test_reentry_aborts),
+      cmocka_unit_test(test_reentry_aborts),         cmocka_unit_test(test_slot_after_thread_exit),
       cmocka_unit_test(test_pool_threads_take_turns), cmocka_unit_test(test_env_disables_bias),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

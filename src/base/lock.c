@@ -32,6 +32,9 @@ static long membarrier(int cmd) { return syscall(__NR_membarrier, cmd, 0, 0); }
 // the same thread).
 static void slot_put(void *v) {
   nf_lkslot_t *s = v;
+  // The exiting thread may still call in from a later destructor: it must
+  // take a new slot then, not use this one alongside the next owner.
+  if (nf__lk_me == s) nf__lk_me = NULL;
   pthread_mutex_lock(&slot_mu);
   s->next = slot_free;
   slot_free = s;
