@@ -18,17 +18,20 @@
 
 static bool held_fast(nf_lock_t *l) { return nf__lk_me && atomic_load(&nf__lk_me->held) == (void *)l; }
 static nf_lkslot_t *bias_of(nf_lock_t *l) { return atomic_load(&l->bias); }
+// Take and release l n times in a row (300: past the run that earns the bias).
+static void take(nf_lock_t *l, int n) {
+  for (int i = 0; i < n; i++) {
+    nf__lock(l);
+    nf__unlock(l);
+  }
+}
 
 static void test_bias_granted_after_run(void **state) {
   (void)state;
   nf_lock_t l = {0};
-  for (int i = 0; i < 255; i++) {
-    nf__lock(&l);
-    nf__unlock(&l);
-  }
+  take(&l, 255);
   assert_null(bias_of(&l)); // one short of the run
-  nf__lock(&l);
-  nf__unlock(&l);
+  take(&l, 1);
   if (!nf__lock_biasable()) {
     assert_null(bias_of(&l));
     skip();
@@ -92,11 +95,7 @@ static void test_mutual_exclusion(void **state) {
 // Another thread's bias: revoked by the next taker, and the next run is longer.
 static nf_lock_t rl;
 static void *take_run(void *arg) {
-  int n = (int)(intptr_t)arg;
-  for (int i = 0; i < n; i++) {
-    nf__lock(&rl);
-    nf__unlock(&rl);
-  }
+  take(&rl, (int)(intptr_t)arg);
   return (void *)nf__lk_me;
 }
 
@@ -130,10 +129,7 @@ static nf_lock_t wl;
 static _Atomic int wl_inside, wl_left;
 static void *owner_stays(void *arg) {
   (void)arg;
-  for (int i = 0; i < 300; i++) {
-    nf__lock(&wl);
-    nf__unlock(&wl);
-  }
+  take(&wl, 300);
   nf__lock(&wl);
   wl_inside = held_fast(&wl) ? 1 : 2;
   struct timespec ts = {0, 50 * 1000 * 1000};
@@ -176,10 +172,7 @@ static nf_lock_t tl;
 static _Atomic int tl_inside, tl_release;
 static void *hold_biased(void *arg) {
   (void)arg;
-  for (int i = 0; i < 300; i++) {
-    nf__lock(&tl);
-    nf__unlock(&tl);
-  }
+  take(&tl, 300);
   nf__lock(&tl);
   tl_inside = held_fast(&tl) ? 1 : 2;
   while (!tl_release) sched_yield();
@@ -265,10 +258,7 @@ static void late_dtor(void *v) {
 }
 static void *exits_with_late_dtor(void *arg) {
   (void)arg;
-  for (int i = 0; i < 300; i++) { // the lock's key now exists (created on first use), and the bias
-    nf__lock(&dl);
-    nf__unlock(&dl);
-  }
+  take(&dl, 300); // the lock's key now exists (created on first use), and the bias
   pthread_setspecific(late_key, (void *)1);
   return NULL;
 }
@@ -297,10 +287,7 @@ static void test_reentry_aborts(void **state) {
   pid_t pid = fork();
   if (pid == 0) {
     nf_lock_t l = {0};
-    for (int i = 0; i < 300; i++) {
-      nf__lock(&l);
-      nf__unlock(&l);
-    }
+    take(&l, 300);
     nf__lock(&l);
     freopen("/dev/null", "w", stderr);
     nf__lock(&l);
@@ -389,10 +376,7 @@ static void test_env_disables_bias(void **state) {
 
 static int env_child(void) {
   nf_lock_t l = {0};
-  for (int i = 0; i < 2000; i++) {
-    nf__lock(&l);
-    nf__unlock(&l);
-  }
+  take(&l, 2000);
   return !nf__lock_biasable() && bias_of(&l) == NULL && atomic_load(&l.v) == 0 ? 0 : 1;
 }
 
