@@ -45,7 +45,7 @@ void nf__fmt_bytes(char *buf, size_t n, uint64_t bytes);
 // takes the spin lock, revokes the bias and waits for the owner to leave;
 // a membarrier(2) on that rare path stands in for the fence the owner's
 // path leaves out (an asymmetric Dekker lock, as in userspace RCU). Where
-// membarrier is missing (old kernels, seccomp, valgrind) no bias is ever
+// membarrier is missing (old kernels, some seccomp profiles) no bias is ever
 // granted and every thread takes the spin lock.
 typedef struct nf_lkslot nf_lkslot_t; // one per thread that has taken a lock (lock.c)
 struct nf_lkslot {
