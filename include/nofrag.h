@@ -92,7 +92,8 @@ typedef struct nf_config_s {
   int backend;                //!< NF_BACKEND_HOST or NF_BACKEND_CUDA (for nf_pool_create_from_config)
   uint64_t host_capacity;     //!< host backend: simulated device capacity; 0 = 141 GiB
   uint64_t release_after;     //!< cached memory is released once above the threshold for this many
-                              //!< frees in a row (a decay: a step's swing stays cached); 0 = at once
+                              //!< frees in a row and release_idle_ms (a decay: what a step's peak
+                              //!< uses stays cached; only the part no peak used goes); 0 = at once
   int tight;                  //!< 1: below the limit too, stitch cached granules rather than grow
                               //!< past the live peak + 1/64 (fewer bytes, more backend calls)
   uint64_t trace_max;         //!< trace recording: the file stops growing at this many bytes
@@ -113,6 +114,8 @@ typedef struct nf_config_s {
   uint64_t views;             //!< most parked views (a granule kept mapped where it served before, so
                               //!< that serving there again costs no backend call) before the oldest
                               //!< idle ones are unmapped; 0 = views off (stitching unmaps)
+  uint64_t release_idle_ms;   //!< ... and for this long (pool clock, ms): a training step slower than
+                              //!< release_after frees must not give back what its next peak needs
 } nf_config_t;
 
 #define NF_BACKEND_HOST 0
@@ -123,7 +126,7 @@ typedef struct nf_config_s {
 //! UINT64_MAX-1 in the struct, "never" = UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
 //! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, release_after 4096, tight 0,
 //! trace "" (off), trace_max 256 MiB, spill off, spill_limit 0 (= host capacity), spill_reserve 0,
-//! offload_dir "" ($TMPDIR), views 16384.
+//! offload_dir "" ($TMPDIR), views 16384, release_idle_ms 10000.
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
 
 //! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB
@@ -242,6 +245,12 @@ NF_API nf_status_t nf_set_limit(nf_pool_t *pool, uint64_t limit);
 
 //! The pool's configuration as it is in force (limit resolved, granule known).
 NF_API void nf_pool_config(nf_pool_t *pool, nf_config_t *cfg);
+
+//! Replace the pool's clock (default CLOCK_MONOTONIC), which times the release
+//! policy (release_idle_ms): `now_ns(ctx)` returns nanoseconds, never
+//! decreasing. For simulations (`nofrag replay` runs on the trace's time) and
+//! tests. NULL restores the default.
+NF_API void nf_pool_set_clock(nf_pool_t *pool, uint64_t (*now_ns)(void *ctx), void *ctx);
 
 //! Let device `device` read and write this pool's memory too (several GPUs in
 //! one process; torch.cuda's enablePeerAccess): what is mapped now and all

@@ -57,7 +57,7 @@ static void test_limits_and_config(void **state) {
 // without any call from the user; physical above `retain` goes back.
 static void test_release_policy(void **state) {
   nf_backend_t *be;
-  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,retain:128KiB,release_after:0");
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,retain:128KiB,release_after:0,release_idle_ms:0");
   void *a[16];
   for (int i = 0; i < 16; i++) assert_non_null(a[i] = nf_alloc(p, 2 * G, NULL));
   assert_int_equal(nft_stats_of(p).mapped, 32 * G);
@@ -68,15 +68,21 @@ static void test_release_policy(void **state) {
   assert_true(s.calls.unmap > 0 && s.calls.release > 0);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
-  // Decay: memory above the threshold goes back only after staying above it
-  // for release_after frees in a row.
-  p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,release_after:100");
+  // Decay: memory above the threshold goes back only after staying cached
+  // for release_after frees in a row; what was freed during those frees
+  // waits for the next round. The cache passed the threshold at the 5th free.
+  p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,release_after:100,release_idle_ms:0");
   for (int i = 0; i < 16; i++) a[i] = nf_alloc(p, 2 * G, NULL);
   for (int i = 0; i < 16; i++) nf_free(p, a[i]);
   assert_int_equal(nft_stats_of(p).calls.unmap, 0);
-  for (int i = 0; i < 100; i++) nf_free(p, nf_alloc(p, 512, NULL));
+  for (int i = 0; i < 88; i++) nf_free(p, nf_alloc(p, 512, NULL));
+  assert_int_equal(nft_stats_of(p).calls.unmap, 0);
+  nf_free(p, nf_alloc(p, 512, NULL)); // the 101st free above it
   s = nft_stats_of(p);
   assert_true(s.calls.unmap > 0);
+  assert_int_equal(s.cached, 2 * NF_MiB - 640 * NF_KiB + 256 * NF_KiB); // the 640 KiB above it all along, but half the threshold
+  for (int i = 0; i < 101; i++) nf_free(p, nf_alloc(p, 512, NULL));
+  s = nft_stats_of(p);
   assert_true(s.cached <= 512 * NF_KiB);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
@@ -98,7 +104,7 @@ static void test_release_policy(void **state) {
   nf_backend_destroy(be);
   // Without a limit (the backend's capacity, 4 MiB here), auto is
   // capacity/4 = 1 MiB and does release.
-  p = nft_pool(&be, 4 * NF_MiB, G, "release_after:16");
+  p = nft_pool(&be, 4 * NF_MiB, G, "release_after:16,release_idle_ms:0");
   for (int i = 0; i < 16; i++) a[i] = nf_alloc(p, 2 * G, NULL);
   for (int i = 0; i < 16; i++) nf_free(p, a[i]);
   for (int i = 0; i < 32; i++) nf_free(p, nf_alloc(p, 512, NULL));
@@ -108,10 +114,99 @@ static void test_release_policy(void **state) {
   nf_backend_destroy(be);
 }
 
+// The pool's clock in these tests: set by hand.
+static uint64_t fake_now(void *ctx) { return *(const uint64_t *)ctx; }
+#define MS 1000000ull
+
+// One training step: `n` blocks of 2 granules, the first `big` granules
+// larger, all live at the peak, then freed, the large one first (after the
+// peak the first free is the large loss/logits buffer, as in GPT-2).
+static void step(nf_pool_t *p, int n, int big) {
+  void *a[32];
+  for (int i = 0; i < n; i++) assert_non_null(a[i] = nf_alloc(p, (size_t)(i ? 2 : 2 + big) * G, NULL));
+  for (int i = 0; i < n; i++) assert_int_equal(nf_free(p, a[i]), NF_OK);
+}
+
+// The decay keeps what a step's peak uses, however the step frees: the level
+// just before each free is the low point since the last one, so every peak
+// ends the epoch. Sampled after the free, a step whose first free after the
+// peak was large never ended it, and its swing went back every few steps.
+static void test_release_keeps_step(void **state) {
+  nf_backend_t *be;
+  uint64_t t = 0;
+  // Fewer frees per step than release_after: the sampling alone keeps it.
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,release_after:32,release_idle_ms:0");
+  step(p, 16, 30);
+  uint64_t calls = nft_stats_of(p).backend_calls;
+  for (int i = 0; i < 50; i++) step(p, 16, 30);
+  nf_stats_t s = nft_stats_of(p);
+  assert_int_equal(s.calls.unmap, 0);
+  assert_int_equal(s.backend_calls, calls);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  // More frees per step than release_after: the time does (10 ms steps,
+  // 100 ms of idleness needed), on the pool's clock.
+  p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,release_after:8,release_idle_ms:100");
+  nf_pool_set_clock(p, fake_now, &t);
+  step(p, 16, 30);
+  calls = nft_stats_of(p).backend_calls;
+  for (int i = 0; i < 50; i++, t += 10 * MS) step(p, 16, 30);
+  s = nft_stats_of(p);
+  assert_int_equal(s.calls.unmap, 0);
+  assert_int_equal(s.backend_calls, calls);
+  // The same steps with no time passing: only the free count is left, and
+  // the tail of each step (after its 8th free) goes back every step.
+  nf_pool_set_clock(p, NULL, NULL);
+  nf_pool_set_clock(p, fake_now, &t);
+  nf_config_t c;
+  nf_pool_config(p, &c);
+  assert_int_equal(c.release_idle_ms, 100);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,release_after:8,release_idle_ms:0");
+  for (int i = 0; i < 5; i++) step(p, 16, 30);
+  assert_true(nft_stats_of(p).calls.unmap > 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// Memory no peak uses any more goes back once it stayed cached for
+// release_idle_ms, and only that: the swing of the steps that go on stays.
+static void test_release_idle(void **state) {
+  nf_backend_t *be;
+  uint64_t t = 0;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,release_after:8,release_idle_ms:100");
+  nf_pool_set_clock(p, fake_now, &t);
+  step(p, 16, 0); // a large step: 32 granules (2 MiB)
+  // Short steps of 8 granules, 10 ms each: 24 granules stay cached.
+  uint64_t start = t;
+  while (nft_stats_of(p).calls.unmap == 0 && t - start < 1000 * MS) {
+    step(p, 4, 0);
+    t += 10 * MS;
+  }
+  nf_stats_t s = nft_stats_of(p);
+  assert_true(s.calls.unmap > 0);
+  assert_true(t - start >= 100 * MS); // not before it stayed idle that long
+  assert_true(t - start <= 300 * MS); // the clock is read every 64 frees
+  // The epoch began while the large step freed (the cache passed the
+  // threshold at its 5th free): later rounds take the rest.
+  for (int i = 0; i < 100; i++, t += 10 * MS) step(p, 4, 0);
+  s = nft_stats_of(p);
+  assert_true(s.cached >= 8 * G);                    // the short steps' swing stayed
+  assert_true(s.cached <= 8 * G + 256 * NF_KiB + G); // the rest went, down to half the threshold
+  uint64_t calls = s.backend_calls;
+  for (int i = 0; i < 100; i++, t += 10 * MS) step(p, 4, 0);
+  assert_int_equal(nft_stats_of(p).backend_calls, calls);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_limits_and_config),
       cmocka_unit_test(test_release_policy),
+      cmocka_unit_test(test_release_keeps_step),
+      cmocka_unit_test(test_release_idle),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -79,6 +79,7 @@ static void run(uint64_t fail_at, double prob, uint64_t seed, uint64_t *calls_ou
   c.small_max = 8192;
   c.release_threshold = 12 * G;
   c.release_after = 8;
+  c.release_idle_ms = 0;
   c.views = 4; // views (view.c) made, taken back and evicted all the time
   nf_pool_t *p = NULL;
   assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);

@@ -320,7 +320,7 @@ static void run_random(uint64_t seed, double fault_p) {
   nf_config_t cfg;
   nf_config_default(&cfg);
   assert_int_equal(nf_config_parse(&cfg, "limit:2MiB,spill:host,spill_limit:2MiB,release_threshold:256KiB,"
-                                         "release_after:8", NULL, 0), NF_OK);
+                                         "release_after:8,release_idle_ms:0", NULL, 0), NF_OK);
   nf_pool_t *p = NULL;
   assert_int_equal(nf_pool_create(&p, be, &cfg), NF_OK);
   nf_backend_host_set_manual_events(be, 1);

@@ -84,7 +84,7 @@ static void test_graph_temporary_isolated(void **state) {
 static void test_private_never_unmapped(void **state) {
   (void)state;
   nf_backend_t *be;
-  nf_pool_t *p = nft_pool(&be, 256ull << 20, G, "limit:4M,release_threshold:0,release_after:1");
+  nf_pool_t *p = nft_pool(&be, 256ull << 20, G, "limit:4M,release_threshold:0,release_after:1,release_idle_ms:0");
   assert_int_equal(nf_private_incref(p, 1), NF_OK);
   void *a = nf_alloc_private(p, 1, 1 << 20, S(0));
   assert_non_null(a);

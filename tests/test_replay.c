@@ -143,6 +143,54 @@ static void test_min_capacity_synthetic(void **state) {
 }
 
 
+// Replay runs the pool on the trace's clock (release_idle_ms): one large
+// step, then short ones whose swing leaves most of it cached. Steps `dt_us`
+// apart: 1 ms (200 ms in all) stays under 500 ms of idleness, 10 ms reaches
+// it, and a trace without times never does.
+static uint64_t replay_unmaps(uint64_t dt_us) {
+  const uint64_t G = 64 * 1024;
+  char *text = malloc(1 << 20);
+  assert_non_null(text);
+  size_t off = 0;
+  uint64_t t = 1;
+  for (int k = 0; k < 200; k++, t += dt_us) {
+    int n = k ? 4 : 16;
+    for (int i = 0; i < n; i++)
+      off += (size_t)sprintf(text + off, "alloc %d %llu 0 %llu\n", (i + 1) << 20, (unsigned long long)(2 * G),
+                             (unsigned long long)t);
+    for (int i = 0; i < n; i++)
+      off += (size_t)sprintf(text + off, "free_completed %d %llu 0 %llu\n", (i + 1) << 20,
+                             (unsigned long long)(2 * G), (unsigned long long)t);
+  }
+  nf_trace_t tr;
+  nf__trace_ops o;
+  char err[512] = "";
+  assert_int_equal(nf__trace_parse_buffer(&tr, "clock", text, off, err, sizeof err), NF_OK);
+  if (nf__trace_ops_build(&o, &tr, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  nf__replay_opts ro;
+  nf__replay_opts_default(&ro);
+  ro.granule = G;
+  ro.cfg.release_threshold = 4 * G;
+  ro.cfg.release_after = 8;
+  ro.cfg.release_idle_ms = 500;
+  nf__replay_result *r = malloc(sizeof *r);
+  assert_non_null(r);
+  if (nf__replay_run(&o, &ro, r) != NF_OK) fail_msg("%s", r->error);
+  uint64_t unmaps = r->stats.calls.unmap;
+  free(r);
+  nf__trace_ops_free(&o);
+  nf__trace_free(&tr);
+  free(text);
+  return unmaps;
+}
+
+static void test_replay_trace_clock(void **state) {
+  (void)state;
+  assert_int_equal(replay_unmaps(1000), 0);
+  assert_true(replay_unmaps(10000) > 0);
+  assert_int_equal(replay_unmaps(0), 0);
+}
+
 // `--help` after every subcommand: exit 0, that subcommand's usage on stdout.
 static void test_cli_subcommand_help(void **state) {
   (void)state;
@@ -353,7 +401,7 @@ int main(void) {
       cmocka_unit_test(test_replay_gpt2),
       cmocka_unit_test(test_replay_vit),
       cmocka_unit_test(test_replay_llama),
-      cmocka_unit_test(test_cli),
+      cmocka_unit_test(test_replay_trace_clock),
       cmocka_unit_test(test_cli_subcommand_help),
       cmocka_unit_test(test_cli), cmocka_unit_test(test_cli_bad_input),
       cmocka_unit_test(test_cli_bisect_progress),

@@ -349,8 +349,8 @@ static void run(uint64_t seed, int ops, double fault_p) {
                    "small_max:%s", U(s->limit), spill ? "host" : "off", U(s->limit / 2),
                    U(spill_res ? 4 * s->granule : 0), U(nviews), tight, small ? "64KiB" : "1MiB");
   if (rnd(s, 2)) // the release policy at work: cached memory above limit/8 goes back
-    k += snprintf(conf + k, sizeof conf - (size_t)k, ",release_threshold:%llu,release_after:%d", U(s->limit / 8),
-                  (int)rnd(s, 16));
+    k += snprintf(conf + k, sizeof conf - (size_t)k, ",release_threshold:%llu,release_after:%d,release_idle_ms:%d",
+                  U(s->limit / 8), (int)rnd(s, 16), (int)rnd(s, 2));
   if (rnd(s, 4) == 0) k += snprintf(conf + k, sizeof conf - (size_t)k, ",reserve:%llu", U(s->limit / 4));
   if (rnd(s, 3) == 0) // address ranges of the limit's size: many chunks, blocks at their ends
     k += snprintf(conf + k, sizeof conf - (size_t)k, ",va_chunk:%llu", U(s->limit));

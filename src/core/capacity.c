@@ -9,6 +9,7 @@
 #include "core/core.h"
 
 #include <stdlib.h>
+#include <time.h>
 
 // ------------------------------------------------------------------ lifetime
 
@@ -20,6 +21,13 @@ void nf__core_destroy(nf_pool_t *p) {
   nf_backend_t *owned = p->owned_be;
   free(p);
   if (owned) nf_backend_destroy(owned);
+}
+
+static uint64_t clock_monotonic(void *ctx) {
+  (void)ctx;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static uint64_t resolve_threshold(uint64_t thr, uint64_t limit, bool explicit_limit) {
@@ -58,6 +66,7 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
   p->max_granules = p->cfg.limit >> p->gshift;
   p->cfg.release_threshold = resolve_threshold(cfg->release_threshold, p->cfg.limit, cfg->limit != 0);
   p->release_auto = cfg->release_threshold == NF_RELEASE_AUTO;
+  p->clock = clock_monotonic;
   if (!p->cfg.va_chunk) {
     uint64_t v = p->cfg.limit > (NF_GiB << 8) ? NF_GiB << 10 : p->cfg.limit * 4;
     p->cfg.va_chunk = v < NF_GiB ? NF_GiB : v;
@@ -193,5 +202,14 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
 void nf_pool_config(nf_pool_t *p, nf_config_t *cfg) {
   nf__lock(&p->lock);
   *cfg = p->cfg;
+  nf__unlock(&p->lock);
+}
+
+void nf_pool_set_clock(nf_pool_t *p, uint64_t (*now_ns)(void *ctx), void *ctx) {
+  if (!p) return;
+  nf__lock(&p->lock);
+  p->clock = now_ns ? now_ns : clock_monotonic;
+  p->clock_ctx = now_ns ? ctx : NULL;
+  p->rel_frees = 0; // an epoch's start was read on the old clock
   nf__unlock(&p->lock);
 }

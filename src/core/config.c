@@ -37,7 +37,7 @@
 
 static const char VALID_KEYS[] =
     "limit, reserve, release_threshold, retain, granule, small_max, va_chunk, "
-    "device, backend, host_capacity, release_after, tight, trace, trace_max, spill, spill_limit, spill_reserve, offload_dir, views";
+    "device, backend, host_capacity, release_after, tight, trace, trace_max, spill, spill_limit, spill_reserve, offload_dir, views, release_idle_ms";
 
 nf_status_t nf_config_default(nf_config_t *cfg) {
   if (!cfg) return NF_ERR_INVALID;
@@ -55,6 +55,7 @@ nf_status_t nf_config_default(nf_config_t *cfg) {
   cfg->host_capacity = 0;                           // host backend's default
   cfg->trace_max = 256 * NF_MiB;                    // trace recording: off (trace ""), bounded
   cfg->views = 16384;                               // parked views (vm.max_map_count is 65,530)
+  cfg->release_idle_ms = 10000;                     // as jemalloc's dirty_decay_ms: longer than a step
   return NF_OK;
 }
 
@@ -312,6 +313,12 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
     c->release_after = (uint64_t)n;
     return NF_OK;
   }
+  if (tok_eq(k, "release_idle_ms")) {
+    int n = 0;
+    if ((st = parse_int(v, "release_idle_ms", 1 << 30, &n, err, errlen)) != NF_OK) return st;
+    c->release_idle_ms = (uint64_t)n;
+    return NF_OK;
+  }
   if (tok_eq(k, "trace") || tok_eq(k, "offload_dir")) {
     // The rest of the item, trimmed, is the path (the config is split at
     // commas, so a path cannot hold one). Stored zero-filled in the struct:
@@ -423,10 +430,11 @@ int nf_config_format(const nf_config_t *cfg, char *buf, size_t len) {
                   ",granule:%" PRIu64 ",small_max:%" PRIu64 ",va_chunk:%" PRIu64
                   ",device:%d,backend:%s,host_capacity:%" PRIu64 ",release_after:%" PRIu64 ",tight:%d"
                   ",trace_max:%" PRIu64 ",spill:%s,spill_limit:%" PRIu64 ",spill_reserve:%" PRIu64 ",views:%" PRIu64
-                  "%s%.*s%s%.*s",
+                  ",release_idle_ms:%" PRIu64 "%s%.*s%s%.*s",
                   cfg->limit, cfg->reserve, rt, cfg->retain, cfg->granule, cfg->small_max,
                   cfg->va_chunk, cfg->device, be, cfg->host_capacity, cfg->release_after, cfg->tight,
                   cfg->trace_max, cfg->spill ? "host" : "off", cfg->spill_limit, cfg->spill_reserve, cfg->views,
+                  cfg->release_idle_ms,
                   cfg->trace[0] ? ",trace:" : "", (int)strnlen(cfg->trace, sizeof cfg->trace - 1), cfg->trace,
                   cfg->offload_dir[0] ? ",offload_dir:" : "",
                   (int)strnlen(cfg->offload_dir, sizeof cfg->offload_dir - 1), cfg->offload_dir);

@@ -222,8 +222,12 @@ struct nf_pool_s {
   uint64_t ev_hot;        // frees up to this tick record events as they go (stream.c, nf__stream_mark)
   uint64_t waited[NF_MAX_STREAMS][NF_MAX_STREAMS]; // [S][A]: tick of the A-record S waits on
   bool release_auto;      // release_threshold follows the limit
-  uint64_t above_since;   // tick since which cached memory exceeds release_threshold (0: not)
+  // Release epoch (pool.c, release_note): frees since cached memory last
+  // fell to release_threshold (0: none running), its low point, its start.
+  uint64_t rel_frees, rel_low, rel_t0;
   uint64_t release_floor; // cached level at which the last release attempt stopped
+  uint64_t (*clock)(void *ctx); // time source of the release policy, ns (nf_pool_set_clock)
+  void *clock_ctx;
 
   // Host tier (spill and offload, offload.c): host granules have their own
   // free list; gran_created / gran_free* above count device granules only,
@@ -460,7 +464,7 @@ uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_c
 uint64_t nf__unmap_cached_in(nf_pool_t *p, const nf_priv_t *pv, uint64_t want, bool blocking, nf_status_t *st);
 nf_status_t nf__granules_create(nf_pool_t *p, uint64_t n);
 nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep);
-void nf__maybe_release(nf_pool_t *p);
+void nf__maybe_release(nf_pool_t *p, uint64_t idle);
 static inline uint64_t nf__cached(const nf_pool_t *p) {
   uint64_t m = (p->gran_mapped + p->away_granules) << p->gshift;
   return m > p->st.live_rounded ? m - p->st.live_rounded : 0;

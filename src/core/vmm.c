@@ -214,14 +214,15 @@ nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
 }
 
 // Unmap up to `want` mapped granules lying wholly inside free address runs
-// (never inside [keep_g0, keep_g1) of keep_c). Blocking: waits for all stream
-// work first; otherwise only runs whose work is known complete qualify.
+// (never inside [keep_g0, keep_g1) of keep_c), passing over the first `skip`
+// of them; `dry`: only count them. Blocking: waits for all stream work first;
+// otherwise only runs whose work is known complete qualify.
 // `tier` >= 0: only granules of that tier.
 // Only chunks owned by `owner` (NULL: the general pool): a private pool's
 // granules stay mapped while it exists.
 static uint64_t unmap_cached(nf_pool_t *p, const nf_priv_t *owner, uint64_t want, bool blocking,
-                             const nf_chunk_t *keep_c, uint64_t keep_g0, uint64_t keep_g1, int tier,
-                             nf_status_t *stp) {
+                             const nf_chunk_t *keep_c, uint64_t keep_g0, uint64_t keep_g1, int tier, uint64_t skip,
+                             bool dry, nf_status_t *stp) {
   *stp = blocking ? nf__streams_sync(p) : nf__streams_poll(p); // no event calls during a capture
   if (*stp != NF_OK) return 0;
   uint64_t got = 0;
@@ -235,10 +236,12 @@ static uint64_t unmap_cached(nf_pool_t *p, const nf_priv_t *owner, uint64_t want
       for (uint64_t g = next_set(c->mapped, gi0, gi1); g < gi1 && got < want; g = next_set(c->mapped, g, gi1)) {
         if (!TAKE(g)) { g++; continue; }
         uint64_t e = g;
-        while (e < gi1 && e - g < want - got && TAKE(e)) e++;
+        while (e < gi1 && e - g < want - got + skip && TAKE(e)) e++;
 #undef TAKE
-        if ((*stp = nf__unmap_run(p, c, g, e)) != NF_OK) return got;
-        got += e - g;
+        uint64_t pass = skip < e - g ? skip : e - g;
+        skip -= pass;
+        if (!dry && e > g + pass && (*stp = nf__unmap_run(p, c, g + pass, e)) != NF_OK) return got;
+        got += e - g - pass;
         g = e;
       }
     }
@@ -249,11 +252,11 @@ static uint64_t unmap_cached(nf_pool_t *p, const nf_priv_t *owner, uint64_t want
 uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *keep_c,
                           uint64_t keep_g0, uint64_t keep_g1, int tier, nf_status_t *st) {
   nf__bins_flush(p); // parked blocks are cached memory: coalesced first, as without bins
-  return unmap_cached(p, NULL, want, blocking, keep_c, keep_g0, keep_g1, tier, st);
+  return unmap_cached(p, NULL, want, blocking, keep_c, keep_g0, keep_g1, tier, 0, false, st);
 }
 
 uint64_t nf__unmap_cached_in(nf_pool_t *p, const nf_priv_t *pv, uint64_t want, bool blocking, nf_status_t *st) {
-  return unmap_cached(p, pv, want, blocking, NULL, 0, 0, -1, st);
+  return unmap_cached(p, pv, want, blocking, NULL, 0, 0, -1, 0, false, st);
 }
 
 // ------------------------------------------------------------ mapping
@@ -502,23 +505,31 @@ void nf__host_sweep(nf_pool_t *p) {
   p->host_sweep = left;
 }
 
-// Release policy, run after frees: cached memory above the threshold is
-// unmapped (only where stream work is known complete: never blocks) and
+// Release policy, run after frees (pool.c, release_note): `idle` bytes
+// stayed cached the whole release epoch; all of it above half the threshold
+// is unmapped (only where stream work is known complete: never blocks) and
 // unmapped granules above `retain` go back to the backend.
-void nf__maybe_release(nf_pool_t *p) {
+void nf__maybe_release(nf_pool_t *p, uint64_t idle) {
   uint64_t thr = p->cfg.release_threshold, cached = nf__cached(p);
-  if (cached <= thr) { p->release_floor = 0; return; }
-  // After a release that could not get under the threshold, wait until the
-  // cache has grown noticeably before walking again.
+  if (idle > cached) idle = cached;
+  if (idle <= thr) { p->release_floor = 0; return; }
+  // After a release that could not unmap all it wanted (stream work not
+  // complete), wait until the cache has grown noticeably before walking again.
   if (p->release_floor && cached < p->release_floor + (thr >> 3) + p->granule) return;
   nf_status_t st;
-  nf__unmap_cached(p, (cached - thr / 2) >> p->gshift, false, NULL, 0, 0, -1, &st);
+  // The last granules in address order go: placement carves free runs from
+  // their low end, so those are the ones the next peak would map again last.
+  uint64_t want = (idle - thr / 2) >> p->gshift;
+  nf__bins_flush(p); // parked blocks are cached memory: coalesced first, as without bins
+  uint64_t n = unmap_cached(p, NULL, UINT64_MAX, false, NULL, 0, 0, -1, 0, true, &st);
+  if (want > n) want = n;
+  uint64_t got = st == NF_OK ? unmap_cached(p, NULL, want, false, NULL, 0, 0, -1, n - want, false, &st) : 0;
   if (st == NF_OK) nf__granules_release(p, p->cfg.retain >> p->gshift);
   // Host granules stay (up to spill_limit) until nf_trim: creating pinned
   // host memory is slow (on the H200, a 512 MiB offload onto fresh host
   // granules ran at 2.1 GB/s, the way back at 11.4), and a pool that spilled
   // once will likely spill again at the next peak.
-  p->release_floor = nf__cached(p) > thr ? nf__cached(p) : 0;
+  p->release_floor = got < want && nf__cached(p) > thr ? nf__cached(p) : 0;
 }
 
 void nf__chunks_destroy(nf_pool_t *p) {

@@ -57,6 +57,11 @@ static void fail_at(nf__replay_result *res, const nf__trace_ops *ops, size_t i, 
 }
 
 // The library's messages start with "nofrag: ", which the CLI prints once itself.
+// The pool's clock in a replay: the trace's time, never going back (threads'
+// rows of an RMM log may interleave out of order). A trace without times
+// keeps it at 0: release_idle_ms is then never reached.
+static uint64_t trace_clock(void *ctx) { return *(const uint64_t *)ctx * 1000; }
+
 static const char *unprefixed(const char *m) { return strncmp(m, "nofrag: ", 8) == 0 ? m + 8 : m; }
 
 nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts, nf__replay_result *res) {
@@ -97,6 +102,8 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
     pool = NULL;
     goto out;
   }
+  uint64_t clock_us = 0;
+  nf_pool_set_clock(pool, trace_clock, &clock_us);
   nf_config_t in_force;
   nf_pool_config(pool, &in_force);
   if (in_force.limit) res->limit = in_force.limit;
@@ -107,6 +114,7 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
   for (; i < ops->n_ops; i++) {
     const nf__trace_op *op = &ops->ops[i];
     slot_t *s = &slots[op->slot];
+    if (op->time_us > clock_us) clock_us = op->time_us;
     if (i == ops->n_ops / 2) { // steady-state proxy: calls made in the second half
       nf_stats_t mid;
       nf_stats_get(pool, &mid);

@@ -385,7 +385,8 @@ nf_status_t nf__trace_ops_build(nf__trace_ops *o, const nf_trace_t *t, char *err
         o->n_streams++;
       }
       o->ops[o->n_ops++] = (nf__trace_op){.kind = NF_TRACE_OP_ALLOC, .slot = slot,
-                                          .stream = (uint32_t)e->val, .event = (uint32_t)k, .size = ev->size};
+                                          .stream = (uint32_t)e->val, .event = (uint32_t)k, .size = ev->size,
+                                          .time_us = ev->time_us};
       // Sizes are 64-bit; a fuzzed trace can overflow the sum, which would
       // make peak_live meaningless, so clamp instead of wrapping.
       cur_live = ev->size > UINT64_MAX - cur_live ? UINT64_MAX : cur_live + ev->size;
@@ -411,7 +412,7 @@ nf_status_t nf__trace_ops_build(nf__trace_ops *o, const nf_trace_t *t, char *err
       map_del(&live, e);
       free_slots[n_free_slots++] = slot;
       o->ops[o->n_ops++] = (nf__trace_op){.kind = NF_TRACE_OP_FREE, .slot = slot, .stream = 0,
-                                          .event = (uint32_t)k, .size = ev->size};
+                                          .event = (uint32_t)k, .size = ev->size, .time_us = ev->time_us};
       cur_live = cur_live >= ev->size ? cur_live - ev->size : 0;
       o->n_frees++;
       break;

@@ -74,6 +74,7 @@ typedef struct nf__trace_op_s {
   uint32_t stream; // dense stream id (alloc only)
   uint32_t event;  // index of the trace event this op comes from
   uint64_t size;   // requested bytes (free: the size allocated)
+  uint64_t time_us; // the event's time (the pool's clock in replay: release_idle_ms)
 } nf__trace_op;
 
 typedef struct nf__trace_ops_s {
