@@ -93,10 +93,16 @@ static void barrier_all(void) {
   }
 }
 
-// Under v: take the bias away from slot b and wait until its thread is out.
-static void bias_revoke(nf_lock_t *l, nf_lkslot_t *b) {
+// Under v: clear the bias. Once this returns, its owner either is inside
+// already (its slot names l) or will see no bias and take v.
+static void bias_clear(nf_lock_t *l) {
   atomic_store_explicit(&l->bias, NULL, memory_order_relaxed);
   barrier_all();
+}
+
+// Under v: take the bias away from slot b and wait until its thread is out.
+static void bias_revoke(nf_lock_t *l, nf_lkslot_t *b) {
+  bias_clear(l);
   for (unsigned spins = 0; atomic_load_explicit(&b->held, memory_order_acquire) == (void *)l; spins++) relax(spins);
   // A bias saves ~5 ns an entry and a revocation costs a membarrier (1 us
   // alone, more with threads running): one used fewer than PAID times since
@@ -156,9 +162,8 @@ bool nf__trylock(nf_lock_t *l) {
   }
   if (atomic_exchange_explicit(&l->v, 1, memory_order_acquire)) return false;
   nf_lkslot_t *b = atomic_load_explicit(&l->bias, memory_order_relaxed);
-  if (b && b != me) {
-    atomic_store_explicit(&l->bias, NULL, memory_order_relaxed);
-    barrier_all();
+  if (b && b != me) { // as bias_revoke, without waiting for the owner to leave
+    bias_clear(l);
     if (atomic_load_explicit(&b->held, memory_order_acquire) == (void *)l) {
       atomic_store_explicit(&l->v, 0, memory_order_release);
       return false;
