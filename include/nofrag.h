@@ -248,7 +248,8 @@ NF_API void nf_pool_config(nf_pool_t *pool, nf_config_t *cfg);
 
 //! Replace the pool's clock (default CLOCK_MONOTONIC), which times the release
 //! policy (release_idle_ms): `now_ns(ctx)` returns nanoseconds, never
-//! decreasing. For simulations (`nofrag replay` runs on the trace's time) and
+//! decreasing; it is called under the pool's lock and must not call into
+//! nofrag. For simulations (`nofrag replay` runs on the trace's time) and
 //! tests. NULL restores the default.
 NF_API void nf_pool_set_clock(nf_pool_t *pool, uint64_t (*now_ns)(void *ctx), void *ctx);
 

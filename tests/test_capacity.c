@@ -199,6 +199,20 @@ static void test_release_idle(void **state) {
   assert_int_equal(nft_stats_of(p).backend_calls, calls);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
+  // A clock that goes back (a user's) holds the release off, not on.
+  p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,release_threshold:512KiB,release_after:8,release_idle_ms:100");
+  t = 1000 * MS;
+  nf_pool_set_clock(p, fake_now, &t);
+  step(p, 16, 0);
+  step(p, 4, 0); // the epoch starts at t = 1 s
+  t = 0;
+  for (int i = 0; i < 100; i++) step(p, 4, 0);
+  assert_int_equal(nft_stats_of(p).calls.unmap, 0);
+  t = 2000 * MS;
+  for (int i = 0; i < 20; i++) step(p, 4, 0);
+  assert_true(nft_stats_of(p).calls.unmap > 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
 }
 
 int main(void) {

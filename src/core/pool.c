@@ -306,9 +306,10 @@ static nf_status_t bad_free(nf_pool_t *p, const void *ptr, bool probe) {
 // Release policy with decay, after each free: cached memory goes back only
 // once it stayed cached through a whole epoch of release_after frees and
 // release_idle_ms (pool clock), and only what stayed: the epoch's low point
-// above half the threshold. Between two frees, allocations only lower the
-// cached bytes, so the level just before each free (`pre`) is the low point
-// since the last one: a training step's peak, where the cache is nearly
+// above half the threshold. Between two frees, allocations lower the cached
+// bytes (or raise them by the unused tail of a granule they map), so the
+// level just before each free (`pre`) is the low point since the last one,
+// to within that tail: a training step's peak, where the cache is nearly
 // empty, ends the epoch and the swing stays cached however many frees the
 // step makes. (Sampling after the free instead missed the peak whenever the
 // first free after it was large, and released 12,006 granules in the middle
@@ -331,7 +332,8 @@ static void release_note(nf_pool_t *p, uint64_t pre) {
   if (p->rel_frees - 1 < p->cfg.release_after) return;
   if (p->cfg.release_idle_ms) { // the clock is read every 64th free only
     if ((p->rel_frees & 63) && p->cfg.release_after) return;
-    if (p->clock(p->clock_ctx) - p->rel_t0 < p->cfg.release_idle_ms * 1000000ull) return;
+    uint64_t t = p->clock(p->clock_ctx);
+    if (t < p->rel_t0 || t - p->rel_t0 < p->cfg.release_idle_ms * 1000000ull) return; // (a clock gone back: wait)
   }
   nf__maybe_release(p, p->rel_low < now ? p->rel_low : now);
   p->rel_frees = 0;
