@@ -86,6 +86,11 @@ static void test_each_key(void **state) {
   assert_int_equal(c.views, 0);
   c = ok("views:100");
   assert_int_equal(c.views, 100);
+  assert_int_equal(def().release_idle_ms, 10000);
+  c = ok("release_idle_ms:0");
+  assert_int_equal(c.release_idle_ms, 0);
+  c = ok("release_idle_ms:250");
+  assert_int_equal(c.release_idle_ms, 250);
 
   // Several keys at once; whitespace around every token; later keys win.
   c = ok("  limit : 1GiB ,\treserve:2MiB,  device : 3 ,limit:2GiB\n");
@@ -244,6 +249,9 @@ static void test_errors(void **state) {
   bad("views:-1", "negative", "views");
   bad("views:many", "views", "many");
   bad("views:99999999", "views", NULL);
+  bad("release_idle_ms:-5", "negative", "release_idle_ms");
+  bad("release_idle_ms:10s", "release_idle_ms", "10s");
+  bad("release_idle_ms:9999999999", "release_idle_ms", NULL);
   bad("limit:18446744073709551616", "overflows", NULL);
   bad("limit:99999999999999999999999", "overflows", NULL);
   bad("limit:16777216TiB", "overflows", NULL);
@@ -426,6 +434,7 @@ static void test_format_roundtrip(void **state) {
     c.backend = (int)(nft_rand(&seed) % 2);
     c.host_capacity = nft_rand(&seed) >> 14;
     c.views = nft_rand(&seed) % (1u << 24);
+    c.release_idle_ms = nft_rand(&seed) % (1u << 30);
     roundtrip(&c);
   }
 }
