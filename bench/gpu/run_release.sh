@@ -8,12 +8,16 @@
 # release_idle_ms:0 (the low point alone), and, when OLD_SRC names a source
 # tree of an earlier commit (e.g. `git archive b75e184 | tar -x -C .old`),
 # that tree's policy, built the same way. Then the CUDA test.
+# MODEL=llama (train.py's models), THR=2GB, STEPS, RUNS="native new old" (a
+# subset of native new new_idle0 old new_default, in that order) change the call.
 # From the repository root: OUT=... OLD_SRC=.old bash bench/gpu/run_release.sh
 set -u
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/bench-out}
 STEPS=${STEPS:-30}
 THR=${THR:-10GB}
+MODEL=${MODEL:-gpt2}
+RUNS=" ${RUNS:-native new new_idle0 old new_default} "
 mkdir -p "$OUT/cells"
 export OUT
 . bench/gpu/build.sh
@@ -23,16 +27,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 # run NAME LIB PYTHONPATH CONF ALLOC: one training run in its own process.
 run() {
   local name=$1 lib=$2 py=$3 conf=$4 alloc=$5
+  [[ "$RUNS" == *" $name "* ]] || return 0
   echo "== $name: $alloc ${conf:+NOFRAG_CONF=$conf}"
   NOFRAG_LIB=$lib PYTHONPATH=$py NOFRAG_CONF=$conf NOFRAG_ADAPTER_DIR="$OUT/adapter-$name" \
-    timeout 240 python3 "$ROOT/bench/gpu/train.py" worker --model gpt2 --alloc "$alloc" --steps "$STEPS" \
+    timeout 300 python3 "$ROOT/bench/gpu/train.py" worker --model "$MODEL" --alloc "$alloc" --steps "$STEPS" \
     --json "$OUT/cells/$name.json" >"$OUT/cells/$name.log" 2>&1 || tail -5 "$OUT/cells/$name.log"
 }
 NEW_LIB=$ROOT/build/libnofrag.so NEW_PY=$ROOT/python
 run native "$NEW_LIB" "$NEW_PY" "" native
 run new "$NEW_LIB" "$NEW_PY" "release_threshold:$THR" nofrag
 run new_idle0 "$NEW_LIB" "$NEW_PY" "release_threshold:$THR,release_idle_ms:0" nofrag
-if [ -n "${OLD_SRC:-}" ] && [ -d "$OLD_SRC" ]; then
+if [ -n "${OLD_SRC:-}" ] && [ -d "$OLD_SRC" ] && [[ "$RUNS" == *" old "* ]]; then
   (cd "$OLD_SRC" && OUT="$OUT/old" && mkdir -p "$OUT" && nf_build_lib) || echo "old tree: build failed"
   [ -f "$OLD_SRC/build/libnofrag.so" ] &&
     run old "$(cd "$OLD_SRC" && pwd)/build/libnofrag.so" "$(cd "$OLD_SRC" && pwd)/python" "release_threshold:$THR" nofrag
@@ -80,6 +85,6 @@ for n, c in cells.items():
         print(f"{n}: calls per step", [b - a for a, b in zip([0] + cs, cs)])
     print(f"{n}: step s", [round(t, 3) for t in c.get("step_times", [])])
 EOF
-nf_test_cuda
+[ -n "${NO_TEST_CUDA:-}" ] || nf_test_cuda
 rm -rf "$OUT"/adapter-* "$OUT"/old/adapter-*
 nf_pack_out release.md gpu.txt test_cuda.log # the device tool brings back at most 8 files
