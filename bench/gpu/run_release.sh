@@ -8,8 +8,9 @@
 # release_idle_ms:0 (the low point alone), and, when OLD_SRC names a source
 # tree of an earlier commit (e.g. `git archive b75e184 | tar -x -C .old`),
 # that tree's policy, built the same way. Then the CUDA test.
-# MODEL=llama (train.py's models), THR=2GB, STEPS, RUNS="native new old" (a
-# subset of native new new_idle0 old new_default, in that order) change the call.
+# MODEL=llama (train.py's models), THR=2GB (or auto: the default), STEPS, RUNS="native new
+# old" (a subset of native new new_idle0 old new_default, in that order) and
+# REPEAT=N (each nofrag run N times, alternating) change the call.
 # From the repository root: OUT=... OLD_SRC=.old bash bench/gpu/run_release.sh
 set -u
 ROOT=$(pwd)
@@ -18,40 +19,49 @@ STEPS=${STEPS:-30}
 THR=${THR:-10GB}
 MODEL=${MODEL:-gpt2}
 RUNS=" ${RUNS:-native new new_idle0 old new_default} "
+REPEAT=${REPEAT:-1}
 mkdir -p "$OUT/cells"
 export OUT
 . bench/gpu/build.sh
 nf_build_lib || { tail -30 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1 | tee "$OUT/gpu.txt"
 
-# run NAME LIB PYTHONPATH CONF ALLOC: one training run in its own process.
+# run NAME LIB PYTHONPATH CONF ALLOC: one training run in its own process
+# (cells/NAME-rK.json with REPEAT > 1: the allocators alternate, round by round).
 run() {
-  local name=$1 lib=$2 py=$3 conf=$4 alloc=$5
+  local name=$1 lib=$2 py=$3 conf=$4 alloc=$5 cell=$1
   [[ "$RUNS" == *" $name "* ]] || return 0
-  echo "== $name: $alloc ${conf:+NOFRAG_CONF=$conf}"
+  [ "$REPEAT" -gt 1 ] && [ "$name" != native ] && cell=$name-r$ROUND
+  echo "== $cell: $alloc ${conf:+NOFRAG_CONF=$conf}"
   NOFRAG_LIB=$lib PYTHONPATH=$py NOFRAG_CONF=$conf NOFRAG_ADAPTER_DIR="$OUT/adapter-$name" \
     timeout 300 python3 "$ROOT/bench/gpu/train.py" worker --model "$MODEL" --alloc "$alloc" --steps "$STEPS" \
-    --json "$OUT/cells/$name.json" >"$OUT/cells/$name.log" 2>&1 || tail -5 "$OUT/cells/$name.log"
+    --json "$OUT/cells/$cell.json" >"$OUT/cells/$cell.log" 2>&1 || tail -5 "$OUT/cells/$cell.log"
 }
 NEW_LIB=$ROOT/build/libnofrag.so NEW_PY=$ROOT/python
-run native "$NEW_LIB" "$NEW_PY" "" native
-run new "$NEW_LIB" "$NEW_PY" "release_threshold:$THR" nofrag
-run new_idle0 "$NEW_LIB" "$NEW_PY" "release_threshold:$THR,release_idle_ms:0" nofrag
+OLD_LIB=
 if [ -n "${OLD_SRC:-}" ] && [ -d "$OLD_SRC" ] && [[ "$RUNS" == *" old "* ]]; then
   (cd "$OLD_SRC" && OUT="$OUT/old" && mkdir -p "$OUT" && nf_build_lib) || echo "old tree: build failed"
-  [ -f "$OLD_SRC/build/libnofrag.so" ] &&
-    run old "$(cd "$OLD_SRC" && pwd)/build/libnofrag.so" "$(cd "$OLD_SRC" && pwd)/python" "release_threshold:$THR" nofrag
+  [ -f "$OLD_SRC/build/libnofrag.so" ] && OLD_LIB=$(cd "$OLD_SRC" && pwd)/build/libnofrag.so OLD_PY=$(cd "$OLD_SRC" && pwd)/python
 fi
-run new_default "$NEW_LIB" "$NEW_PY" "" nofrag
+ROUND=1
+run native "$NEW_LIB" "$NEW_PY" "" native
+for ROUND in $(seq 1 "$REPEAT"); do
+  run new "$NEW_LIB" "$NEW_PY" "release_threshold:$THR" nofrag
+  run new_idle0 "$NEW_LIB" "$NEW_PY" "release_threshold:$THR,release_idle_ms:0" nofrag
+  [ -n "$OLD_LIB" ] && run old "$OLD_LIB" "$OLD_PY" "release_threshold:$THR" nofrag
+  run new_default "$NEW_LIB" "$NEW_PY" "" nofrag
+done
 python3 - "$OUT" <<'EOF' | tee "$OUT/release.md"
 import json, os, statistics, sys
 out = sys.argv[1]
 cells = {}
-for n in ("native", "new", "new_idle0", "old", "new_default"):
+names = sorted((f[:-5] for f in os.listdir(os.path.join(out, "cells")) if f.endswith(".json")),
+               key=lambda n: os.path.getmtime(os.path.join(out, "cells", n + ".json")))
+for n in names:
     try:
         cells[n] = json.load(open(os.path.join(out, "cells", n + ".json")))
     except (OSError, ValueError):
-        pass
+        cells[n] = {"status": "no result"}
 nat = cells.get("native", {})
 nt = nat.get("step_times") or []
 # Steps differ in sequence length: compare each step with native's same step
