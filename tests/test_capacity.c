@@ -1,7 +1,8 @@
 // A pool's size (src/core/capacity.c): configurations refused at creation,
 // reserve, nf_set_limit, nf_trim, a pool from a config string; the release
-// policy (release_threshold, release_after, retain; auto under an explicit
-// limit and without one), which nf_free applies and vmm.c carries out.
+// policy (release_threshold, release_after, release_idle_ms on a hand-set
+// clock, retain; auto under an explicit limit and without one), which
+// nf_free applies and vmm.c carries out.
 #include "nf_test.h"
 
 #define G (64 * 1024) // small granule: many granules, fast tests

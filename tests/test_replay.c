@@ -1,6 +1,7 @@
 // Trace replay through the library: the shared real traces complete with no
 // data lost and the exact peak live; a limit under peak live fails with a
-// clean OOM; minimum-capacity bisection on a synthetic trace; the CLI.
+// clean OOM; minimum-capacity bisection on a synthetic trace; the pool runs
+// on the trace's clock (release_idle_ms); the CLI.
 #include "nf_test.h"
 #include "replay.h"
 #include "trace.h"
