@@ -308,19 +308,21 @@ static nf_status_t bad_free(nf_pool_t *p, const void *ptr, bool probe) {
 // release_idle_ms (pool clock), and only what stayed: the epoch's low point
 // above half the threshold. Between two frees, allocations lower the cached
 // bytes (or raise them by the unused tail of a granule they map), so the
-// level just before each free (`pre`) is the low point since the last one,
-// to within that tail: a training step's peak, where the cache is nearly
+// level just before each free (now less the `freed` bytes: the free maps and
+// unmaps nothing before this) is the low point since the last one, to within
+// that tail: a training step's peak, where the cache is nearly
 // empty, ends the epoch and the swing stays cached however many frees the
 // step makes. (Sampling after the free instead missed the peak whenever the
 // first free after it was large, and released 12,006 granules in the middle
 // of a GPT-2 run on an 80 GB H100.) Not during a capture: unmapping is a
 // driver call the capture may forbid.
-static void release_note(nf_pool_t *p, uint64_t pre) {
+static void release_note(nf_pool_t *p, uint64_t freed) {
   uint64_t thr = p->cfg.release_threshold, now = nf__cached(p);
   if (NF_LIKELY(now <= thr) || p->capture_mask) {
     p->rel_frees = 0;
     return;
   }
+  uint64_t pre = now > freed ? now - freed : 0;
   if (pre <= thr || !p->rel_frees) { // a new epoch, from this free's level
     p->rel_frees = 1;
     p->rel_low = now;
@@ -387,9 +389,9 @@ nf_status_t nf_free_ex(nf_pool_t *p, void *ptr, size_t *size, unsigned flags) {
   }
   if (NF_UNLIKELY(b->where)) { p->tier.forget(p, b); nf__pub_dirty(p); } // cannot fail: after the last fallible step
   if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, false, b->addr, b->req, p->streams[b->stream].handle);
-  uint64_t pre = nf__cached(p); // the low point since the last free (release_note)
+  uint64_t freed = b->size; // b may be merged away below
   p->st.live -= b->req;
-  p->st.live_rounded -= b->size;
+  p->st.live_rounded -= freed;
   p->st.live_blocks--;
   p->st.frees++;
   if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live -= b->req; b->chunk->priv->live_blocks--; }
@@ -397,7 +399,7 @@ nf_status_t nf_free_ex(nf_pool_t *p, void *ptr, size_t *size, unsigned flags) {
     nf__map_remove(p, b->addr);
     if (b->state == NF_BLK_FREE) block_release(p, b, true);
   }
-  release_note(p, pre);
+  release_note(p, freed);
   if (NF_UNLIKELY(p->host_sweep) && p->tick - p->sweep_tick >= 16) nf__host_sweep(p);
   if (NF_UNLIKELY(p->xfers) && !(p->tick & 15) && !p->capture_mask) { // xfers: only a tier queues copies
     p->tier.poll(p, false);
