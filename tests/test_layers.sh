@@ -6,9 +6,9 @@
 # tier and observe are siblings: neither may call the other.
 # Inside the core the files are ordered too (core_rank below, bottom up):
 # blockmap/config/granule < freelist < publish < stream < view < vmm <
-# placement < private_pool < stats < pool, capacity (siblings: neither calls
-# the other); a call between two core files goes strictly down (stream tells
-# the views of a released block through a hook).
+# placement < private_pool < stats < pool, capacity, peer (siblings: none
+# calls another); a call between two core files goes strictly down (stream
+# tells the views of a released block through a hook).
 # Usage: test_layers.sh OBJDIR OBJ... (the nofrag_obj object directory, .../src,
 # and the object files of the library, as CMake lists them: a build directory
 # may hold stale objects of files that were moved).
@@ -27,7 +27,7 @@ core_rank() {
   case ${1#core/} in
     blockmap.c.o|config.c.o|granule.c.o) echo 0 ;; freelist.c.o) echo 1 ;; publish.c.o) echo 2 ;;
     stream.c.o) echo 3 ;; view.c.o) echo 4 ;; vmm.c.o) echo 5 ;; placement.c.o) echo 6 ;;
-    private_pool.c.o) echo 7 ;; stats.c.o) echo 8 ;; pool.c.o|capacity.c.o) echo 9 ;;
+    private_pool.c.o) echo 7 ;; stats.c.o) echo 8 ;; pool.c.o|capacity.c.o|peer.c.o) echo 9 ;;
     *) echo "unknown core file: $1 (give it a rank in tests/test_layers.sh)" >&2; exit 2 ;;
   esac
 }

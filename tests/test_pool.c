@@ -223,6 +223,9 @@ static void test_random_streams(void **state) {
 // flush them or must keep away from them. Every live block's pattern is
 // checked across all of it, nf_pool_check (which verifies the bins) runs
 // often, and the run must really have parked and popped blocks.
+// Parked blocks, the hot one (its park deferred) included.
+static uint64_t parked(const nf_pool_t *p) { return p->bin_blocks + (p->hot != NULL); }
+
 static void parked_workload(uint64_t seed, int nstreams, const char *conf, uint64_t min_pops) {
   nf_backend_t *be;
   nf_pool_t *p = nft_pool(&be, 1ull << 30, G, conf);
@@ -240,23 +243,23 @@ static void parked_workload(uint64_t seed, int nstreams, const char *conf, uint6
       if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu: block lost data at free", (unsigned long long)seed);
       if (nstreams > 1 && op < 5)
         assert_int_equal(nf_record_stream(p, l[i].p, (nf_stream_t)(uintptr_t)(nft_rand(&rng) % nstreams)), NF_OK);
-      uint64_t b0 = p->bin_blocks;
+      uint64_t b0 = parked(p);
       assert_int_equal(nf_free(p, l[i].p), NF_OK);
-      parks += p->bin_blocks > b0;
-      if (priv[i]) assert_int_equal(p->bin_blocks, b0); // a private block is never parked
+      parks += parked(p) > b0;
+      if (priv[i]) assert_int_equal(parked(p), b0); // a private block is never parked
       l[i].p = NULL;
     } else {
       uint64_t r = nft_rand(&rng);
       size_t n = op < 90 ? sizes[r % (sizeof sizes / sizeof *sizes)] : 1 + r % (12 * G);
       nf_stream_t s = (nf_stream_t)(uintptr_t)(nft_rand(&rng) % nstreams);
       priv[i] = op >= 85 && op < 88;
-      uint64_t b0 = p->bin_blocks;
+      uint64_t b0 = parked(p);
       void *q = priv[i] ? nf_alloc_private(p, 7, n, s) : nf_alloc(p, n, s);
       if (!q) {
         assert_int_equal(nf_last_status(), NF_ERR_OOM);
         continue;
       }
-      pops += p->bin_blocks == b0 - 1;
+      pops += parked(p) == b0 - 1;
       if (priv[i]) assert_int_equal(nf_private_of(p, q), 7);
       else assert_int_equal(nf_private_of(p, q), 0); // a popped block stays general
       l[i] = (nft_live_t){q, n, r, s};
@@ -333,11 +336,118 @@ static void test_parked_streams(void **state) {
   nf_backend_destroy(be);
 }
 
+// The hot pair (pool.c) leaves a freed block un-parked for the next
+// allocation of its size and stream, and every other operation parks it
+// first. The same random workload on two pools, one parking every free at
+// once (hot_off): after every operation the same blocks at the same offsets
+// of the same chunks, and from time to time (a stats read parks the hot
+// block: not after every operation) the same counters, backend calls
+// included. Fails if deferring the park changes any decision; and the run
+// must really have taken hot blocks back.
+static int chunk_pos(const nf_pool_t *p, const void *q, uint64_t *off) {
+  int i = 0;
+  for (const nf_chunk_t *c = p->chunks; c; c = c->next, i++)
+    if ((uintptr_t)q >= c->base && (uintptr_t)q < c->base + c->size) {
+      *off = (uintptr_t)q - c->base;
+      return i;
+    }
+  return -1;
+}
+
+static void hot_workload(uint64_t seed, const char *conf, uint64_t min_hot) {
+  nf_backend_t *be[2];
+  nf_pool_t *p[2];
+  for (int k = 0; k < 2; k++) assert_non_null(p[k] = nft_pool(&be[k], 1ull << 30, G, conf));
+  p[1]->hot_off = true;
+  enum { N = 48 };
+  static const size_t sizes[] = {1, 512, 1000, 4096, 16384, 65536, 200000, 700000};
+  nft_live_t l[2][N];
+  memset(l, 0, sizeof l);
+  uint64_t rng = seed, hot = 0;
+  for (int it = 0; it < 6000; it++) {
+    int i = (int)(nft_rand(&rng) % N);
+    uint64_t op = nft_rand(&rng) % 100, r = nft_rand(&rng);
+    nf_stream_t s = (nf_stream_t)(uintptr_t)(1 + nft_rand(&rng) % 2);
+    size_t n = op < 92 ? sizes[r % (sizeof sizes / sizeof *sizes)] : 1 + r % (8 * G);
+    for (int k = 0; k < 2; k++) {
+      nft_live_t *b = &l[k][i];
+      size_t an = n;
+      nf_stream_t as = s;
+      bool alloc = !b->p;
+      if (b->p) {
+        if (!nft_check(b->p, b->n, b->tag)) fail_msg("seed %llu: block lost data at free", (unsigned long long)seed);
+        if (op < 4) assert_int_equal(nf_record_stream(p[k], b->p, (nf_stream_t)(uintptr_t)(3 - (uintptr_t)b->s)), NF_OK);
+        assert_int_equal(nf_free(p[k], b->p), NF_OK);
+        b->p = NULL;
+        alloc = op >= 40 && op < 90; // a pair: the same size on the same stream again, at once
+        an = b->n;
+        as = b->s;
+      }
+      // Pairs come in runs: a block freed right after its allocation is
+      // where placement's memo (and so the pop's certainty) carries over.
+      for (int rep = op % 3; alloc; rep--) {
+        const nf_block_t *h = p[k]->hot;
+        uintptr_t ha = h ? h->addr : 0;
+        void *q = nf_alloc(p[k], an, as);
+        if (!q) {
+          assert_int_equal(nf_last_status(), NF_ERR_OOM);
+          break;
+        }
+        hot += k == 0 && (uintptr_t)q == ha && !p[k]->hot;
+        *b = (nft_live_t){q, an, r, as};
+        nft_fill(q, an, r);
+        if (!(alloc = op >= 40 && op < 90 && rep > 0)) break;
+        assert_int_equal(nf_free(p[k], q), NF_OK);
+        b->p = NULL;
+      }
+      if (op == 97) assert_int_equal(nf_trim(p[k]), NF_OK);
+      if (op == 98) assert_int_equal(nf_pool_check(p[k]), NF_OK);
+    }
+    assert_int_equal(l[0][i].p == NULL, l[1][i].p == NULL);
+    if (l[0][i].p) {
+      uint64_t o0 = 0, o1 = 0;
+      int c0 = chunk_pos(p[0], l[0][i].p, &o0), c1 = chunk_pos(p[1], l[1][i].p, &o1);
+      if (c0 != c1 || o0 != o1)
+        fail_msg("seed %llu, op %d: hot pair placed at chunk %d +%llu, eager park at chunk %d +%llu",
+                 (unsigned long long)seed, it, c0, (unsigned long long)o0, c1, (unsigned long long)o1);
+    }
+    if (op >= 95) {
+      nf_stats_t a = nft_stats_of(p[0]), e = nft_stats_of(p[1]);
+      if (memcmp(&a, &e, sizeof a))
+        fail_msg("seed %llu, op %d: counters differ: live %llu / %llu, mapped %llu / %llu, calls %llu / %llu",
+                 (unsigned long long)seed, it, (unsigned long long)a.live, (unsigned long long)e.live,
+                 (unsigned long long)a.mapped, (unsigned long long)e.mapped, (unsigned long long)a.backend_calls,
+                 (unsigned long long)e.backend_calls);
+    }
+  }
+  if (hot < min_hot)
+    fail_msg("seed %llu: only %llu allocations took the hot block back", (unsigned long long)seed,
+             (unsigned long long)hot);
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(nf_pool_check(p[k]), NF_OK);
+    nft_check_all(l[k], N);
+    nft_no_overlap(l[k], N);
+    for (int i = 0; i < N; i++) if (l[k][i].p) assert_int_equal(nf_free(p[k], l[k][i].p), NF_OK);
+    nf_pool_destroy(p[k]);
+    nf_backend_destroy(be[k]);
+  }
+}
+
+static void test_hot_pair(void **state) {
+  // Roomy; tight (stitching, views, OOM); release after a few frees (the
+  // release parks the hot block first); tight placement; spill.
+  hot_workload(nft_env_seed(81), "limit:64MiB,small_max:64KiB", 300);
+  hot_workload(82, "limit:6MiB,small_max:64KiB", 10); // (near the limit a pop is rarely certain)
+  hot_workload(83, "limit:64MiB,small_max:64KiB,release_threshold:1MiB,release_after:4,release_idle_ms:0", 100);
+  hot_workload(84, "limit:16MiB,small_max:64KiB,tight:1", 1); // (tight placement weighs streams: rarely certain)
+  hot_workload(85, "limit:4MiB,small_max:64KiB,spill:host,spill_limit:16MiB", 1); // (no park while spilled)
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_basic), cmocka_unit_test(test_bad_input), cmocka_unit_test(test_free_ex),
       cmocka_unit_test(test_random_one_stream), cmocka_unit_test(test_random_streams),
-      cmocka_unit_test(test_parked_bins), cmocka_unit_test(test_parked_streams),
+      cmocka_unit_test(test_parked_bins), cmocka_unit_test(test_parked_streams), cmocka_unit_test(test_hot_pair),
   };
   fprintf(stderr, "NF_SEED=%llu\n", (unsigned long long)nft_env_seed(42));
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -16,10 +16,14 @@
 #define NF_LIKELY(x) __builtin_expect(!!(x), 1)
 #define NF_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define NF_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define NF_NOINLINE __attribute__((noinline))
+#define NF_ALWAYS_INLINE inline __attribute__((always_inline))
 #else
 #define NF_LIKELY(x) (x)
 #define NF_UNLIKELY(x) (x)
 #define NF_PRINTF(f, a)
+#define NF_NOINLINE
+#define NF_ALWAYS_INLINE inline
 #endif
 
 // Sets this thread's status and message (nf_last_status / nf_last_error) and

@@ -32,6 +32,8 @@ nf_block_t *nf__block_new(nf_pool_t *p) {
 }
 
 void nf__block_delete(nf_pool_t *p, nf_block_t *b) {
+  b->state = NF_BLK_FREE; // never LIVE in the free list: nf_free's guess (p->last) checks it
+  if (p->last == b) p->last = NULL;
   b->fnext = p->slab_free;
   p->slab_free = b;
 }

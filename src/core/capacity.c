@@ -14,6 +14,7 @@
 // ------------------------------------------------------------------ lifetime
 
 void nf__core_destroy(nf_pool_t *p) {
+  if (p->hot) nf__hot_settle(p);
   nf__privs_destroy(p);
   nf__streams_destroy(p);
   nf__chunks_destroy(p);
@@ -130,9 +131,9 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
 
 nf_status_t nf_trim(nf_pool_t *p) {
   if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_trim: NULL pool");
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   if (p->capture_mask) { // trim waits for the streams: not while one is captured
-    nf__unlock(&p->lock);
+    nf__pool_unlock(p);
     return nf__error(NF_ERR_INVALID, "nofrag: nf_trim: a stream is being captured (nf_private_begin); trim after nf_private_end");
   }
   nf_status_t st = p->tier.poll ? p->tier.poll(p, true) : NF_OK;
@@ -142,13 +143,13 @@ nf_status_t nf_trim(nf_pool_t *p) {
   if (st == NF_OK) nf__host_granules_release(p, p->cfg.spill_reserve >> p->gshift);
   p->host_sweep = false;
   nf__pub_full(p);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
 nf_status_t nf_reserve(nf_pool_t *p, uint64_t bytes) {
   if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_reserve: NULL pool");
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_status_t st = NF_OK;
   if (bytes > p->cfg.limit) {
     st = nf__error(NF_ERR_OOM, "nofrag: reserve %llu B exceeds the limit %llu B", (unsigned long long)bytes,
@@ -159,7 +160,7 @@ nf_status_t nf_reserve(nf_pool_t *p, uint64_t bytes) {
     if (want > p->gran_created) st = nf__granules_create(p, want - p->gran_created);
   }
   nf__pub_full(p);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
@@ -174,7 +175,7 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
   }
   if (limit < p->granule)
     return nf__error(NF_ERR_CONFIG, "nofrag: limit %llu B is below one granule", (unsigned long long)limit);
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   uint64_t old_limit = p->cfg.limit, old_threshold = p->cfg.release_threshold;
   p->cfg.limit = limit & ~(p->granule - 1);
   p->max_granules = p->cfg.limit >> p->gshift;
@@ -195,21 +196,21 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
     p->cfg.release_threshold = old_threshold;
   }
   nf__pub_full(p);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
 void nf_pool_config(nf_pool_t *p, nf_config_t *cfg) {
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   *cfg = p->cfg;
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
 }
 
 void nf_pool_set_clock(nf_pool_t *p, uint64_t (*now_ns)(void *ctx), void *ctx) {
   if (!p) return;
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   p->clock = now_ns ? now_ns : clock_monotonic;
   p->clock_ctx = now_ns ? ctx : NULL;
   p->rel_frees = 0; // an epoch's start was read on the old clock
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
 }

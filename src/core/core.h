@@ -185,7 +185,7 @@ typedef struct nf_observe_hooks_s {
 
 // ------------------------------------------------------------------ pool
 struct nf_pool_s {
-  nf_lock_t lock;
+  nf_lock_t lock_; // taken through nf__pool_lock (which parks a deferred free first)
   nf_backend_t *be;
   nf_backend_t *owned_be; // destroyed with the pool (nf_pool_create_from_string)
   nf_config_t cfg;        // resolved: limit, granule, thresholds known
@@ -203,6 +203,14 @@ struct nf_pool_s {
   nf_bin_t bins[NF_BINS]; // parked free blocks (deferred coalescing)
   uint64_t bin_blocks, bin_bytes;
   nf_block_t *bin_large;  // the one parked block of the large arena (released at the next free)
+  // The hot pair (pool.c): a block the last operation freed, FREE and in the
+  // map but not yet in its bin, which the next allocation of its size and
+  // stream takes back (then with memo `hot_memo`), and any other operation
+  // parks first (nf__pool_lock). `last`: the block the last allocation
+  // returned, nf_free's first guess before the map (maybe stale: checked).
+  nf_block_t *hot, *last;
+  bool hot_memo;
+  bool hot_off; // park every free at once (tests: the reference the hot pair must equal)
   // Event count: bumped by every change to the free structure, the mapping,
   // the limits and routes. A block whose park was the pool's last event, after
   // an allocation placement made with no mapping, is what placement would
@@ -351,7 +359,6 @@ typedef struct nf_route_s {
 static inline nf_tlsf_t *nf__tlsf_of(nf_pool_t *p, const nf_block_t *b) {
   return NF_UNLIKELY(b->chunk->priv != NULL) ? &b->chunk->priv->tlsf[b->arena] : &p->tlsf[b->arena];
 }
-void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv, uint64_t pv_id, uintptr_t at); // pool.c
 nf_priv_t *nf__priv_find(const nf_pool_t *p, uint64_t id);
 nf_priv_t *nf__priv_route(const nf_pool_t *p, uint32_t s); // route for an allocation on stream index s (NULL: general)
 nf_status_t nf__priv_chunk_new(nf_pool_t *p, nf_priv_t *pv, int arena, uint64_t min_size);
@@ -403,6 +410,42 @@ void nf__release_block(nf_pool_t *p, nf_block_t *b);
 void nf__bin_unlink(nf_pool_t *p, nf_block_t *b); // out of its bin and the pointer map (still FREE, not indexed)
 void nf__bins_flush(nf_pool_t *p);                // every parked block into the free index, coalesced
 void nf__bin_take_order(nf_pool_t *p, const nf_block_t *b, nf_block_t *r);
+// Deferred coalescing: park a freed block of the general
+// pool in the bin of its exact size, un-coalesced. Not while views are on
+// (they track free granules per block), not with spilled granules about
+// (they must leave free ranges), not for private pools (their blocks stay
+// theirs). A bin holding another size, full, or the byte bound (limit/16)
+// reached: released as usual. The large arena parks one block at a time, one
+// whose allocation placement made with no mapping (`memo`), and the next
+// free releases it first: parking large blocks for longer changed which free
+// block later large requests took (+3..8% peak physical memory on the replay
+// traces), as list order and coalescing then differ from eager release.
+static NF_ALWAYS_INLINE bool nf__bin_park(nf_pool_t *p, nf_block_t *b, bool memo) {
+  if (p->vw_on | p->host_sweep | (p->host_mapped > p->offl_granules) | (b->chunk->priv != NULL))
+    return false;
+  bool large = b->arena != NF_ARENA_SMALL;
+  if (large && (!memo || p->bin_large)) return false;
+  uint64_t units = b->size >> NF_ALIGN_SHIFT;
+  nf_bin_t *bin = &p->bins[nf__bin_of(units)];
+  if (bin->units != units) {
+    if (bin->n) return false;
+    bin->units = units;
+  }
+  if (bin->n >= NF_BIN_MAX || p->bin_bytes + b->size > p->cfg.limit >> 4) return false;
+  b->parked = 1;
+  b->memo = memo;
+  b->fx = p->fx; // nf_free bumped it: this park is the pool's latest event
+  b->fprev = NULL;
+  b->fnext = bin->head;
+  if (bin->head) bin->head->fprev = b;
+  bin->head = b;
+  bin->n++;
+  p->bin_blocks++;
+  p->bin_bytes += b->size;
+  if (large) p->bin_large = b;
+  return true;
+}
+
 // Out of its bin (still FREE, not indexed, still in the map).
 static inline void nf__bin_out(nf_pool_t *p, nf_block_t *b) {
   nf_bin_t *bin = &p->bins[nf__bin_of(b->size >> NF_ALIGN_SHIFT)];
@@ -416,14 +459,13 @@ static inline void nf__bin_out(nf_pool_t *p, nf_block_t *b) {
   p->bin_blocks--;
   p->bin_bytes -= b->size;
 }
-// Out of its bin for an allocation of its size (it stays in the map: live
-// again). Placement would have carved b from the start of its coalesced run
-// (b and the free block r after it): r, the run's rest, gets the streams and
-// tick the run would have had (conservative: a superset, a later tick). Same
+// A parked (or hot) block taken for an allocation of its size (it stays in
+// the map: live again). Placement would have carved b from the start of its
+// coalesced run (b and the free block r after it): r, the run's rest, gets
+// the streams and tick the run would have had (conservative: a superset, a later tick). Same
 // streams: merge_order's result up to streams known complete, which behave
 // as absent (retirement is monotone).
-static inline void nf__bin_take(nf_pool_t *p, nf_block_t *b) {
-  nf__bin_out(p, b);
+static inline void nf__bin_take_run(nf_pool_t *p, const nf_block_t *b) {
   nf_block_t *r = b->next;
   if (!r || r->state != NF_BLK_FREE) return;
   if (NF_LIKELY(r->smask == b->smask)) {
@@ -432,6 +474,21 @@ static inline void nf__bin_take(nf_pool_t *p, nf_block_t *b) {
     nf__bin_take_order(p, b, r);
   }
 }
+// Out of its bin for an allocation of its size.
+static inline void nf__bin_take(nf_pool_t *p, nf_block_t *b) {
+  nf__bin_out(p, b);
+  nf__bin_take_run(p, b);
+}
+// The pool lock. Every operation takes it here, except the hot pair's two
+// fast paths (pool.c): this parks a deferred free first, so that nothing else
+// ever sees a free block that is neither indexed nor parked, and each sees the
+// state an eager park would have left (nothing happened in between).
+void nf__hot_settle(nf_pool_t *p);
+static inline void nf__pool_lock(nf_pool_t *p) {
+  nf__lock(&p->lock_);
+  if (NF_UNLIKELY(p->hot != NULL)) nf__hot_settle(p);
+}
+static inline void nf__pool_unlock(nf_pool_t *p) { nf__unlock(&p->lock_); }
 // The next run of free blocks of c whose work is known complete, from *bp on
 // (*bp advances past it): the granules wholly inside it, [*g0, *g1) (maybe
 // empty). False at the end of the chunk. For unmapping and view eviction.

@@ -117,6 +117,19 @@ void nf__bin_take_order(nf_pool_t *p, const nf_block_t *b, nf_block_t *r) {
   r->tick = k.tick;
 }
 
+// The hot pair's deferred park (pool.c, nf__pool_lock): free_hot checked
+// every condition of the park, and nothing ran since. Were that ever not so,
+// the block is released as an unparked free (views were off: free_hot's
+// condition).
+void nf__hot_settle(nf_pool_t *p) {
+  nf_block_t *b = p->hot;
+  p->hot = NULL;
+  if (NF_UNLIKELY(!nf__bin_park(p, b, b->memo))) {
+    nf__map_remove(p, b->addr);
+    nf__release_block(p, b);
+  }
+}
+
 // Oldest first, so that the newest freed ends up first in its TLSF class (as
 // when it is released at its free). A release may merge (and unlink) another
 // parked neighbour: the walk restarts from the bin's head each time.

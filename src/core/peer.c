@@ -30,7 +30,7 @@ static nf_status_t regrant(nf_pool_t *p, nf_chunk_t *c) {
 nf_status_t nf_pool_add_peer(nf_pool_t *p, int device) {
   if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_pool_add_peer: NULL pool");
   if (device < 0) return nf__error(NF_ERR_INVALID, "nofrag: nf_pool_add_peer: negative device %d", device);
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_status_t st = NF_OK;
   if (!p->be->ops->add_peer)
     st = nf__error(NF_ERR_UNSUPPORTED, "nofrag: nf_pool_add_peer: the %s backend has no peer devices",
@@ -40,6 +40,6 @@ nf_status_t nf_pool_add_peer(nf_pool_t *p, int device) {
   // A failed re-grant leaves some ranges granted to the peer: harmless (a
   // permission), and a later call grants the rest.
   for (nf_chunk_t *c = p->chunks; c && st == NF_OK; c = c->next) st = regrant(p, c);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }

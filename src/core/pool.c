@@ -63,42 +63,6 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   return NF_OK;
 }
 
-// Deferred coalescing (core.h, bins): park a freed block of the general
-// pool in the bin of its exact size, un-coalesced. Not while views are on
-// (they track free granules per block), not with spilled granules about
-// (they must leave free ranges), not for private pools (their blocks stay
-// theirs). A bin holding another size, full, or the byte bound (limit/16)
-// reached: released as usual. The large arena parks one block at a time, one
-// whose allocation placement made with no mapping (`memo`), and the next
-// free releases it first: parking large blocks for longer changed which free
-// block later large requests took (+3..8% peak physical memory on the replay
-// traces), as list order and coalescing then differ from eager release.
-static bool bin_park(nf_pool_t *p, nf_block_t *b, bool memo) {
-  if (p->vw_on | p->host_sweep | (p->host_mapped > p->offl_granules) | (b->chunk->priv != NULL))
-    return false;
-  bool large = b->arena != NF_ARENA_SMALL;
-  if (large && (!memo || p->bin_large)) return false;
-  uint64_t units = b->size >> NF_ALIGN_SHIFT;
-  nf_bin_t *bin = &p->bins[nf__bin_of(units)];
-  if (bin->units != units) {
-    if (bin->n) return false;
-    bin->units = units;
-  }
-  if (bin->n >= NF_BIN_MAX || p->bin_bytes + b->size > p->cfg.limit >> 4) return false;
-  b->parked = 1;
-  b->memo = memo;
-  b->fx = p->fx; // nf_free bumped it: this park is the pool's latest event
-  b->fprev = NULL;
-  b->fnext = bin->head;
-  if (bin->head) bin->head->fprev = b;
-  bin->head = b;
-  bin->n++;
-  p->bin_blocks++;
-  p->bin_bytes += b->size;
-  if (large) p->bin_large = b;
-  return true;
-}
-
 // A parked block of exactly `rsize` that stream s may use with no event call
 // (as placement's fast path: same stream, or the other streams' work known
 // complete or already waited on) and whose granules are all still ready;
@@ -162,32 +126,83 @@ static nf_block_t *free_block_at(nf_pool_t *p, const nf_priv_t *pv, uintptr_t at
   return NULL;
 }
 
+// The allocation is done: its bookkeeping, under the lock, which it drops.
+static inline void *alloc_done(nf_pool_t *p, nf_block_t *b, size_t size, uint64_t rsize, uint32_t s,
+                               nf_stream_t stream) {
+  b->stream = (uint16_t)s;
+  b->req = size;
+  b->extra = 0;
+  b->fx = ++p->fx;
+  p->st.live += size;
+  p->st.live_rounded += rsize;
+  p->st.live_blocks++;
+  p->st.allocs++;
+  if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live += size; b->chunk->priv->live_blocks++; } // as nf_free
+  nf__peak(&p->st.live_peak, p->st.live);
+  nf__peak(&p->st.live_rounded_peak, p->st.live_rounded);
+  if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, true, b->addr, size, stream);
+  p->last = b;
+  nf__pub_fast(p, true);
+  nf__pool_unlock(p);
+  return (void *)b->addr;
+}
+
+// Larger than the limit, and spill (up to spill_limit more) cannot serve it.
+static NF_NOINLINE void *alloc_too_large(nf_pool_t *p, size_t size, nf_stream_t stream) {
+  char req[32], lim[32];
+  nf__fmt_bytes(req, sizeof req, size);
+  nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);
+  nf__pool_lock(p);
+  p->st.ooms++;
+  bool print = p->obs.oom && p->obs.oom(p, size, stream, true);
+  nf__pub_full(p);
+  nf__pool_unlock(p);
+  if (print) p->obs.oom_print();
+  nf__error(NF_ERR_OOM, "nofrag: out of memory: tried to allocate %s (%llu B), more than the whole limit %s%s",
+            req, (unsigned long long)size, lim, p->cfg.spill ? " plus spill_limit" : "");
+  return NULL;
+}
+
+static void *alloc_locked(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t stream,
+                                      bool explicit_pv, uint64_t pv_id, uintptr_t at);
+
 // nf_alloc, or with `explicit_pv` nf_alloc_private: the allocation goes to
 // private pool `pv_id` (else to the one a route names, else the general
-// pool); `at` nonzero: exactly there (nf_alloc_at).
-void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv, uint64_t pv_id, uintptr_t at) {
+// pool); `at` nonzero: exactly there (nf_alloc_at). Inline here: the hot
+// pair; the rest is alloc_locked.
+static inline void *alloc_entry(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv, uint64_t pv_id,
+                                uintptr_t at) {
   if (NF_UNLIKELY(!p)) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc: NULL pool"); return NULL; }
   if (NF_UNLIKELY(!size)) { nf__error_clear(); return NULL; }
-  // Larger than the limit: only spill (up to spill_limit more) can serve it.
   if (NF_UNLIKELY((uint64_t)size > p->cfg.limit) &&
-      (!p->cfg.spill || (uint64_t)size - p->cfg.limit > p->max_host_granules << p->gshift)) {
-    char req[32], lim[32];
-    nf__fmt_bytes(req, sizeof req, size);
-    nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);
-    nf__lock(&p->lock);
-    p->st.ooms++;
-    bool print = p->obs.oom && p->obs.oom(p, size, stream, true);
-    nf__pub_full(p);
-    nf__unlock(&p->lock);
-    if (print) p->obs.oom_print();
-    nf__error(NF_ERR_OOM, "nofrag: out of memory: tried to allocate %s (%llu B), more than the whole limit %s%s",
-              req, (unsigned long long)size, lim, p->cfg.spill ? " plus spill_limit" : "");
-    return NULL;
-  }
+      (!p->cfg.spill || (uint64_t)size - p->cfg.limit > p->max_host_granules << p->gshift))
+    return alloc_too_large(p, size, stream);
   uint64_t rsize = ((uint64_t)size + NF_ALIGN - 1) & ~(NF_ALIGN - 1);
+  nf__lock(&p->lock_); // not nf__pool_lock: the hot block is taken or parked right here
+  nf_block_t *b = p->hot;
+  if (b) {
+    // The hot pair: the block the last free left un-parked, of this size
+    // and stream. Its park and this pop (bin_pop's quiet case, decided at
+    // the free) would leave the pool exactly as this does.
+    if (b->size == rsize && !explicit_pv && !at && !p->nroutes && p->streams[b->stream].handle == stream) {
+      p->hot = NULL;
+      p->last_stream = b->stream;
+      b->memo = p->hot_memo;
+      b->state = NF_BLK_LIVE;
+      nf__bin_take_run(p, b);
+      return alloc_done(p, b, size, rsize, b->stream, stream);
+    }
+    nf__hot_settle(p);
+  }
+  return alloc_locked(p, size, rsize, stream, explicit_pv, pv_id, at);
+}
+
+// Under the lock, no hot block: bins, placement, growth; drops the lock.
+static NF_NOINLINE void *alloc_locked(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t stream, bool explicit_pv,
+                          uint64_t pv_id, uintptr_t at) {
   int arena = rsize <= p->cfg.small_max ? NF_ARENA_SMALL : NF_ARENA_LARGE;
-  nf__lock(&p->lock);
   uint32_t s = p->last_stream;
+  nf_block_t *b;
   nf_status_t st = NF_OK;
   if (NF_UNLIKELY(!p->nstreams || p->streams[s].handle != stream) && (st = nf__stream_index(p, stream, &s)) != NF_OK)
     goto fail;
@@ -201,7 +216,6 @@ void *nf__alloc(nf_pool_t *p, size_t size, nf_stream_t stream, bool explicit_pv,
     }
     if (pv) tl = pv->tlsf;
   }
-  nf_block_t *b;
   // The cached pair: a parked block of this exact size (no placement, split
   // or coalescing; no backend call).
   if (p->bin_blocks && !pv && !at && !p->vw_on && !p->host_sweep && (b = bin_pop(p, rsize, s)) != NULL) {
@@ -259,26 +273,12 @@ placed:
     goto fail;
   }
 popped:
-  b->stream = (uint16_t)s;
-  b->req = size;
-  b->extra = 0;
-  b->fx = ++p->fx;
-  p->st.live += size;
-  p->st.live_rounded += rsize;
-  p->st.live_blocks++;
-  p->st.allocs++;
-  if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live += size; b->chunk->priv->live_blocks++; } // as nf_free
-  nf__peak(&p->st.live_peak, p->st.live);
-  nf__peak(&p->st.live_rounded_peak, p->st.live_rounded);
-  if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, true, b->addr, size, stream);
-  nf__pub_fast(p, true);
-  nf__unlock(&p->lock);
-  return (void *)b->addr;
+  return alloc_done(p, b, size, rsize, s, stream);
 fail:;
   p->fx++;
   bool print = fail_oom(p, size, rsize, stream, st);
   nf__pub_full(p);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   if (print) p->obs.oom_print(); // outside the lock: stderr may block
   return NULL;
 }
@@ -337,24 +337,96 @@ static void release_note(nf_pool_t *p, uint64_t freed) {
     uint64_t t = p->clock(p->clock_ctx);
     if (t < p->rel_t0 || t - p->rel_t0 < p->cfg.release_idle_ms * 1000000ull) return; // (a clock gone back: wait)
   }
+  if (p->hot) nf__hot_settle(p); // the release flushes the bins
   nf__maybe_release(p, p->rel_low < now ? p->rel_low : now);
   p->rel_frees = 0;
 }
 
-void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) { return nf__alloc(p, size, stream, false, 0, 0); }
+// ------------------------------------------------------------------ the hot pair
+// A free, then an allocation of the same size on the same stream: the cached
+// pair, and the loop of a training step's small temporaries. Eagerly, the free
+// parks the block in its bin and the allocation pops it again (bin_pop's quiet
+// case). Here the free leaves the block un-parked as p->hot when that pop is
+// certain, and the allocation takes it back; any other operation parks it
+// first (nf__pool_lock, release_note), before it looks at anything, so every
+// operation sees what the eager park would have left: the bins' figures, and
+// so replay's, do not change. The free itself is the whole of nf_free_ex's for
+// a block with nothing pending on it in a pool with nothing unusual going on
+// (no views, tiers, spilled granules, private chunk, hooks, parked large
+// block), where nf__bin_park would park it: each condition below is one that
+// sends nf_free_ex, nf__bin_park or bin_pop elsewhere. The pair then costs ~350
+// instructions instead of ~520 (no map lookup, bin list or nf_free_ex's
+// branches; docs/benchmarks.md section 14).
+static NF_ALWAYS_INLINE bool free_hot(nf_pool_t *p, nf_block_t *b) {
+  bool large = b->arena != NF_ARENA_SMALL, memo = b->memo && b->fx == p->fx;
+  if (large && !memo) return false; // nf__bin_park refuses it
+  if (b->where | b->extra | p->vw_on | p->host_sweep | (b->chunk->priv != NULL) | (p->bin_large != NULL) |
+      (p->obs.op != NULL) | (p->xfers != 0) | (p->host_mapped > p->offl_granules) | (p->tick + 1 < p->ev_hot))
+    return false;
+  uint64_t units = b->size >> NF_ALIGN_SHIFT;
+  nf_bin_t *bin = &p->bins[nf__bin_of(units)];
+  if ((bin->units != units && bin->n) || bin->n >= NF_BIN_MAX || p->bin_bytes + b->size > p->cfg.limit >> 4)
+    return false;
+  p->fx++;
+  b->tick = ++p->tick;
+  b->smask = 1ull << b->stream;
+  p->streams[b->stream].last_free = b->tick;
+  b->state = NF_BLK_FREE;
+  uint64_t freed = b->size;
+  p->st.live -= b->req;
+  p->st.live_rounded -= freed;
+  p->st.live_blocks--;
+  p->st.frees++;
+  // Would bin_pop, right after the park, take it for its own stream?
+  bool exact = memo && !p->cfg.tight && p->gran_created + (freed >> p->gshift) + 2 <= p->max_granules;
+  bool pop = !p->hot_off && (!b->prev || b->prev->state != NF_BLK_FREE) && (!b->next || !b->next->parked);
+  if (pop && !exact && large) pop = false; // (bin_pop pops a large block only where exact)
+  if (pop && !exact) {
+    int fl, sl;
+    nf__tlsf_mapping(units, &fl, &sl);
+    pop = !p->tlsf[NF_ARENA_SMALL].heads[fl][sl];
+  }
+  if (pop) {
+    b->memo = memo; // as nf__bin_park, which nf__hot_settle calls
+    b->fx = p->fx;
+    p->hot = b;
+    p->hot_memo = exact;
+  } else {
+    nf__bin_park(p, b, memo);
+  }
+  if (NF_UNLIKELY(nf__cached(p) > p->cfg.release_threshold)) release_note(p, freed);
+  else p->rel_frees = 0; // (release_note's first test)
+  nf__pub_fast(p, false);
+  return true;
+}
+
+void *nf_alloc(nf_pool_t *p, size_t size, nf_stream_t stream) { return alloc_entry(p, size, stream, false, 0, 0); }
 
 nf_status_t nf_free(nf_pool_t *p, void *ptr) { return nf_free_ex(p, ptr, NULL, 0); }
+
+static nf_status_t free_locked(nf_pool_t *p, nf_block_t *b, void *ptr, size_t *size, unsigned flags);
 
 nf_status_t nf_free_ex(nf_pool_t *p, void *ptr, size_t *size, unsigned flags) {
   if (size) *size = 0;
   if (NF_UNLIKELY(!p)) return nf__error(NF_ERR_INVALID, "nofrag: nf_free: NULL pool");
   if (NF_UNLIKELY(flags & ~NF_FREE_PROBE)) return nf__error(NF_ERR_INVALID, "nofrag: nf_free_ex: unknown flags %#x", flags);
   if (!ptr) return NF_OK;
-  nf__lock(&p->lock);
-  nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
+  nf__pool_lock(p);
+  nf_block_t *b = p->last; // freeing the block just allocated: no map lookup
+  if (!b || b->addr != (uintptr_t)ptr || b->state != NF_BLK_LIVE) b = nf__map_find(p, (uintptr_t)ptr);
+  if (NF_LIKELY(b != NULL) && free_hot(p, b)) {
+    nf__pool_unlock(p);
+    if (size) *size = b->req; // (still b's header: hot or parked)
+    return NF_OK;
+  }
+  return free_locked(p, b, ptr, size, flags);
+}
+
+// Under the lock: every other free (b NULL: not a live block); drops the lock.
+static NF_NOINLINE nf_status_t free_locked(nf_pool_t *p, nf_block_t *b, void *ptr, size_t *size, unsigned flags) {
   if (NF_UNLIKELY(!b)) {
     nf_status_t st = bad_free(p, ptr, flags & NF_FREE_PROBE);
-    nf__unlock(&p->lock);
+    nf__pool_unlock(p);
     return st;
   }
   size_t req = b->req; // b may be merged away below
@@ -383,7 +455,7 @@ nf_status_t nf_free_ex(nf_pool_t *p, void *ptr, size_t *size, unsigned flags) {
   p->streams[b->stream].last_free = b->tick;
   if (NF_UNLIKELY(b->extra)) {
     nf_status_t st = nf__pending_add(p, b);
-    if (st != NF_OK) { nf__unlock(&p->lock); return st; }
+    if (st != NF_OK) { nf__pool_unlock(p); return st; }
   } else {
     b->state = NF_BLK_FREE;
   }
@@ -395,7 +467,7 @@ nf_status_t nf_free_ex(nf_pool_t *p, void *ptr, size_t *size, unsigned flags) {
   p->st.live_blocks--;
   p->st.frees++;
   if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live -= b->req; b->chunk->priv->live_blocks--; }
-  if (b->state != NF_BLK_FREE || !parkable || !bin_park(p, b, memo)) { // parked: stays in the map
+  if (b->state != NF_BLK_FREE || !parkable || !nf__bin_park(p, b, memo)) { // parked: stays in the map
     nf__map_remove(p, b->addr);
     if (b->state == NF_BLK_FREE) block_release(p, b, true);
   }
@@ -407,29 +479,29 @@ nf_status_t nf_free_ex(nf_pool_t *p, void *ptr, size_t *size, unsigned flags) {
   }
   if (NF_UNLIKELY(p->tick < p->ev_hot)) nf__stream_mark(p, bs); // after an eviction wait (stream.c)
   nf__pub_fast(p, false);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   if (size) *size = req;
   return NF_OK;
 }
 
 nf_status_t nf_record_stream(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   if (!p || !ptr) return nf__error(NF_ERR_INVALID, "nofrag: nf_record_stream: NULL argument");
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
   uint32_t s = 0;
   nf_status_t st = b ? nf__stream_index(p, stream, &s)
                      : nf__error(NF_ERR_INVALID, "nofrag: record_stream of %p: not a live block", ptr);
   if (st == NF_OK && s != b->stream) b->extra |= 1ull << s;
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
 size_t nf_block_size(nf_pool_t *p, const void *ptr) {
   if (!p) return 0;
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
   size_t n = b ? b->req : 0;
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return n;
 }
 
@@ -437,7 +509,7 @@ size_t nf_block_size(nf_pool_t *p, const void *ptr) {
 // at an address: the same path as nf_alloc.
 void *nf_alloc_private(nf_pool_t *p, uint64_t id, size_t size, nf_stream_t stream) {
   if (p && !id) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_private: private pool id 0 is the general pool"); return NULL; }
-  return nf__alloc(p, size, stream, true, id, 0);
+  return alloc_entry(p, size, stream, true, id, 0);
 }
 
 void *nf_alloc_at(nf_pool_t *p, uint64_t id, void *addr, size_t size, nf_stream_t stream) {
@@ -446,5 +518,5 @@ void *nf_alloc_at(nf_pool_t *p, uint64_t id, void *addr, size_t size, nf_stream_
     nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_at: %p is not %llu-byte aligned", addr, (unsigned long long)NF_ALIGN);
     return NULL;
   }
-  return nf__alloc(p, size, stream, id != 0, id, (uintptr_t)addr);
+  return alloc_entry(p, size, stream, id != 0, id, (uintptr_t)addr);
 }

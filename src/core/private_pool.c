@@ -176,7 +176,7 @@ void nf__privs_destroy(nf_pool_t *p) {
 
 nf_status_t nf_private_incref(nf_pool_t *p, uint64_t id) {
   NEED_ID("nf_private_incref");
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_priv_t *pv = nf__priv_find(p, id);
   nf_status_t st = NF_OK;
   if (pv) {
@@ -189,32 +189,32 @@ nf_status_t nf_private_incref(nf_pool_t *p, uint64_t id) {
     pv->next = p->privs;
     p->privs = pv;
   }
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
 nf_status_t nf_private_release(nf_pool_t *p, uint64_t id) {
   NEED_ID("nf_private_release");
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_priv_t *pv = nf__priv_find(p, id);
   nf_status_t st = NF_OK;
   if (!pv) st = nf__error(NF_ERR_INVALID, "nofrag: nf_private_release: no private pool %llu", (unsigned long long)id);
   else if (--pv->uses == 0) hand_back(p, pv);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
 uint64_t nf_private_use_count(nf_pool_t *p, uint64_t id) {
   if (!p) return 0;
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   const nf_priv_t *pv = nf__priv_find(p, id);
   uint64_t n = pv ? pv->uses : 0;
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return n;
 }
 
 static nf_status_t route_add(nf_pool_t *p, uint64_t id, nf_stream_t stream, bool by_thread) {
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_priv_t *pv = nf__priv_find(p, id);
   uint32_t s = 0;
   nf_status_t st = pv ? NF_OK
@@ -232,7 +232,7 @@ static nf_status_t route_add(nf_pool_t *p, uint64_t id, nf_stream_t stream, bool
                                             .by_thread = by_thread};
     capture_mask_update(p);
   }
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
@@ -248,7 +248,7 @@ nf_status_t nf_private_begin_thread(nf_pool_t *p, uint64_t id) {
 
 nf_status_t nf_private_end(nf_pool_t *p, uint64_t id) {
   NEED_ID("nf_private_end");
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_priv_t *pv = nf__priv_find(p, id);
   uint32_t before = p->nroutes;
   if (pv) routes_drop(p, pv);
@@ -256,13 +256,13 @@ nf_status_t nf_private_end(nf_pool_t *p, uint64_t id) {
                        ? NF_OK
                        : nf__error(NF_ERR_INVALID, "nofrag: nf_private_end: nothing is routed to private pool %llu",
                                    (unsigned long long)id);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
 nf_status_t nf_private_trim(nf_pool_t *p, uint64_t id) {
   NEED_ID("nf_private_trim");
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_priv_t *pv = nf__priv_find(p, id);
   nf_status_t st = NF_OK;
   if (!pv)
@@ -277,13 +277,13 @@ nf_status_t nf_private_trim(nf_pool_t *p, uint64_t id) {
   if (st == NF_OK) nf__unmap_cached_in(p, pv, UINT64_MAX, true, &st);
   if (st == NF_OK) st = nf__granules_release(p, p->cfg.retain >> p->gshift);
   nf__pub_full(p);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
 size_t nf_private_live(nf_pool_t *p, uint64_t id, void **out, size_t n) {
   if (!p || !id) return 0;
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   const nf_priv_t *pv = nf__priv_find(p, id);
   size_t k = 0;
   for (const nf_chunk_t *c = pv ? p->chunks : NULL; c; c = c->next)
@@ -292,23 +292,23 @@ size_t nf_private_live(nf_pool_t *p, uint64_t id, void **out, size_t n) {
       if (k < n) out[k] = (void *)b->addr;
       k++;
     }
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return k;
 }
 
 uint64_t nf_private_of(nf_pool_t *p, const void *ptr) {
   if (!p) return 0;
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   const nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
   uint64_t id = b && b->chunk->priv ? b->chunk->priv->id : 0;
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return id;
 }
 
 int nf_capturing(nf_pool_t *p) {
   if (!p) return 0;
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   int c = p->capture_mask != 0;
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return c;
 }

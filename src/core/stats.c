@@ -6,7 +6,7 @@
 
 
 void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_stats_t s = p->st;
   s.mapped = p->gran_mapped << p->gshift;
   s.physical = p->gran_created << p->gshift;
@@ -31,25 +31,25 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   // part of what is mapped: leave them out.
   uint64_t away = p->away_granules << p->gshift, resident = s.live > away ? s.live - away : 0;
   s.fragmentation = s.mapped ? 1.0 - (double)resident / (double)s.mapped : 0.0;
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   *out = s;
 }
 
 void nf_stats_reset_peaks(nf_pool_t *p) {
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   p->st.live_peak = p->st.live;
   p->st.live_rounded_peak = p->st.live_rounded;
   p->st.mapped_peak = p->gran_mapped << p->gshift;
   p->st.physical_peak = p->gran_created << p->gshift;
   p->st.spilled_peak = (p->host_mapped - p->offl_granules) << p->gshift;
   p->st.host_physical_peak = p->host_created << p->gshift;
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
 }
 
 #define CHECK(cond, ...) do { if (!(cond)) { st = nf__error(NF_ERR_INVALID, __VA_ARGS__); goto out; } } while (0)
 
 nf_status_t nf_pool_check(nf_pool_t *p) {
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_status_t st = NF_OK;
   uint64_t live = 0, live_r = 0, nlive = 0, mapped = 0, nfree_blocks = 0, tlsf_blocks = 0, nd = 0, nhost = 0;
   uint8_t *seen = calloc(p->gran_cap ? p->gran_cap : 1, 1); // physical granule mapped once at most
@@ -140,6 +140,8 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
         (unsigned long long)live, (unsigned long long)live_r, (unsigned long long)nlive);
   CHECK(nlive + p->bin_blocks == p->map.count, "check: hash holds %llu, live %llu + parked %llu",
         (unsigned long long)p->map.count, (unsigned long long)nlive, (unsigned long long)p->bin_blocks);
+  CHECK(!p->last || p->last->state != NF_BLK_LIVE || nf__map_find(p, p->last->addr) == p->last,
+        "check: nf_free's guess %p is a live block the map does not name", (void *)p->last->addr);
   CHECK(mapped == p->gran_mapped, "check: mapped bits %llu, counter %llu", (unsigned long long)mapped,
         (unsigned long long)p->gran_mapped);
   CHECK(nhost == p->host_mapped && p->offl_granules <= nhost, "check: host granules mapped %llu, counter %llu",
@@ -170,6 +172,6 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
   CHECK(live_r <= ((mapped + nd) << p->gshift), "check: live exceeds mapped (+ on disk)");
 out:
   free(seen);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }

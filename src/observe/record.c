@@ -115,7 +115,7 @@ static void rec_atexit(void) {
   pthread_mutex_lock(&reg_mu);
   for (nf_rec_t *r = reg_head; r; r = r->next) {
     if (r->pid != getpid()) continue;
-    nf_lock_t *l = &r->pool->lock;
+    nf_lock_t *l = &r->pool->lock_; // the raw lock: the flush reads no block
     int tries = 0;
     while (!nf__trylock(l) && ++tries < 100000) sched_yield();
     if (tries >= 100000) continue;

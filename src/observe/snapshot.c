@@ -98,7 +98,7 @@ char *nf_snapshot(nf_pool_t *p) {
   if (!p) { nf__error(NF_ERR_INVALID, "nofrag: nf_snapshot: NULL pool"); return NULL; }
   sbuf_t b = {.cap = 4096};
   if (!(b.s = malloc(b.cap))) { nf__error(NF_ERR_NOMEM, "nofrag: out of host memory"); return NULL; }
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf__bins_flush(p); // blocks as without deferred coalescing
   uint64_t gstate[3] = {0}, tiers[3] = {0};
   for (uint64_t i = 0; i < p->gran_cap; i++) {
@@ -146,7 +146,7 @@ char *nf_snapshot(nf_pool_t *p) {
     snap_mapped(&b, p, c);
     sb_printf(&b, "}");
   }
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   free(cs);
   sb_printf(&b, "]}\n");
   if (b.failed) {

@@ -159,7 +159,7 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
   if (tier != NF_TIER_HOST && tier != NF_TIER_HOST_DETACHED && tier != NF_TIER_DISK)
     return nf__error(NF_ERR_INVALID, "nofrag: nf_offload: tier %d is not NF_TIER_HOST, NF_TIER_HOST_DETACHED or "
                      "NF_TIER_DISK", (int)tier);
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_block_t *b;
   uint32_t s = 0;
   uint64_t g0, g1;
@@ -180,13 +180,13 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
                               : nf__offload_detached(p, b, s, g0, g1);
 out:
   nf__pub_full(p);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
 nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   if (!p || !ptr) return nf__error(NF_ERR_INVALID, "nofrag: nf_prefetch: NULL argument");
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_block_t *b;
   uint32_t s = 0;
   uint64_t g0, g1;
@@ -216,13 +216,13 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   }
 out:
   nf__pub_full(p);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
 nf_status_t nf_offload_wait(nf_pool_t *p) {
   if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_offload_wait: NULL pool");
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_status_t st = not_capturing(p, "nf_offload_wait");
   if (st == NF_OK) st = nf__xfer_poll(p, true);
   if (st == NF_OK && p->xfer_err != NF_OK) { // an offload whose finish failed (xfer_defer), reported once
@@ -235,7 +235,7 @@ nf_status_t nf_offload_wait(nf_pool_t *p) {
     p->xfer_err_more = 0;
   }
   nf__pub_full(p);
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 
@@ -298,7 +298,7 @@ void nf__offload_destroy(nf_pool_t *p) {
 // a live block is on disk).
 nf_status_t nf_block_tiers(nf_pool_t *p, const void *ptr, uint64_t bytes[3]) {
   if (!p || !bytes) return nf__error(NF_ERR_INVALID, "nofrag: nf_block_tiers: NULL argument");
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
   nf_status_t st = b ? NF_OK : nf__error(NF_ERR_INVALID, "nofrag: nf_block_tiers of %p: not the start of a live block", ptr);
   if (st == NF_OK) {
@@ -312,7 +312,7 @@ nf_status_t nf_block_tiers(nf_pool_t *p, const void *ptr, uint64_t bytes[3]) {
       bytes[t] += hi - lo;
     }
   }
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return st;
 }
 

@@ -45,7 +45,7 @@ NF_API nf_status_t nf_ipc_export(nf_pool_t *p, const void *ptr, char *buf, size_
   *nfds = 0;
   if (!p->be->ops->mem_export)
     return nf__error(NF_ERR_UNSUPPORTED, "nofrag: IPC: the %s backend cannot export memory", p->be->ops->name);
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf_status_t st = NF_OK;
   nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
   const nf_chunk_t *c = b ? b->chunk : NULL;
@@ -72,7 +72,7 @@ NF_API nf_status_t nf_ipc_export(nf_pool_t *p, const void *ptr, char *buf, size_
   }
   if (st == NF_OK && (size_t)n >= len) st = nf__error(NF_ERR_INVALID, "nofrag: IPC: handle buffer of %zu B too small", len);
   if (st == NF_OK) *offset = b->addr - (c->base + (g0 << p->gshift));
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   if (st != NF_OK) {
     for (size_t i = 0; i < *nfds; i++) close(fds[i]);
     *nfds = 0;

@@ -24,7 +24,7 @@ static void walk_run(nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uintptr_t e
 
 NF_API int nf_torch_walk(nf_pool_t *p, nf_torch_walk_fn fn, void *ctx) {
   if (!p || !fn) return -1;
-  nf__lock(&p->lock);
+  nf__pool_lock(p);
   nf__bins_flush(p); // blocks as without deferred coalescing
   for (const nf_chunk_t *c = p->chunks; c; c = c->next) {
     const uint64_t *ready = NF_READY(c);
@@ -36,6 +36,6 @@ NF_API int nf_torch_walk(nf_pool_t *p, nf_torch_walk_fn fn, void *ctx) {
       g = e;
     }
   }
-  nf__unlock(&p->lock);
+  nf__pool_unlock(p);
   return 0;
 }
