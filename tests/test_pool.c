@@ -1,14 +1,15 @@
 // The core's hot path (src/core/pool.c): nf_alloc / nf_free / nf_free_ex /
 // record_stream and their errors, the guarantee of nofrag.h checked at every
-// failed allocation of random workloads at a tight limit, and the deferred-
-// coalescing bins (parked blocks popped by the next allocation of their size).
+// failed allocation of random workloads at a tight limit, the deferred-
+// coalescing bins (parked blocks popped by the next allocation of their size)
+// and the hot pair (a park deferred to the next operation: same decisions).
 // Randomized tests write a pattern into every live block and verify all of
 // them after every operation that remapped or reclaimed memory.
 // Elsewhere: creation, limits, trim and the release policy (test_capacity.c),
 // placement (test_placement.c), the bound on mappings (test_vmm.c), lazy
 // events (test_stream.c), stitching through views (test_view.c).
 #include "nf_test.h"
-#include "core/core.h" // white box: p->bin_blocks shows parks and pops (deferred coalescing)
+#include "core/core.h" // white box: p->bin_blocks and p->hot show parks and pops; p->hot_off
 
 #define G (64 * 1024) // small granule: many granules, fast tests
 

@@ -354,8 +354,8 @@ static void release_note(nf_pool_t *p, uint64_t freed) {
 // a block with nothing pending on it in a pool with nothing unusual going on
 // (no views, tiers, spilled granules, private chunk, hooks, parked large
 // block), where nf__bin_park would park it: each condition below is one that
-// sends nf_free_ex, nf__bin_park or bin_pop elsewhere. The pair then costs ~350
-// instructions instead of ~520 (no map lookup, bin list or nf_free_ex's
+// sends nf_free_ex, nf__bin_park or bin_pop elsewhere. The pair then costs ~370
+// instructions instead of ~515 (no map lookup, bin list or nf_free_ex's
 // branches; docs/benchmarks.md section 14).
 static NF_ALWAYS_INLINE bool free_hot(nf_pool_t *p, nf_block_t *b) {
   bool large = b->arena != NF_ARENA_SMALL, memo = b->memo && b->fx == p->fx;
