@@ -1,7 +1,8 @@
 // Many threads on one pool: every thread keeps its own live set with
 // patterns, under a limit tight enough that stitching runs concurrently with
 // other threads' fast paths; a second run adds spill, offload and prefetch
-// (another thread's call may finish an offload's remap). Run under TSan in CI.
+// (another thread's call may finish an offload's remap); a third passes hot
+// blocks between threads on one stream. Run under TSan in CI.
 #include "nf_test.h"
 
 #include <pthread.h>
@@ -100,8 +101,44 @@ static void test_threads_spill_offload(void **state) {
   run_stress("limit:6MiB,small_max:16KiB,spill:host,spill_limit:4MiB");
 }
 
+// The hot pair across threads: all on one stream, so a block one thread
+// frees is the next one another takes back (pool.c, p->hot). Sizes differ by
+// thread but share one rounded size: nf_free_ex must report the size of the
+// block it freed, read before another thread re-allocates it, and no two
+// threads may hold one block (each checks its pattern before the free). Run
+// under TSan in CI.
+static void *pair_worker(void *arg) {
+  size_t n = 1024 - (size_t)(uintptr_t)arg; // 1023..1020: one 1 KiB block size
+  for (int it = 0; it < 50000; it++) {
+    void *p = nf_alloc(pool, n, NULL);
+    if (!p) { errors++; continue; }
+    nft_fill(p, n, (uint64_t)it * 31 + n);
+    size_t got = 0;
+    if (!nft_check(p, n, (uint64_t)it * 31 + n)) errors++;
+    if (nf_free_ex(pool, p, &got, 0) != NF_OK || got != n) errors++;
+  }
+  return NULL;
+}
+
+static void test_threads_hot_pair(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  pool = nft_pool(&be, 1ull << 30, G, "limit:64MiB");
+  assert_non_null(pool);
+  errors = 0;
+  pthread_t t[THREADS];
+  for (uintptr_t i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, pair_worker, (void *)i);
+  for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
+  assert_int_equal(errors, 0);
+  assert_int_equal(nf_pool_check(pool), NF_OK);
+  assert_int_equal(nft_stats_of(pool).live, 0);
+  nf_pool_destroy(pool);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_stress),
-                                     cmocka_unit_test(test_threads_spill_offload)};
+                                     cmocka_unit_test(test_threads_spill_offload),
+                                     cmocka_unit_test(test_threads_hot_pair)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

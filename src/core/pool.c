@@ -415,8 +415,8 @@ nf_status_t nf_free_ex(nf_pool_t *p, void *ptr, size_t *size, unsigned flags) {
   nf_block_t *b = p->last; // freeing the block just allocated: no map lookup
   if (!b || b->addr != (uintptr_t)ptr || b->state != NF_BLK_LIVE) b = nf__map_find(p, (uintptr_t)ptr);
   if (NF_LIKELY(b != NULL) && free_hot(p, b)) {
+    if (size) *size = b->req; // before unlocking: another thread may take the block at once
     nf__pool_unlock(p);
-    if (size) *size = b->req; // (still b's header: hot or parked)
     return NF_OK;
   }
   return free_locked(p, b, ptr, size, flags);
