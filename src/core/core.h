@@ -205,11 +205,10 @@ struct nf_pool_s {
   nf_block_t *bin_large;  // the one parked block of the large arena (released at the next free)
   // The hot pair (pool.c): a block the last operation freed, FREE and in the
   // map but not yet in its bin, which the next allocation of its size and
-  // stream takes back (then with memo `hot_memo`), and any other operation
-  // parks first (nf__pool_lock). `last`: the block the last allocation
-  // returned, nf_free's first guess before the map (maybe stale: checked).
+  // stream takes back and any other operation parks first (nf__pool_lock).
+  // `last`: the block the last allocation returned, nf_free's first guess
+  // before the map (maybe stale: checked).
   nf_block_t *hot, *last;
-  bool hot_memo;
   bool hot_off; // park every free at once (tests: the reference the hot pair must equal)
   // Event count: bumped by every change to the free structure, the mapping,
   // the limits and routes. A block whose park was the pool's last event, after
@@ -410,28 +409,29 @@ void nf__release_block(nf_pool_t *p, nf_block_t *b);
 void nf__bin_unlink(nf_pool_t *p, nf_block_t *b); // out of its bin and the pointer map (still FREE, not indexed)
 void nf__bins_flush(nf_pool_t *p);                // every parked block into the free index, coalesced
 void nf__bin_take_order(nf_pool_t *p, const nf_block_t *b, nf_block_t *r);
-// Deferred coalescing: park a freed block of the general
-// pool in the bin of its exact size, un-coalesced. Not while views are on
-// (they track free granules per block), not with spilled granules about
-// (they must leave free ranges), not for private pools (their blocks stay
-// theirs). A bin holding another size, full, or the byte bound (limit/16)
-// reached: released as usual. The large arena parks one block at a time, one
-// whose allocation placement made with no mapping (`memo`), and the next
-// free releases it first: parking large blocks for longer changed which free
-// block later large requests took (+3..8% peak physical memory on the replay
-// traces), as list order and coalescing then differ from eager release.
-static NF_ALWAYS_INLINE bool nf__bin_park(nf_pool_t *p, nf_block_t *b, bool memo) {
+// Deferred coalescing: park a freed block of the general pool in the bin of
+// its exact size, un-coalesced. Not while views are on (they track free
+// granules per block), not with spilled granules about (they must leave free
+// ranges), not for private pools (their blocks stay theirs). A bin holding
+// another size, full, or the byte bound (limit/16) reached: released as
+// usual. The large arena parks one block at a time, one whose allocation
+// placement made with no mapping (`memo`), and the next free releases it
+// first: parking large blocks for longer changed which free block later large
+// requests took (+3..8% peak physical memory on the replay traces).
+// nf__bin_parkable: the bin b may go to, or NULL (nothing changes).
+static NF_ALWAYS_INLINE nf_bin_t *nf__bin_parkable(nf_pool_t *p, const nf_block_t *b, bool memo) {
   if (p->vw_on | p->host_sweep | (p->host_mapped > p->offl_granules) | (b->chunk->priv != NULL))
-    return false;
+    return NULL;
   bool large = b->arena != NF_ARENA_SMALL;
-  if (large && (!memo || p->bin_large)) return false;
+  if (large && (!memo || p->bin_large)) return NULL;
   uint64_t units = b->size >> NF_ALIGN_SHIFT;
   nf_bin_t *bin = &p->bins[nf__bin_of(units)];
-  if (bin->units != units) {
-    if (bin->n) return false;
-    bin->units = units;
-  }
-  if (bin->n >= NF_BIN_MAX || p->bin_bytes + b->size > p->cfg.limit >> 4) return false;
+  if ((bin->units != units && bin->n) || bin->n >= NF_BIN_MAX || p->bin_bytes + b->size > p->cfg.limit >> 4)
+    return NULL;
+  return bin;
+}
+static NF_ALWAYS_INLINE void nf__bin_push(nf_pool_t *p, nf_bin_t *bin, nf_block_t *b, bool memo) {
+  bin->units = b->size >> NF_ALIGN_SHIFT; // (an empty bin takes any size)
   b->parked = 1;
   b->memo = memo;
   b->fx = p->fx; // nf_free bumped it: this park is the pool's latest event
@@ -442,8 +442,12 @@ static NF_ALWAYS_INLINE bool nf__bin_park(nf_pool_t *p, nf_block_t *b, bool memo
   bin->n++;
   p->bin_blocks++;
   p->bin_bytes += b->size;
-  if (large) p->bin_large = b;
-  return true;
+  if (b->arena != NF_ARENA_SMALL) p->bin_large = b;
+}
+static NF_ALWAYS_INLINE bool nf__bin_park(nf_pool_t *p, nf_block_t *b, bool memo) {
+  nf_bin_t *bin = nf__bin_parkable(p, b, memo);
+  if (bin) nf__bin_push(p, bin, b, memo);
+  return bin != NULL;
 }
 
 // Out of its bin (still FREE, not indexed, still in the map).
@@ -462,9 +466,9 @@ static inline void nf__bin_out(nf_pool_t *p, nf_block_t *b) {
 // A parked (or hot) block taken for an allocation of its size (it stays in
 // the map: live again). Placement would have carved b from the start of its
 // coalesced run (b and the free block r after it): r, the run's rest, gets
-// the streams and tick the run would have had (conservative: a superset, a later tick). Same
-// streams: merge_order's result up to streams known complete, which behave
-// as absent (retirement is monotone).
+// the streams and tick the run would have had (conservative: a superset, a
+// later tick). Same streams: merge_order's result up to streams known
+// complete, which behave as absent (retirement is monotone).
 static inline void nf__bin_take_run(nf_pool_t *p, const nf_block_t *b) {
   nf_block_t *r = b->next;
   if (!r || r->state != NF_BLK_FREE) return;

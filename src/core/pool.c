@@ -79,6 +79,22 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
 //   figure of the shared traces unchanged.
 // Either way no free block just below (coalesced, the run would start there)
 // and no parked one just above (the run would be longer).
+// bin_pop's rules, shared with the hot pair (free_hot): a pop is exact where
+// the block's park was the pool's latest event (`quiet`) after an allocation
+// placement made with no mapping (`memo`); its neighbours must not extend the
+// run placement would carve; a non-exact pop needs an empty exact TLSF class.
+static inline bool pop_exact(const nf_pool_t *p, bool quiet_memo, uint64_t rsize) {
+  return quiet_memo && !p->cfg.tight && p->gran_created + (rsize >> p->gshift) + 2 <= p->max_granules;
+}
+static inline bool pop_neighbours_ok(const nf_block_t *b) {
+  return (!b->prev || b->prev->state != NF_BLK_FREE) && (!b->next || !b->next->parked);
+}
+static inline bool pop_class_empty(const nf_pool_t *p, uint64_t units) {
+  int fl, sl;
+  nf__tlsf_mapping(units, &fl, &sl);
+  return !p->tlsf[NF_ARENA_SMALL].heads[fl][sl];
+}
+
 static nf_block_t *bin_pop(nf_pool_t *p, uint64_t rsize, uint32_t s) {
   uint64_t units = rsize >> NF_ALIGN_SHIFT;
   nf_bin_t *bin = &p->bins[nf__bin_of(units)];
@@ -87,24 +103,19 @@ static nf_block_t *bin_pop(nf_pool_t *p, uint64_t rsize, uint32_t s) {
   // Its park was the pool's latest event: nothing was mapped or unmapped
   // since it was live (and so wholly mapped).
   bool quiet = b->fx == p->fx;
-  bool exact = quiet && b->memo && !p->cfg.tight &&
-               p->gran_created + (rsize >> p->gshift) + 2 <= p->max_granules;
+  bool exact = pop_exact(p, quiet && b->memo, rsize);
   int n = 1;
-  if (exact && (!b->prev || b->prev->state != NF_BLK_FREE) && (!b->next || !b->next->parked) &&
-      nf__block_usable(p, b, s)) {
+  if (exact && pop_neighbours_ok(b) && nf__block_usable(p, b, s)) {
     nf__bin_take(p, b);
     return b;
   }
   if (!exact) {
-    if (b->arena != NF_ARENA_SMALL) return NULL;
-    int fl, sl;
-    nf__tlsf_mapping(units, &fl, &sl);
-    if (p->tlsf[NF_ARENA_SMALL].heads[fl][sl]) return NULL;
+    if (b->arena != NF_ARENA_SMALL || !pop_class_empty(p, units)) return NULL;
     n = 4;
   }
   for (; b && n > 0; b = b->fnext, n--)
-    if ((!b->prev || b->prev->state != NF_BLK_FREE) && (!b->next || !b->next->parked) &&
-        nf__block_usable(p, b, s) && ((quiet && b == bin->head) || nf__range_mapped(p, b->chunk, b->addr, rsize))) {
+    if (pop_neighbours_ok(b) && nf__block_usable(p, b, s) &&
+        ((quiet && b == bin->head) || nf__range_mapped(p, b->chunk, b->addr, rsize))) {
       nf__bin_take(p, b);
       b->memo = exact;
       return b;
@@ -187,7 +198,7 @@ static inline void *alloc_entry(nf_pool_t *p, size_t size, nf_stream_t stream, b
     if (b->size == rsize && !explicit_pv && !at && !p->nroutes && p->streams[b->stream].handle == stream) {
       p->hot = NULL;
       p->last_stream = b->stream;
-      b->memo = p->hot_memo;
+      b->memo = pop_exact(p, b->memo, rsize); // as bin_pop (its inputs unchanged since the free)
       b->state = NF_BLK_LIVE;
       nf__bin_take_run(p, b);
       return alloc_done(p, b, size, rsize, b->stream, stream);
@@ -316,12 +327,14 @@ static nf_status_t bad_free(nf_pool_t *p, const void *ptr, bool probe) {
 // first free after it was large, and released 12,006 granules in the middle
 // of a GPT-2 run on an 80 GB H100.) Not during a capture: unmapping is a
 // driver call the capture may forbid.
-static void release_note(nf_pool_t *p, uint64_t freed) {
-  uint64_t thr = p->cfg.release_threshold, now = nf__cached(p);
-  if (NF_LIKELY(now <= thr) || p->capture_mask) {
-    p->rel_frees = 0;
-    return;
-  }
+static NF_NOINLINE void release_epoch(nf_pool_t *p, uint64_t freed, uint64_t now);
+static inline void release_note(nf_pool_t *p, uint64_t freed) {
+  uint64_t now = nf__cached(p);
+  if (NF_LIKELY(now <= p->cfg.release_threshold) || p->capture_mask) p->rel_frees = 0;
+  else release_epoch(p, freed, now);
+}
+static void release_epoch(nf_pool_t *p, uint64_t freed, uint64_t now) {
+  uint64_t thr = p->cfg.release_threshold;
   uint64_t pre = now > freed ? now - freed : 0;
   if (pre <= thr || !p->rel_frees) { // a new epoch, from this free's level
     p->rel_frees = 1;
@@ -354,19 +367,16 @@ static void release_note(nf_pool_t *p, uint64_t freed) {
 // a block with nothing pending on it in a pool with nothing unusual going on
 // (no views, tiers, spilled granules, private chunk, hooks, parked large
 // block), where nf__bin_park would park it: each condition below is one that
-// sends nf_free_ex, nf__bin_park or bin_pop elsewhere. The pair then costs ~370
+// sends nf_free_ex, nf__bin_parkable or bin_pop elsewhere. The pair then costs ~370
 // instructions instead of ~515 (no map lookup, bin list or nf_free_ex's
 // branches; docs/benchmarks.md section 14).
 static NF_ALWAYS_INLINE bool free_hot(nf_pool_t *p, nf_block_t *b) {
   bool large = b->arena != NF_ARENA_SMALL, memo = b->memo && b->fx == p->fx;
-  if (large && !memo) return false; // nf__bin_park refuses it
-  if (b->where | b->extra | p->vw_on | p->host_sweep | (b->chunk->priv != NULL) | (p->bin_large != NULL) |
-      (p->obs.op != NULL) | (p->xfers != 0) | (p->host_mapped > p->offl_granules) | (p->tick + 1 < p->ev_hot))
+  if (b->where | b->extra | (p->bin_large != NULL) | (p->obs.op != NULL) | (p->xfers != 0) |
+      (p->tick + 1 < p->ev_hot))
     return false;
-  uint64_t units = b->size >> NF_ALIGN_SHIFT;
-  nf_bin_t *bin = &p->bins[nf__bin_of(units)];
-  if ((bin->units != units && bin->n) || bin->n >= NF_BIN_MAX || p->bin_bytes + b->size > p->cfg.limit >> 4)
-    return false;
+  nf_bin_t *bin = nf__bin_parkable(p, b, memo);
+  if (!bin) return false;
   p->fx++;
   b->tick = ++p->tick;
   b->smask = 1ull << b->stream;
@@ -377,25 +387,18 @@ static NF_ALWAYS_INLINE bool free_hot(nf_pool_t *p, nf_block_t *b) {
   p->st.live_rounded -= freed;
   p->st.live_blocks--;
   p->st.frees++;
-  // Would bin_pop, right after the park, take it for its own stream?
-  bool exact = memo && !p->cfg.tight && p->gran_created + (freed >> p->gshift) + 2 <= p->max_granules;
-  bool pop = !p->hot_off && (!b->prev || b->prev->state != NF_BLK_FREE) && (!b->next || !b->next->parked);
-  if (pop && !exact && large) pop = false; // (bin_pop pops a large block only where exact)
-  if (pop && !exact) {
-    int fl, sl;
-    nf__tlsf_mapping(units, &fl, &sl);
-    pop = !p->tlsf[NF_ARENA_SMALL].heads[fl][sl];
-  }
+  // Would bin_pop, right after the park, take it for its own stream? (Its
+  // park would be the latest event: quiet.)
+  bool pop = !p->hot_off && pop_neighbours_ok(b) &&
+             (pop_exact(p, memo, freed) || (!large && pop_class_empty(p, freed >> NF_ALIGN_SHIFT)));
   if (pop) {
-    b->memo = memo; // as nf__bin_park, which nf__hot_settle calls
+    b->memo = memo; // as nf__bin_push, which nf__hot_settle calls
     b->fx = p->fx;
     p->hot = b;
-    p->hot_memo = exact;
   } else {
-    nf__bin_park(p, b, memo);
+    nf__bin_push(p, bin, b, memo);
   }
-  if (NF_UNLIKELY(nf__cached(p) > p->cfg.release_threshold)) release_note(p, freed);
-  else p->rel_frees = 0; // (release_note's first test)
+  release_note(p, freed);
   nf__pub_fast(p, false);
   return true;
 }
