@@ -134,6 +134,7 @@ void nf__hot_settle(nf_pool_t *p) {
 // when it is released at its free). A release may merge (and unlink) another
 // parked neighbour: the walk restarts from the bin's head each time.
 void nf__bins_flush(nf_pool_t *p) {
+  if (p->hot) nf__hot_settle(p); // the hot block counts as parked (a flush inside a free: the release)
   p->fx++;
   for (uint32_t i = 0; p->bin_blocks && i < NF_BINS; i++) {
     nf_bin_t *bin = &p->bins[i];

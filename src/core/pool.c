@@ -350,7 +350,6 @@ static void release_epoch(nf_pool_t *p, uint64_t freed, uint64_t now) {
     uint64_t t = p->clock(p->clock_ctx);
     if (t < p->rel_t0 || t - p->rel_t0 < p->cfg.release_idle_ms * 1000000ull) return; // (a clock gone back: wait)
   }
-  if (p->hot) nf__hot_settle(p); // the release flushes the bins
   nf__maybe_release(p, p->rel_low < now ? p->rel_low : now);
   p->rel_frees = 0;
 }
@@ -361,7 +360,7 @@ static void release_epoch(nf_pool_t *p, uint64_t freed, uint64_t now) {
 // parks the block in its bin and the allocation pops it again (bin_pop's quiet
 // case). Here the free leaves the block un-parked as p->hot when that pop is
 // certain, and the allocation takes it back; any other operation parks it
-// first (nf__pool_lock, release_note), before it looks at anything, so every
+// first (nf__pool_lock, nf__bins_flush), before it looks at anything, so every
 // operation sees what the eager park would have left: the bins' figures, and
 // so replay's, do not change. The free itself is the whole of nf_free_ex's for
 // a block with nothing pending on it in a pool with nothing unusual going on
