@@ -354,6 +354,20 @@ static void release_epoch(nf_pool_t *p, uint64_t freed, uint64_t now) {
   p->rel_frees = 0;
 }
 
+// The bookkeeping every free of a live block does (free_hot, free_locked):
+// its free tick and stream, and the pool's counters.
+static inline void free_tick(nf_pool_t *p, nf_block_t *b) {
+  b->tick = ++p->tick;
+  b->smask = 1ull << b->stream;
+  p->streams[b->stream].last_free = b->tick;
+}
+static inline void free_count(nf_pool_t *p, const nf_block_t *b) {
+  p->st.live -= b->req;
+  p->st.live_rounded -= b->size;
+  p->st.live_blocks--;
+  p->st.frees++;
+}
+
 // ------------------------------------------------------------------ the hot pair
 // A free, then an allocation of the same size on the same stream: the cached
 // pair, and the loop of a training step's small temporaries. Eagerly, the free
@@ -377,15 +391,10 @@ static NF_ALWAYS_INLINE bool free_hot(nf_pool_t *p, nf_block_t *b) {
   nf_bin_t *bin = nf__bin_parkable(p, b, memo);
   if (!bin) return false;
   p->fx++;
-  b->tick = ++p->tick;
-  b->smask = 1ull << b->stream;
-  p->streams[b->stream].last_free = b->tick;
+  free_tick(p, b);
   b->state = NF_BLK_FREE;
   uint64_t freed = b->size;
-  p->st.live -= b->req;
-  p->st.live_rounded -= freed;
-  p->st.live_blocks--;
-  p->st.frees++;
+  free_count(p, b);
   // Would bin_pop, right after the park, take it for its own stream? (Its
   // park would be the latest event: quiet.)
   bool pop = !p->hot_off && pop_neighbours_ok(b) &&
@@ -452,9 +461,7 @@ static NF_NOINLINE nf_status_t free_locked(nf_pool_t *p, nf_block_t *b, void *pt
     for (uint64_t g = g0; g < g1 && !p->host_sweep; g++)
       p->host_sweep = nf__bit(b->chunk->mapped, g) && p->gran[b->chunk->phys[g]].tier == NF_TIER_HOST;
   }
-  b->tick = ++p->tick;
-  b->smask = 1ull << b->stream;
-  p->streams[b->stream].last_free = b->tick;
+  free_tick(p, b);
   if (NF_UNLIKELY(b->extra)) {
     nf_status_t st = nf__pending_add(p, b);
     if (st != NF_OK) { nf__pool_unlock(p); return st; }
@@ -464,10 +471,7 @@ static NF_NOINLINE nf_status_t free_locked(nf_pool_t *p, nf_block_t *b, void *pt
   if (NF_UNLIKELY(b->where)) { p->tier.forget(p, b); nf__pub_dirty(p); } // cannot fail: after the last fallible step
   if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, false, b->addr, b->req, p->streams[b->stream].handle);
   uint64_t freed = b->size; // b may be merged away below
-  p->st.live -= b->req;
-  p->st.live_rounded -= freed;
-  p->st.live_blocks--;
-  p->st.frees++;
+  free_count(p, b);
   if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live -= b->req; b->chunk->priv->live_blocks--; }
   if (b->state != NF_BLK_FREE || !parkable || !nf__bin_park(p, b, memo)) { // parked: stays in the map
     nf__map_remove(p, b->addr);
