@@ -157,7 +157,9 @@ NF_API void nf_backend_host_complete_events(nf_backend_t *be);
 //! Host backend test hook (manual events): stream `s` works on [addr, addr+n)
 //! from now until an event recorded on `s` afterwards completes. Unmapping any
 //! of it before then is counted (nf_backend_host_violations): the mistake that
-//! on a GPU would fault, or write through the next mapping there.
+//! on a GPU would fault, or write through the next mapping there. In manual
+//! mode every copy the allocator queues (offload, prefetch, spill) declares
+//! its source and destination this way on its stream.
 NF_API void nf_backend_host_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n);
 //! The same for memory just allocated on `s`: if another stream's declared
 //! use of any of it (its addresses, or the physical memory mapped there: a

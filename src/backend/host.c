@@ -492,13 +492,15 @@ static nf_status_t h_set_access(nf_backend_t *be, uintptr_t va, size_t size) {
 
 // Host copies are synchronous: the data has moved when copy returns, so any
 // event recorded afterwards on the stream is (in automatic mode) complete.
+// In manual mode the copy's ranges stay the stream's work in flight until
+// such an event completes, as on a GPU (nf__host_copy_use).
 static nf_status_t h_copy(nf_backend_t *be, uintptr_t dst, uintptr_t src, size_t size, nf_stream_t s) {
-  (void)s;
   if (size == 0) return NF_OK;
   host_backend *h = hb(be);
   pthread_mutex_lock(&h->mu);
   nf_status_t st = check_copy(h, "destination", dst, size);
   if (st == NF_OK) st = check_copy(h, "source", src, size);
+  if (st == NF_OK) nf__host_copy_use(h, s, dst, src, size);
   pthread_mutex_unlock(&h->mu);
   if (st == NF_OK) memmove((void *)dst, (const void *)src, size);
   return st;

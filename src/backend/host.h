@@ -107,6 +107,8 @@ nf_status_t nf__host_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev)
 void nf__host_event_free(host_backend *h, host_event *e); // unlink and free, under the lock
 // unmap: count a violation per declared use of [va, va + size) not known complete (under the lock)
 void nf__host_uses_check(host_backend *h, uintptr_t va, size_t size);
+// copy: in manual mode, both ranges are s's work in flight until an event behind it completes (under the lock)
+void nf__host_copy_use(host_backend *h, nf_stream_t s, uintptr_t dst, uintptr_t src, size_t n);
 uint64_t nf__host_phys(host_backend *h, uintptr_t va, size_t *n); // physical run under va (0: unmapped), *n cut
 void nf__host_uses_free(host_backend *h); // destroy
 // *arr holds at least `need` elements of `elem` bytes (doubling); false: out of memory, unchanged.

@@ -78,11 +78,8 @@ static void add_use(host_backend *h, struct host_use u) {
 
 // `fresh`: the memory was just handed to s (a new block): every use of it by
 // another stream, by address or through the physical memory mapped there,
-// must be complete or ordered before s's work from now.
-static void declare_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n, bool fresh) {
-  host_backend *h = nf__host_of(be);
-  if (!h || !n) return;
-  pthread_mutex_lock(&h->mu);
+// must be complete or ordered before s's work from now. Under the lock.
+static void declare_locked(host_backend *h, nf_stream_t s, const void *addr, size_t n, bool fresh) {
   if (h->manual) {
     size_t k = 0, n0; // drop completed uses first
     for (size_t i = 0; i < h->nuses; i++)
@@ -108,7 +105,24 @@ static void declare_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_
     }
     h->violations += race;
   }
+}
+
+static void declare_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n, bool fresh) {
+  host_backend *h = nf__host_of(be);
+  if (!h || !n) return;
+  pthread_mutex_lock(&h->mu);
+  declare_locked(h, s, addr, n, fresh);
   pthread_mutex_unlock(&h->mu);
+}
+
+// A copy queued on s (h_copy; the data moves at once, but on a GPU it lands
+// only before s's next completed event): in manual mode both ranges count as
+// s's work in flight, so that unmapping either, or handing out what was
+// mapped there to another stream, before an event behind the copy completed
+// counts as a violation.
+void nf__host_copy_use(host_backend *h, nf_stream_t s, uintptr_t dst, uintptr_t src, size_t n) {
+  declare_locked(h, s, (const void *)dst, n, false);
+  declare_locked(h, s, (const void *)src, n, false);
 }
 
 NF_API void nf_backend_host_use(nf_backend_t *be, nf_stream_t s, const void *addr, size_t n) {

@@ -78,7 +78,9 @@ nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
     nf_xfer_t *x = *l;
     bool done = false;
     if (!(busy >> x->s & 1) || p->streams[x->s].done_tick >= x->tick) {
-      nf_status_t st = nf__stream_done(p, x->s, x->tick, blocking, &done);
+      // A deferred drop (nf__xfer_defer) needs a record made after its copies.
+      nf_status_t st = p->streams[x->s].rec_tick < x->tick ? nf__stream_record(p, x->s) : NF_OK;
+      if (st == NF_OK) st = nf__stream_done(p, x->s, x->tick, blocking, &done);
       if (st != NF_OK) return st;
       if (!done) busy |= 1ull << x->s;
     }
@@ -111,6 +113,13 @@ bool nf__xfer_drain(nf_pool_t *p, uint32_t s) {
 void nf__xfer_push(nf_pool_t *p, nf_xfer_t *x) {
   x->next = p->xfers;
   p->xfers = x;
+}
+
+void nf__xfer_defer(nf_pool_t *p, nf_xfer_t *x, uint32_t s) {
+  x->b = NULL;
+  x->s = s;
+  x->tick = p->tick + 1; // no record made so far covers the copies
+  nf__xfer_push(p, x);
 }
 
 nf_status_t nf__xfer_reclaim(nf_pool_t *p) {
@@ -272,7 +281,8 @@ void nf__offload_forget(nf_pool_t *p, nf_block_t *b) {
 
 uint64_t nf__xfer_staged(const nf_pool_t *p) {
   uint64_t n = 0;
-  for (const nf_xfer_t *x = p->xfers; x; x = x->next) n += x->n;
+  for (const nf_xfer_t *x = p->xfers; x; x = x->next)
+    for (uint64_t j = 0; j < x->n; j++) n += x->hg[j] != UINT32_MAX; // (none: went back to its block)
   return n;
 }
 

@@ -77,9 +77,10 @@ void nf__win_destroy(nf_pool_t *p) {
 }
 
 // Copy between the block's granules [g0, g0 + n) and the window addresses
-// of hg[], one copy per run of consecutive window addresses.
+// of hg[], one copy per run of consecutive window addresses. *queued: some
+// copy was queued.
 static nf_status_t copy_window(nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, const uint32_t *hg, uint64_t n,
-                               uint32_t s, bool out) {
+                               uint32_t s, bool out, bool *queued) {
   uint64_t G = p->granule;
   nf_status_t st = NF_OK;
   for (uint64_t j = 0, e; j < n; j = e) {
@@ -93,6 +94,7 @@ static nf_status_t copy_window(nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, c
     p->st.calls.copy++;
     st = p->be->ops->copy(p->be, out ? w : blk, out ? blk : w, (e - j) * G, p->streams[s].handle);
     if (st != NF_OK) return nf__error(st, "nofrag: offload copy failed: %s", p->be->err);
+    *queued = true;
   }
   return NF_OK;
 }
@@ -109,9 +111,16 @@ nf_status_t nf__offload_detached(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64
   }
   nf_status_t st = nf__host_take(p, n, x->hg);
   if (st != NF_OK) { nf__xfer_free(x); free(o); return st; }
-  if ((st = nf__order_block(p, b, s)) != NF_OK || (st = copy_window(p, b->chunk, g0, x->hg, n, s, true)) != NF_OK ||
+  bool queued = false;
+  if ((st = nf__order_block(p, b, s)) != NF_OK || (st = copy_window(p, b->chunk, g0, x->hg, n, s, true, &queued)) != NF_OK ||
       (st = nf__stream_record(p, s)) != NF_OK) {
-    nf__xfer_drain(p, s);
+    x->n = n;
+    if (queued && !nf__xfer_drain(p, s)) { // the copies may still run: they read the block, write the host granules
+      nf__prefetched_on(b, s);             // the block's free waits for them too
+      nf__xfer_defer(p, x, s);
+      free(o);
+      return st;
+    }
     for (uint64_t j = 0; j < n; j++) nf__gran_push_free(p, x->hg[j]);
     nf__xfer_free(x);
     free(o);
@@ -159,13 +168,21 @@ nf_status_t nf__prefetch_detached(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uin
   p->away_granules -= o->n; // mapping counts the range as new granules
   nf_status_t st = nf__map_range(p, c, g0, g1, o->n << p->gshift, false);
   if (st == NF_ERR_OOM) nf__prefetch_oom(p, o->n);
-  if (st == NF_OK && (st = copy_window(p, c, g0, o->hg, o->n, s, false)) == NF_OK) st = nf__stream_record(p, s);
+  bool queued = false, waited = true;
+  if (st == NF_OK && (st = copy_window(p, c, g0, o->hg, o->n, s, false, &queued)) == NF_OK) st = nf__stream_record(p, s);
+  // Copies that cannot be waited for may still be writing the range, which
+  // then cannot be unmapped: all of them are queued again instead (the host
+  // granules hold the data), and the prefetch completes in stream order.
+  // Each way is tried 3 times.
+  for (int t = 0; t < 3 && st != NF_OK && queued && !(waited = nf__xfer_drain(p, s)); t++)
+    if (copy_window(p, c, g0, o->hg, o->n, s, false, &queued) == NF_OK) st = NF_OK;
   if (st != NF_OK) {
     // Back to detached: the range is unmapped again (the host granules kept
     // the data). A granule that cannot be unmapped makes nf_pool_check fail.
+    // (Copies neither waited for nor queued again, 3 times each: the unmap
+    // goes ahead under them, the one case left.)
     char msg[512];
     snprintf(msg, sizeof msg, "%s", nf_last_error());
-    nf__xfer_drain(p, s);
     for (uint64_t g = g0; g < g1; g++)
       for (int t = 0; t < 3 && nf__bit(c->mapped, g); t++) nf__unmap_run(p, c, g, g + 1);
     p->away_granules += o->n;
@@ -173,7 +190,7 @@ nf_status_t nf__prefetch_detached(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uin
     nf__error(st, "%s", msg);
     return st;
   }
-  *x = (nf_xfer_t){.n = o->n, .hg = o->hg, .s = s, .tick = p->streams[s].rec_tick};
+  *x = (nf_xfer_t){.n = o->n, .hg = o->hg, .s = s, .tick = waited ? p->streams[s].rec_tick : p->tick + 1};
   p->detached_granules -= o->n;
   o->hg = NULL;
   o->n = 0;

@@ -105,13 +105,19 @@ nf_status_t nf__prefetch_disk(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_
   if (st == NF_ERR_OOM) nf__prefetch_oom(p, o->n);
   bool io = st == NF_OK;
   if (io) st = disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s);
+  // Copies into the range that cannot be waited for may still be writing it,
+  // which then cannot be unmapped: the whole range is read and queued again
+  // instead (the file keeps the data), and the prefetch completes in stream
+  // order. Each way is tried 3 times (both failing 3 times: the unmap below
+  // goes ahead under them, the one case left).
+  for (int t = 0; t < 3 && st != NF_OK && io && !nf__xfer_drain(p, s); t++)
+    if (disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s) == NF_OK) st = NF_OK;
   if (st != NF_OK) {
     // The range must be unmapped again (map_range's own rollback may have
     // left granules behind on a failing backend), once the chunks already
     // queued on s have landed (their source is pageable: asynchronous).
     char msg[512];
     snprintf(msg, sizeof msg, "%s", nf_last_error());
-    if (io) nf__xfer_drain(p, s);
     for (uint64_t g = g0; g < g1; g++)
       for (int t = 0; t < 3 && nf__bit(c->mapped, g); t++) nf__unmap_run(p, c, g, g + 1);
     nf__error(st, "%s", msg);

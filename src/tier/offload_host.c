@@ -36,9 +36,11 @@ static nf_status_t stage_map(nf_pool_t *p, nf_xfer_t *x) {
   return st;
 }
 
+// (hg[j] UINT32_MAX: none, the host granule went back to the block.)
 void nf__stage_drop(nf_pool_t *p, nf_xfer_t *x) {
   if (x->stage) unstage(p, x->stage, x->n * p->granule, x->n * p->granule);
-  for (uint64_t j = 0; j < x->n; j++) nf__gran_push_free(p, x->hg[j]);
+  for (uint64_t j = 0; j < x->n; j++)
+    if (x->hg[j] != UINT32_MAX) nf__gran_push_free(p, x->hg[j]);
 }
 
 // Take n host granules off the free list (creating them up to spill_limit).
@@ -62,12 +64,12 @@ nf_status_t nf__host_take(nf_pool_t *p, uint64_t n, uint32_t *hg) {
   return NF_OK;
 }
 
-// Copy each run of consecutive block granules gs[] to/from the staging range.
-// *queued: the granules j < *queued whose copies were queued.
+// Copy each run of consecutive block granules gs[j], j >= *queued, to/from
+// the staging range. *queued: the granules j < *queued whose copies were
+// queued (by this call or before it).
 static nf_status_t copy_runs(nf_pool_t *p, const nf_xfer_t *x, const nf_chunk_t *c, bool to_stage, uint64_t *queued) {
   uint64_t G = p->granule;
-  *queued = 0;
-  for (uint64_t j = 0; j < x->n;) {
+  for (uint64_t j = *queued; j < x->n;) {
     uint64_t e = j + 1;
     while (e < x->n && x->gs[e] == x->gs[e - 1] + 1) e++;
     uintptr_t blk = c->base + x->gs[j] * G, stg = x->stage + j * G;
@@ -242,10 +244,15 @@ nf_status_t nf__offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g
   if ((st = stage_map(p, x)) != NF_OK) goto undo;
   x->b = b;
   x->s = s;
-  uint64_t queued;
+  uint64_t queued = 0;
   if ((st = nf__order_block(p, b, s)) != NF_OK || (st = copy_runs(p, x, c, true, &queued)) != NF_OK ||
       (st = nf__stream_record(p, s)) != NF_OK) {
-    nf__xfer_drain(p, s); // the copy may have been queued
+    if (queued && !nf__xfer_drain(p, s)) { // the copies may still run: they read the block, write the staging range
+      nf__prefetched_on(b, s);             // the block's free waits for them too
+      nf__xfer_defer(p, x, s);
+      free(o);
+      return st;
+    }
     unstage(p, x->stage, x->n * p->granule, x->n * p->granule);
     goto undo;
   }
@@ -266,21 +273,25 @@ undo:
   return st;
 }
 
-// A prefetch failed after granules were swapped (its queued copies drained):
-// block granule gs[j] holds dev[j] instead of hg[j], or nothing (a swap
-// whose restore failed). The host granules keep the data, mapped at the
-// staging range too. Put them back; where one cannot go back, dev[j] keeps
-// it if its copy landed (j < landed), else the data is copied from the
-// staging range into it and waited for; only where that fails too is the
-// data there lost. Then the staging range goes, and every granule not
-// mapped at the block is freed; those that end on the device leave o's
-// count (o NULL: a spilled block). fate: n entries of scratch. Returns the
-// bytes lost, *first the first lost address.
+// A prefetch failed after granules were swapped: block granule gs[j] holds
+// dev[j] instead of hg[j], or nothing (a swap whose restore failed); copies
+// into dev[j], j < landed, were queued. The host granules keep the data,
+// mapped at the staging range too. Put them back, except where a copy may
+// still be writing dev[j] (`waited` false: the wait for the copies failed):
+// that granule stays, filled in stream order. Where a host granule cannot go
+// back, dev[j] keeps the data if its copy was queued, else it is copied from
+// the staging range into it; only where that fails too is the data there
+// lost. The staging range goes, and every granule not mapped at the block is
+// freed, once the copies are known done; else the range and the host granules
+// the copies read wait for them (nf__xfer_defer: x is the list's, *deferred).
+// Those that end on the device leave o's count (o NULL: a spilled block).
+// fate: n entries of scratch. Returns the bytes lost, *first the first lost
+// address.
 static uint64_t prefetch_undo(nf_pool_t *p, nf_chunk_t *c, nf_xfer_t *x, const uint32_t *dev, uint64_t landed,
-                              uint32_t *fate, nf_offl_t *o, uintptr_t *first) {
-  enum { HOST, FILLED, COPIED, LOST }; // COPIED: by a copy here, which must be waited for
+                              bool waited, uint32_t *fate, nf_offl_t *o, uintptr_t *first, bool *deferred) {
+  enum { HOST, FILLED, COPIED, LOST }; // COPIED: by a copy here
   uint64_t G = p->granule, lost = 0;
-  for (uint64_t j = 0; j < x->n; j++) {
+  for (uint64_t j = waited ? 0 : landed; j < x->n; j++) {
     uint64_t g = x->gs[j];
     uint32_t old;
     for (int t = 0; t < 3 && holds(c, g, dev[j]); t++) remap_one(p, c, g, x->hg[j], &old);
@@ -297,19 +308,25 @@ static uint64_t prefetch_undo(nf_pool_t *p, nf_chunk_t *c, nf_xfer_t *x, const u
         fate[j] = COPIED, queued = true;
     }
   }
-  bool synced = !queued || nf__xfer_drain(p, x->s); // else not known to have landed: counted lost
-  unstage(p, x->stage, x->n * G, x->n * G);
+  // Copies queued here or left running: in stream order they land before
+  // anything queued later, provided their source outlives them.
+  *deferred = (queued || !waited) && !nf__xfer_drain(p, x->s);
+  if (!*deferred) unstage(p, x->stage, x->n * G, x->n * G);
   for (uint64_t j = 0; j < x->n; j++) {
     uint64_t g = x->gs[j];
-    if (!holds(c, g, dev[j])) nf__gran_push_free(p, dev[j]);
-    if (fate[j] == HOST) continue;
-    nf__gran_push_free(p, x->hg[j]);
+    if (!holds(c, g, dev[j])) nf__gran_push_free(p, dev[j]); // no copy writes it (j >= landed, or waited for)
+    if (fate[j] == HOST) {
+      x->hg[j] = UINT32_MAX; // at the block: not the staging range's to free
+      continue;
+    }
+    if (!*deferred) nf__gran_push_free(p, x->hg[j]);
     if (o) o->n--, p->offl_granules--;
-    if (fate[j] == LOST || (fate[j] == COPIED && !synced)) {
+    if (fate[j] == LOST) {
       if (!lost) *first = c->base + g * G;
       lost += G;
     }
   }
+  if (*deferred) nf__xfer_defer(p, x, x->s);
   return lost;
 }
 
@@ -368,15 +385,23 @@ nf_status_t nf__prefetch_host(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_
   if (st == NF_OK) st = nf__set_ready(p, c, g0, g1);
   if (st == NF_OK) st = copy_runs(p, x, c, false, &queued);
   if (st == NF_OK) st = nf__stream_record(p, s);
+  bool waited = true;
   if (st != NF_OK) {
-    // Copies queued before the failure land before the granules go; those
-    // known to have landed filled their device granules.
-    if (!nf__xfer_drain(p, s)) queued = 0;
     char msg[400];
     snprintf(msg, sizeof msg, "%s", nf__unprefixed(nf_last_error()));
+    // Copies queued before the failure land before the granules go back. If
+    // they cannot be waited for, they may still be writing the device
+    // granules, which then cannot go back: queue the rest instead, and the
+    // prefetch completes in stream order. Each way is tried 3 times.
+    waited = !queued;
+    for (int t = 0; t < 3 && !waited; t++)
+      if (!(waited = nf__xfer_drain(p, s)) && copy_runs(p, x, c, false, &queued) == NF_OK) goto prefetched;
     uintptr_t first = 0;
-    uint64_t lost = prefetch_undo(p, c, x, dev, queued, old, o, &first);
+    bool deferred;
+    uint64_t lost = prefetch_undo(p, c, x, dev, queued, waited, old, o, &first, &deferred);
     const char *acc = ready(c, x) ? "" : " (part of the block is mapped without access until the next nf_prefetch)";
+    if (deferred || !waited) nf__prefetched_on(b, s); // copies into it may still run: its free waits for them
+    if (deferred) x = NULL;                          // the copies in flight hold it
     if (lost)
       nf__error(st, "nofrag: nf_prefetch of %p: %s; putting its host memory back failed too: %llu B of the block's "
                 "data are LOST (from %p; the rest is intact)%s", (void *)b->addr, msg, (unsigned long long)lost,
@@ -385,7 +410,8 @@ nf_status_t nf__prefetch_host(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_
       nf__error(st, "nofrag: %s%s", msg, acc);
     goto fail;
   }
-  x->tick = p->streams[s].rec_tick;
+prefetched:
+  x->tick = waited ? p->streams[s].rec_tick : p->tick + 1; // not waited: a record made later (nf__xfer_defer)
   nf__prefetched_on(b, s);
   p->st.prefetches++;
   for (uint64_t j = 0; j < x->n; j++) p->gran[x->hg[j]].state = NF_GR_MAPPED; // until stage_drop

@@ -76,6 +76,13 @@ void nf__xfer_push(nf_pool_t *p, nf_xfer_t *x);
 // back. The failure being handled keeps its status and message. False: no
 // fresh record could be waited for (the copies are not known to be done).
 bool nf__xfer_drain(nf_pool_t *p, uint32_t s);
+// When that wait failed, what the copies may still touch must not be unmapped
+// or handed out before a later wait proves them done (on a GPU they may run
+// yet: an unmap under them faults, a granule handed out would be written by
+// them). x's staging range (if any) and host granules hg[] go to the copies
+// in flight instead of back now, dropped (nf__stage_drop) by the first poll
+// whose record, made after this call, has completed.
+void nf__xfer_defer(nf_pool_t *p, nf_xfer_t *x, uint32_t s);
 nf_status_t nf__order_block(nf_pool_t *p, const nf_block_t *b, uint32_t s);
 nf_status_t nf__prefetch_oom(nf_pool_t *p, uint64_t n); // NF_ERR_OOM, with a message
 
