@@ -463,26 +463,6 @@ static inline void nf__bin_out(nf_pool_t *p, nf_block_t *b) {
   p->bin_blocks--;
   p->bin_bytes -= b->size;
 }
-// A parked (or hot) block taken for an allocation of its size (it stays in
-// the map: live again). Placement would have carved b from the start of its
-// coalesced run (b and the free block r after it): r, the run's rest, gets
-// the streams and tick the run would have had (conservative: a superset, a
-// later tick). Same streams: merge_order's result up to streams known
-// complete, which behave as absent (retirement is monotone).
-static inline void nf__bin_take_run(nf_pool_t *p, const nf_block_t *b) {
-  nf_block_t *r = b->next;
-  if (!r || r->state != NF_BLK_FREE) return;
-  if (NF_LIKELY(r->smask == b->smask)) {
-    if (b->tick > r->tick) r->tick = b->tick;
-  } else {
-    nf__bin_take_order(p, b, r);
-  }
-}
-// Out of its bin for an allocation of its size.
-static inline void nf__bin_take(nf_pool_t *p, nf_block_t *b) {
-  nf__bin_out(p, b);
-  nf__bin_take_run(p, b);
-}
 // The pool lock. Every operation takes it here, except the hot pair's two
 // fast paths (pool.c): this parks a deferred free first, so that nothing else
 // ever sees a free block that is neither indexed nor parked, and each sees the

@@ -63,6 +63,27 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   return NF_OK;
 }
 
+// A parked (or hot) block taken for an allocation of its size (it stays in
+// the map: live again). Placement would have carved b from the start of its
+// coalesced run (b and the free block r after it): r, the run's rest, gets
+// the streams and tick the run would have had (conservative: a superset, a
+// later tick). Same streams: merge_order's result up to streams known
+// complete, which behave as absent (retirement is monotone).
+static inline void bin_take_run(nf_pool_t *p, const nf_block_t *b) {
+  nf_block_t *r = b->next;
+  if (!r || r->state != NF_BLK_FREE) return;
+  if (NF_LIKELY(r->smask == b->smask)) {
+    if (b->tick > r->tick) r->tick = b->tick;
+  } else {
+    nf__bin_take_order(p, b, r);
+  }
+}
+// Out of its bin for an allocation of its size.
+static inline void bin_take(nf_pool_t *p, nf_block_t *b) {
+  nf__bin_out(p, b);
+  bin_take_run(p, b);
+}
+
 // A parked block of exactly `rsize` that stream s may use with no event call
 // (as placement's fast path: same stream, or the other streams' work known
 // complete or already waited on) and whose granules are all still ready;
@@ -106,7 +127,7 @@ static nf_block_t *bin_pop(nf_pool_t *p, uint64_t rsize, uint32_t s) {
   bool exact = pop_exact(p, quiet && b->memo, rsize);
   int n = 1;
   if (exact && pop_neighbours_ok(b) && nf__block_usable(p, b, s)) {
-    nf__bin_take(p, b);
+    bin_take(p, b);
     return b;
   }
   if (!exact) {
@@ -116,7 +137,7 @@ static nf_block_t *bin_pop(nf_pool_t *p, uint64_t rsize, uint32_t s) {
   for (; b && n > 0; b = b->fnext, n--)
     if (pop_neighbours_ok(b) && nf__block_usable(p, b, s) &&
         ((quiet && b == bin->head) || nf__range_mapped(p, b->chunk, b->addr, rsize))) {
-      nf__bin_take(p, b);
+      bin_take(p, b);
       b->memo = exact;
       return b;
     }
@@ -200,7 +221,7 @@ static inline void *alloc_entry(nf_pool_t *p, size_t size, nf_stream_t stream, b
       p->last_stream = b->stream;
       b->memo = pop_exact(p, b->memo, rsize); // as bin_pop (its inputs unchanged since the free)
       b->state = NF_BLK_LIVE;
-      nf__bin_take_run(p, b);
+      bin_take_run(p, b);
       return alloc_done(p, b, size, rsize, b->stream, stream);
     }
     nf__hot_settle(p);
