@@ -202,7 +202,10 @@ NF_API nf_status_t nf_pool_create(nf_pool_t **out, nf_backend_t *backend, const 
 NF_API nf_status_t nf_pool_create_from_string(nf_pool_t **out, const char *conf);
 
 //! Destroy the pool: all mappings, granules and address ranges go back to the
-//! backend. Live blocks are dropped (their addresses become invalid).
+//! backend. Live blocks are dropped (their addresses become invalid). Work
+//! still queued on the pool's memory must be complete (synchronize the streams
+//! that use it first): unmapping memory a kernel uses faults. The pool waits
+//! for the offload copies it tracks itself.
 NF_API void nf_pool_destroy(nf_pool_t *pool);
 
 //! Allocate `size` bytes usable on `stream`. Returns NULL on failure with
