@@ -63,7 +63,9 @@ class Pool:
 
     def close(self) -> None:
         """Destroy the pool: every mapping goes back to the backend and live
-        blocks' addresses become invalid. Closing twice is a no-op."""
+        blocks' addresses become invalid. Work queued on the pool's memory must
+        be complete first (synchronize the streams that use it): unmapping
+        memory a kernel still uses faults. Closing twice is a no-op."""
         with self._lock:
             h, self._handle = self._handle, 0
         if h:
