@@ -159,11 +159,11 @@ static void fault_run(nf_backend_t *fb, uint64_t fail_at, uint64_t *calls, fsum_
           nf_last_error());
   }
   if (!fail_at) { // what the workload exercised
-    nf_stats_t st;
-    nf_stats_get(r.pool, &st);
+    nf_stats_t ps;
+    nf_stats_get(r.pool, &ps);
     printf("   reference run: reclaims %llu, view reuses %llu, view moves %llu, offloads %llu, prefetches %llu\n",
-           (unsigned long long)st.reclaims, (unsigned long long)st.view_reuses, (unsigned long long)st.view_moves,
-           (unsigned long long)st.offloads, (unsigned long long)st.prefetches);
+           (unsigned long long)ps.reclaims, (unsigned long long)ps.view_reuses, (unsigned long long)ps.view_moves,
+           (unsigned long long)ps.offloads, (unsigned long long)ps.prefetches);
   }
   nf_pool_destroy(r.pool);
   CHECK(r.bad == 0, "fail_at %llu: %d blocks lost their data", (unsigned long long)fail_at, r.bad);
