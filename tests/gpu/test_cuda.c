@@ -3,8 +3,8 @@
 // program of the files in tests/gpu (cuda_test.h says what they share):
 //
 //   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c tests/gpu/test_cuda_tiers.c
-//       tests/gpu/test_cuda_faults.c tests/gpu/cuda_util.c build/libnofrag.a -lpthread -ldl -lm
-//       -o test_cuda && ./test_cuda [out.json]
+//       tests/gpu/test_cuda_faults.c tests/gpu/test_cuda_waits.c tests/gpu/cuda_util.c build/libnofrag.a
+//       -lpthread -ldl -lm -o test_cuda && ./test_cuda [out.json [waits]]
 //
 // Exit status: 0 all passed, 1 a check failed, 77 skipped (no driver/GPU).
 // The test talks to the driver itself (dlopen libcuda.so.1) only for what the
@@ -12,7 +12,9 @@
 // write and check data patterns and to put load on streams.
 // This file: the backend's ops directly, then the core pool on device memory
 // (stitching, steady state, cross-stream reuse, views, destroy); tiers and
-// peers in test_cuda_tiers.c, backend faults in test_cuda_faults.c.
+// peers in test_cuda_tiers.c, backend faults in test_cuda_faults.c, failing
+// waits for copies held on a stream in test_cuda_waits.c (argv[2] "waits":
+// that section alone).
 #include "cuda_test.h"
 
 #include <stdlib.h>
@@ -499,6 +501,8 @@ int main(int argc, char **argv) {
   jout = fopen(outp, "w");
   if (!jout) jout = fopen("/dev/null", "w");
   fprintf(jout, "{\n");
+  bool only_waits = argc > 2 && strcmp(argv[2], "waits") == 0; // the last section alone
+  if (!only_waits) {
   test_backend(be);
   test_pool_stitching(be);
   test_pool_steady_and_streams(be);
@@ -509,6 +513,10 @@ int main(int argc, char **argv) {
   nf_backend_t *fault_inner = NULL; // a second backend: the fault wrapper owns and destroys it
   OKP(nf_backend_cuda_create(&fault_inner, 0));
   if (fault_inner) test_pool_backend_faults(fault_inner);
+  }
+  nf_backend_t *wait_inner = NULL; // last: where the code under test is wrong, the context is lost
+  OKP(nf_backend_cuda_create(&wait_inner, 0));
+  if (wait_inner) test_pool_wait_faults(wait_inner);
   fprintf(jout, "\"checks\": %d, \"failures\": %d\n}\n", checks, failures);
   fclose(jout);
   nf_backend_destroy(be);
