@@ -2,8 +2,9 @@
 // while those copies really are still queued. The stream the operation is
 // given is held by cuStreamWaitValue32 on a host word, so every copy an
 // offload or prefetch queues on it stays pending until the test releases it.
-// The operation's last call (its event record) and the next 7 (the waits of
-// its failure path) fail (fault backend). The memory the pending copies read
+// The operation's last call (its event record) and the next 3 (the records of
+// the wait its failure path makes, 3 tries) fail (fault backend); what comes
+// after, the rollback's unmaps included, succeeds. The memory the pending copies read
 // and write must not be unmapped, nor handed to another block, before they
 // ran: on release they would fault (illegal address: the context is lost) or
 // write into the other block. Then the block must hold its data, wherever it
@@ -35,7 +36,7 @@ static const char *kind_name[KINDS] = {"offload host", "offload detached", "pref
 #define BLK (32u << 20)
 
 // One run of kind k. fail 0: the reference (counts the operation's calls in
-// *ncalls); else its last call and the 7 after it fail, with S held.
+// *ncalls); else its last call and the 3 after it fail, with S held.
 static void wait_run(nf_backend_t *fb, int k, uint64_t fail, uint64_t *ncalls, volatile uint32_t *flag,
                      CUdeviceptr dflag, int *faults) {
   nf_config_t cfg;
@@ -62,7 +63,7 @@ static void wait_run(nf_backend_t *fb, int k, uint64_t fail, uint64_t *ncalls, v
     *flag = 0;
     __sync_synchronize();
     DRV(wait_value32(S, dflag, 1, 0)); // CU_STREAM_WAIT_VALUE_GEQ: S runs nothing until *flag >= 1
-    nf__backend_fault_mask(fb, before + fail, 0xFF);
+    nf__backend_fault_mask(fb, before + fail, 0xF);
   }
   nf_status_t r = k < PRE_HOST ? nf_offload(p, a, S, tier) : nf_prefetch(p, a, S);
   char msg[512];
