@@ -111,24 +111,27 @@ static void sweep(int k, tally_t *t) {
   }
 }
 
-static void test_offload_wait_fails(void **state) {
-  (void)state;
-  for (int k = OFF_HOST; k <= OFF_DETACHED; k++) {
+// Kinds k0..k1; both outcomes must occur (success, a failure with the block
+// intact); a loss report only where `lost_ok` (a prefetch's rollback may
+// still lose what neither a host granule nor a copy can hold: test_fault_tier).
+static void sweep_kinds(int k0, int k1, bool lost_ok) {
+  for (int k = k0; k <= k1; k++) {
     tally_t t = {0};
     sweep(k, &t);
     if (getenv("NF_DEBUG")) fprintf(stderr, "%s: ok %d failed %d lost %d\n", kind_name[k], t.ok, t.failed, t.lost);
-    if (!t.ok || !t.failed || t.lost) fail_msg("%s: outcomes ok %d failed %d lost %d", kind_name[k], t.ok, t.failed, t.lost);
+    if (!t.ok || !t.failed || (t.lost && !lost_ok))
+      fail_msg("%s: outcomes ok %d failed %d lost %d", kind_name[k], t.ok, t.failed, t.lost);
   }
+}
+
+static void test_offload_wait_fails(void **state) {
+  (void)state;
+  sweep_kinds(OFF_HOST, OFF_DETACHED, false);
 }
 
 static void test_prefetch_wait_fails(void **state) {
   (void)state;
-  for (int k = PRE_HOST; k <= PRE_DISK; k++) {
-    tally_t t = {0};
-    sweep(k, &t);
-    if (getenv("NF_DEBUG")) fprintf(stderr, "%s: ok %d failed %d lost %d\n", kind_name[k], t.ok, t.failed, t.lost);
-    if (!t.ok || !t.failed) fail_msg("%s: outcomes ok %d failed %d lost %d", kind_name[k], t.ok, t.failed, t.lost);
-  }
+  sweep_kinds(PRE_HOST, PRE_DISK, true);
 }
 
 int main(void) {
