@@ -238,6 +238,25 @@ static inline void nft_destroy_all(nf_pool_t *p, nf_backend_t *be, nf_backend_t 
   nf_backend_destroy(be);
 }
 
+// The longest run of consecutive set bits of a fault mask (nf__backend_fault_mask).
+static inline int nft_longest_run(uint64_t m) {
+  int run = 0;
+  for (; m; run++) m &= m << 1;
+  return run;
+}
+
+// After faults from `mask`: cleanup calls are retried 3 times, so more than 2
+// failures in a row may leak a staging range or mapping (by design); fewer
+// must leave nothing behind (nft_destroy_all). test_fault_tier, test_fault_wait.
+static inline void nft_destroy_after(nf_pool_t *p, nf_backend_t *be, nf_backend_t *inner, uint64_t mask) {
+  if (nft_longest_run(mask) <= 2) {
+    nft_destroy_all(p, be, inner);
+    return;
+  }
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 // ------------------------------------------------------------ files and mappings
 // Write `n` bytes of `text` to a fresh temp file named after `tag` (gzip-
 // compressed when gz); its path goes to `path` (the caller unlinks).

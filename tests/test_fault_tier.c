@@ -118,12 +118,6 @@ static void test_offload_paths_fail_once(void **state) {
 typedef struct { int ok, intact, copied, lost, noaccess; } tally_t;
 typedef uint64_t (*multi_fn)(uint64_t off, uint64_t mask, tally_t *t);
 
-static int longest_run(uint64_t m) {
-  int run = 0;
-  for (; m; run++) m &= m << 1;
-  return run;
-}
-
 static void sweep_multi(multi_fn fn, tally_t *t) {
   uint64_t total = fn(0, 0, t), rng = nft_env_seed(0x5EED);
   if (getenv("NF_DEBUG")) fprintf(stderr, "total %llu\n", (unsigned long long)total);
@@ -134,20 +128,9 @@ static void sweep_multi(multi_fn fn, tally_t *t) {
       for (int b = a + 3; b <= 20; b++) fn(off, 1 | 7ull << a | 1ull << b, t);
     for (int k = 0; k < 24; k++) {
       uint64_t m = (nft_rand(&rng) & nft_rand(&rng) & 0xFFFF) | 1; // ~1 call in 4 fails
-      if (longest_run(m) <= 9) fn(off, m, t);
+      if (nft_longest_run(m) <= 9) fn(off, m, t);
     }
   }
-}
-
-// Cleanup calls are retried 3 times: more failures in a row may leak a
-// staging range or mapping (by design); fewer must leave nothing behind.
-static void multi_destroy(nf_pool_t *p, nf_backend_t *be, nf_backend_t *inner, uint64_t mask) {
-  if (longest_run(mask) <= 2) {
-    nft_destroy_all(p, be, inner);
-    return;
-  }
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
 }
 
 static nf_pool_t *fault_pool(nf_backend_t **inner, nf_backend_t **be) {
@@ -224,7 +207,7 @@ static uint64_t prefetch_multi(uint64_t off, uint64_t mask, tally_t *t) {
   if (!lost && !nft_check(a, 4 * G, 21)) fail_msg("%s: data lost once back", what);
   assert_int_equal(nf_free(p, a), NF_OK);
   if (nf_pool_check(p) != NF_OK) fail_msg("%s: after free: %s", what, nf_last_error());
-  multi_destroy(p, be, inner, mask);
+  nft_destroy_after(p, be, inner, mask);
   return calls - base;
 }
 
@@ -283,7 +266,7 @@ static uint64_t finish_multi(uint64_t off, uint64_t mask, tally_t *t) {
   assert_int_equal(nf_free(p, a), NF_OK);
   if (nf_pool_check(p) != NF_OK) fail_msg("%s: after free: %s", what, nf_last_error());
   nf_backend_host_set_manual_events(inner, 0);
-  multi_destroy(p, be, inner, mask);
+  nft_destroy_after(p, be, inner, mask);
   return calls - base;
 }
 

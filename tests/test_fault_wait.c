@@ -85,16 +85,7 @@ static uint64_t wait_case(int k, uint64_t off, uint64_t mask, tally_t *t) {
   t->failed += r != NF_OK && !lost;
   t->lost += lost;
   nf_backend_host_set_manual_events(inner, 0);
-  // Cleanup calls are retried 3 times: longer runs may leak a range (by
-  // design); shorter ones leave nothing behind, deferred drops included.
-  int run = 0;
-  for (uint64_t m = mask; m; run++) m &= m << 1;
-  if (run <= 2) {
-    nft_destroy_all(p, be, inner);
-  } else {
-    nf_pool_destroy(p);
-    nf_backend_destroy(be);
-  }
+  nft_destroy_after(p, be, inner, mask); // deferred drops included: nothing left behind
   return calls - base;
 }
 

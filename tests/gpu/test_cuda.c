@@ -488,6 +488,13 @@ static void test_pool_destroy_returns_memory(nf_backend_t *be) {
   CHECK(f2 + (64ull << 20) >= f0, "destroy left %lld MiB in use", (long long)(f0 - f2) >> 20);
 }
 
+// A section that owns a CUDA backend of its own (its fault wrapper destroys it).
+static void own_backend(void (*section)(nf_backend_t *inner)) {
+  nf_backend_t *inner = NULL;
+  OKP(nf_backend_cuda_create(&inner, 0));
+  if (inner) section(inner);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *outp = argc > 1 ? argv[1] : "/dev/null";
@@ -501,22 +508,17 @@ int main(int argc, char **argv) {
   jout = fopen(outp, "w");
   if (!jout) jout = fopen("/dev/null", "w");
   fprintf(jout, "{\n");
-  bool only_waits = argc > 2 && strcmp(argv[2], "waits") == 0; // the last section alone
-  if (!only_waits) {
-  test_backend(be);
-  test_pool_stitching(be);
-  test_pool_steady_and_streams(be);
-  test_pool_views(be);
-  test_pool_destroy_returns_memory(be);
-  test_pool_peers(be);
-  test_pool_spill_offload(be);
-  nf_backend_t *fault_inner = NULL; // a second backend: the fault wrapper owns and destroys it
-  OKP(nf_backend_cuda_create(&fault_inner, 0));
-  if (fault_inner) test_pool_backend_faults(fault_inner);
+  if (argc <= 2 || strcmp(argv[2], "waits") != 0) { // "waits": the last section alone
+    test_backend(be);
+    test_pool_stitching(be);
+    test_pool_steady_and_streams(be);
+    test_pool_views(be);
+    test_pool_destroy_returns_memory(be);
+    test_pool_peers(be);
+    test_pool_spill_offload(be);
+    own_backend(test_pool_backend_faults);
   }
-  nf_backend_t *wait_inner = NULL; // last: where the code under test is wrong, the context is lost
-  OKP(nf_backend_cuda_create(&wait_inner, 0));
-  if (wait_inner) test_pool_wait_faults(wait_inner);
+  own_backend(test_pool_wait_faults); // last: where the code under test is wrong, the context is lost
   fprintf(jout, "\"checks\": %d, \"failures\": %d\n}\n", checks, failures);
   fclose(jout);
   nf_backend_destroy(be);
