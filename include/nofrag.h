@@ -116,6 +116,11 @@ typedef struct nf_config_s {
                               //!< idle ones are unmapped; 0 = views off (stitching unmaps)
   uint64_t release_idle_ms;   //!< ... and for this long (pool clock, ms): a training step slower than
                               //!< release_after frees must not give back what its next peak needs
+  uint64_t units;             //!< growth creates the interior of a large block in physical allocations
+                              //!< of this many granules, each mapped in one call (a mapping's driver
+                              //!< cost is per mapping, not per byte); 0 or 1 = off (every granule its own).
+                              //!< A unit never moves and is unmapped only whole. Not with nf_offload
+                              //!< or IPC export of a block that lies on one (docs/design.md, "Units")
 } nf_config_t;
 
 #define NF_BACKEND_HOST 0
@@ -126,7 +131,7 @@ typedef struct nf_config_s {
 //! UINT64_MAX-1 in the struct, "never" = UINT64_MAX), retain 0, granule 0 (= backend's), small_max 1 MiB,
 //! va_chunk 0 (= 4 x limit, 1 GiB..1 TiB), device 0, backend host, release_after 4096, tight 0,
 //! trace "" (off), trace_max 256 MiB, spill off, spill_limit 0 (= host capacity), spill_reserve 0,
-//! offload_dir "" ($TMPDIR), views 16384, release_idle_ms 10000.
+//! offload_dir "" ($TMPDIR), views 16384, release_idle_ms 10000, units 0.
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
 
 //! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB
@@ -306,6 +311,11 @@ typedef struct nf_stats_s {
   uint64_t view_reuses;                     //!< granules taken back by a parked view (no backend call)
   uint64_t view_moves;                      //!< cached granules mapped at a new place instead of unmapped first
   uint64_t view_evictions;                  //!< parked views unmapped
+  // Units (config `units`): multi-granule physical allocations made by growth.
+  uint64_t units;                           //!< units mapped now
+  uint64_t units_made;                      //!< units created
+  uint64_t units_unmapped;                  //!< units unmapped (and released)
+  uint64_t unit_splits;                     //!< ... of which because a block was placed over part of one
 } nf_stats_t;
 
 // ---------------------------------------------------------------- offload

@@ -32,7 +32,7 @@ nf_build_lib() {
 # build/libnofrag.a (after nf_build_lib): $OUT/test_cuda.{log,json}, its tail printed.
 nf_test_cuda() {
   if gcc -std=c11 -O2 -g -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c tests/gpu/test_cuda_tiers.c \
-       tests/gpu/test_cuda_faults.c tests/gpu/test_cuda_waits.c tests/gpu/cuda_util.c build/libnofrag.a $LIBS \
+       tests/gpu/test_cuda_faults.c tests/gpu/test_cuda_waits.c tests/gpu/test_cuda_units.c tests/gpu/cuda_util.c build/libnofrag.a $LIBS \
        -o build/test_cuda >>"$OUT/build.log" 2>&1; then
     timeout 240 ./build/test_cuda "$OUT/test_cuda.json" >"$OUT/test_cuda.log" 2>&1
     local rc=$?

@@ -164,7 +164,8 @@ class NfStats(ctypes.Structure):
         ("fragmentation", ctypes.c_double),
     ] + [(n, _u64) for n in (  # host tier (spill and offload)
         "spilled", "spilled_peak", "offloaded", "offloaded_disk", "host_physical", "host_physical_peak",
-        "spills", "offloads", "prefetches", "views", "view_reuses", "view_moves", "view_evictions")]
+        "spills", "offloads", "prefetches", "views", "view_reuses", "view_moves", "view_evictions",
+        "units", "units_made", "units_unmapped", "unit_splits")]
 
     def to_dict(self):
         d = {}

@@ -95,11 +95,12 @@ class PoolCase(unittest.TestCase):
 class TestMirror(unittest.TestCase):
     def test_new_fields_mirrored(self):
         names = [n for n, _ in nofrag.NfStats._fields_]
-        self.assertEqual(names[-13:-4], ["spilled", "spilled_peak", "offloaded", "offloaded_disk", "host_physical",
-                                         "host_physical_peak", "spills", "offloads", "prefetches"])
-        self.assertEqual(names[-4:], ["views", "view_reuses", "view_moves", "view_evictions"])
+        self.assertEqual(names[-17:-8], ["spilled", "spilled_peak", "offloaded", "offloaded_disk", "host_physical",
+                                          "host_physical_peak", "spills", "offloads", "prefetches"])
+        self.assertEqual(names[-8:-4], ["views", "view_reuses", "view_moves", "view_evictions"])
+        self.assertEqual(names[-4:], ["units", "units_made", "units_unmapped", "unit_splits"])
         self.assertEqual(ctypes.sizeof(nofrag.NfStats), LIB.nf_stats_size())
-        for n in names[-13:]:
+        for n in names[-17:]:
             self.assertEqual(getattr(nofrag.NfStats, n).offset, LIB.nf_stats_offset(n.encode()), n)
         off = nofrag.NfStats.calls.offset + nofrag.NfCalls.copy.offset
         self.assertEqual(off, LIB.nf_stats_offset(b"calls.copy"))

@@ -84,7 +84,7 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
                      (unsigned long long)NF_CHUNK_MAX_GRANULES);
   }
   p->cfg.small_max = (p->cfg.small_max + NF_ALIGN - 1) & ~(NF_ALIGN - 1);
-  p->gran_free = p->gran_unused = p->host_free = -1;
+  p->gran_free = p->gran_unused = p->host_free = p->un_loose = -1;
   p->disk_fd = -1;
   // Host tier for spill and offload: spill_limit, else what the backend says
   // the host has. A backend without a host tier can still serve the device.

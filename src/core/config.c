@@ -37,7 +37,7 @@
 
 static const char VALID_KEYS[] =
     "limit, reserve, release_threshold, retain, granule, small_max, va_chunk, "
-    "device, backend, host_capacity, release_after, tight, trace, trace_max, spill, spill_limit, spill_reserve, offload_dir, views, release_idle_ms";
+    "device, backend, host_capacity, release_after, tight, trace, trace_max, spill, spill_limit, spill_reserve, offload_dir, views, release_idle_ms, units";
 
 nf_status_t nf_config_default(nf_config_t *cfg) {
   if (!cfg) return NF_ERR_INVALID;
@@ -307,6 +307,12 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
     c->views = (uint64_t)n;
     return NF_OK;
   }
+  if (tok_eq(k, "units")) {
+    int n = 0;
+    if ((st = parse_int(v, "units", 1024, &n, err, errlen)) != NF_OK) return st;
+    c->units = (uint64_t)n;
+    return NF_OK;
+  }
   if (tok_eq(k, "release_after")) {
     int n = 0;
     if ((st = parse_int(v, "release_after", 1 << 30, &n, err, errlen)) != NF_OK) return st;
@@ -430,11 +436,11 @@ int nf_config_format(const nf_config_t *cfg, char *buf, size_t len) {
                   ",granule:%" PRIu64 ",small_max:%" PRIu64 ",va_chunk:%" PRIu64
                   ",device:%d,backend:%s,host_capacity:%" PRIu64 ",release_after:%" PRIu64 ",tight:%d"
                   ",trace_max:%" PRIu64 ",spill:%s,spill_limit:%" PRIu64 ",spill_reserve:%" PRIu64 ",views:%" PRIu64
-                  ",release_idle_ms:%" PRIu64 "%s%.*s%s%.*s",
+                  ",release_idle_ms:%" PRIu64 ",units:%" PRIu64 "%s%.*s%s%.*s",
                   cfg->limit, cfg->reserve, rt, cfg->retain, cfg->granule, cfg->small_max,
                   cfg->va_chunk, cfg->device, be, cfg->host_capacity, cfg->release_after, cfg->tight,
                   cfg->trace_max, cfg->spill ? "host" : "off", cfg->spill_limit, cfg->spill_reserve, cfg->views,
-                  cfg->release_idle_ms,
+                  cfg->release_idle_ms, cfg->units,
                   cfg->trace[0] ? ",trace:" : "", (int)strnlen(cfg->trace, sizeof cfg->trace - 1), cfg->trace,
                   cfg->offload_dir[0] ? ",offload_dir:" : "",
                   (int)strnlen(cfg->offload_dir, sizeof cfg->offload_dir - 1), cfg->offload_dir);

@@ -5,6 +5,7 @@
 //   freelist.c   TLSF index of free blocks, split and coalesce
 //   placement.c  the placement policy (which free block, which end)
 //   vmm.c        granules, address-range chunks, mapping, stitching, spill, release
+//   unit.c       mapping units: multi-granule allocations made by growth (cfg.units)
 //   stream.c     stream table, lazy events, cross-stream ordering
 //   blockmap.c   pointer -> block hash and the block slab
 //   stats.c      statistics and the invariant checker
@@ -124,8 +125,12 @@ typedef struct nf_granule_s {
   nf_chunk_t *at_c;   // (a hint: checked against the chunk's bits before use)
   uint64_t vmask, vtick; // streams (and the latest free tick) that may still use its data
   // ---- end views
+  // ---- units (unit.c): a member of a multi-granule physical allocation
+  uint32_t unit; // its head's index + 1 (0: a granule of its own)
+  uint32_t un;   // head: granules in the unit
 } nf_granule_t;
-enum { NF_GR_UNUSED = 0, NF_GR_FREE = 1, NF_GR_MAPPED = 2 };
+// LOOSE: a unit unmapped whose release failed (unit.c): retried by nf__granules_release.
+enum { NF_GR_UNUSED = 0, NF_GR_FREE = 1, NF_GR_MAPPED = 2, NF_GR_LOOSE = 3 };
 
 // ------------------------------------------------------------------ streams
 // Ticks order frees and event records pool-wide: a record at tick r covers
@@ -294,6 +299,12 @@ struct nf_pool_s {
   uint64_t vw_cur_g;
   uint64_t vw_reuses, vw_transfers, vw_evicted; // counters (tests, replay)
   // ---- end views
+  // ---- units (unit.c)
+  nf_block_t *un_blk;     // the block nf__map_block is mapping (NULL: units are not made)
+  int32_t un_loose;       // heads of LOOSE units, linked through next_free (-1: none)
+  uint64_t un_made, un_gone, un_split; // counters (tests, replay): units created, unmapped, dissolved
+  uint64_t un_live;       // units mapped now
+  // ---- end units
 
   nf_tier_hooks_t tier;   // set by the assembler (src/nofrag.c); NULL members: no such tier
   nf_observe_hooks_t obs; // likewise for observers
@@ -545,10 +556,13 @@ void nf__view_settle(nf_pool_t *p, nf_block_t *b, uint64_t g0, uint64_t g1, bool
 uint64_t nf__view_adoptable(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
 uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t *st);
 void nf__gran_unlink(nf_pool_t *p, uint32_t i);          // vmm.c
+int32_t nf__gran_slot(nf_pool_t *p);                       // granule.c: an unused gran[] slot (-1: out of memory)
 uint64_t nf__gran_room(const nf_pool_t *p, uint64_t size); // vmm.c
 nf_status_t nf__view_check(nf_pool_t *p);
 bool nf__view_evict_all(nf_pool_t *p);
 // ---- end views
+
+#include "core/unit.h" // units (unit.c): declarations
 
 // stats.c
 static inline void nf__peak(uint64_t *peak, uint64_t v) { if (v > *peak) *peak = v; }

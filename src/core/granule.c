@@ -4,6 +4,8 @@
 // Below the vmm, the views and the tiers, which all move granules.
 #include "core/core.h"
 
+#include <stdlib.h>
+
 void nf__gran_push_free(nf_pool_t *p, uint32_t i) {
   p->gran[i].state = NF_GR_FREE;
   p->gran[i].prev_free = -1;
@@ -46,4 +48,21 @@ void nf__gran_unlink(nf_pool_t *p, uint32_t i) {
   if (h) p->host_free_count--;
   else p->gran_free_count--;
   x->next_free = x->prev_free = -1;
+}
+
+// A slot in gran[] for a new granule, or -1 (out of host memory).
+int32_t nf__gran_slot(nf_pool_t *p) {
+  if (p->gran_unused < 0) {
+    uint64_t cap = p->gran_cap ? p->gran_cap * 2 : 256;
+    if (cap > INT32_MAX) { nf__error(NF_ERR_NOMEM, "nofrag: too many granules"); return -1; }
+    nf_granule_t *g = realloc(p->gran, cap * sizeof *g);
+    if (!g) { nf__error(NF_ERR_NOMEM, "nofrag: out of host memory"); return -1; }
+    for (uint64_t i = cap; i-- > p->gran_cap;) {
+      g[i] = (nf_granule_t){.next_free = p->gran_unused};
+      p->gran_unused = (int32_t)i;
+    }
+    p->gran = g;
+    p->gran_cap = cap;
+  }
+  return p->gran_unused;
 }

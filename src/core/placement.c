@@ -141,3 +141,52 @@ nf_block_t *nf__place_min(nf_pool_t *p, nf_tlsf_t *tl, uint64_t size, uint32_t s
   *mapped = best && !best_cost;
   return best;
 }
+
+// ------------------------------------------------------------ units
+
+// A unit touched by block b, being placed (LIVE, not yet mapped), that b
+// does not own whole: by the invariant (a unit is wholly free, or owned
+// whole by one non-free block) it is wholly free, so it goes back to the
+// backend before b is placed partly over it: else its other granules would
+// sit stranded (free, immovable) while b lives. Its unmap waits for the work
+// of the free blocks over it (host wait; none during a capture).
+static nf_status_t unit_dissolve(nf_pool_t *p, nf_block_t *b, uint64_t u0, uint64_t n) {
+  nf_chunk_t *c = b->chunk;
+  uintptr_t lo = c->base + (u0 << p->gshift), hi = c->base + ((u0 + n) << p->gshift);
+  nf_block_t t = {.smask = b->smask, .tick = b->tick}; // b kept the free block's streams (nf__split)
+  for (int dir = 0; dir < 2; dir++)
+    for (nf_block_t *q = dir ? b->next : b->prev; q && q->addr < hi && q->addr + q->size > lo; q = dir ? q->next : q->prev) {
+      if (q->state != NF_BLK_FREE) return NF_OK; // stranded already (placed far from the limit): stays
+      if (q->smask && (!t.smask || q->tick > t.tick)) t.tick = q->tick;
+      t.smask |= q->smask;
+    }
+  if (t.smask && !nf__block_retired(p, &t)) {
+    if (p->capture_mask)
+      return nf__error(NF_ERR_OOM, "nofrag: a mapping unit under the request is still in use by work in flight, "
+                                   "and a stream is being captured (no host wait possible)");
+    for (uint64_t m = t.smask; m; m &= m - 1) {
+      uint32_t x = (uint32_t)__builtin_ctzll(m);
+      nf_status_t st = nf__stream_wait(p, x, nf__need_tick(&p->streams[x], t.tick));
+      if (st != NF_OK) return st;
+    }
+  }
+  p->un_split++;
+  return nf__unmap_run(p, c, u0, u0 + n);
+}
+
+nf_status_t nf__units_fit(nf_pool_t *p, nf_block_t *b, bool *unmapped) {
+  nf_chunk_t *c = b->chunk;
+  uint64_t s0 = (b->addr - c->base) >> p->gshift, s1 = (b->addr + b->size - c->base + p->granule - 1) >> p->gshift;
+  uint64_t o0 = 0, o1 = 0;
+  // Far from the limit a stranded granule costs nothing: leave the unit.
+  if (p->gran_created + (p->max_granules >> NF_UNIT_NEAR) <= p->max_granules) return NF_OK;
+  nf__owned(p, b, &o0, &o1);
+  for (int e = 0; e < 2; e++) {
+    uint64_t g = e ? s1 - 1 : s0, u0, n;
+    if (!nf__bit(c->mapped, g) || !nf__unit_of(p, c->phys[g], &u0, &n) || (u0 >= o0 && u0 + n <= o1)) continue;
+    nf_status_t st = unit_dissolve(p, b, u0, n);
+    if (st != NF_OK) return st;
+    *unmapped = true;
+  }
+  return NF_OK;
+}

@@ -54,6 +54,13 @@ static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint
   b->state = NF_BLK_LIVE;
   b->stream = (uint16_t)s;
   if (NF_UNLIKELY(p->vw_on)) nf__view_live(p, b);
+  bool split = false;
+  if (NF_UNLIKELY(p->un_live) && (st = nf__units_fit(p, b, &split)) != NF_OK) {
+    b->state = NF_BLK_FREE;
+    block_release(p, b, false);
+    return st;
+  }
+  mapped &= !split;
   if (!mapped && !nf__range_mapped(p, b->chunk, b->addr, rsize) && (st = nf__map_block(p, b)) != NF_OK) {
     b->state = NF_BLK_FREE;
     block_release(p, b, false);

@@ -26,6 +26,10 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   s.views = p->vw_count;
   s.view_reuses = p->vw_reuses;
   s.view_moves = p->vw_transfers;
+  s.units = p->un_live;
+  s.units_made = p->un_made;
+  s.units_unmapped = p->un_gone;
+  s.unit_splits = p->un_split;
   s.view_evictions = p->vw_evicted;
   // Live bytes whose granules are unmapped (disk / detached offloads) are not
   // part of what is mapped: leave them out.
@@ -164,7 +168,10 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
   CHECK(nfree == p->gran_free_count && hfree == p->host_free_count, "check: free counts");
   if (p->tier.check && (st = p->tier.check(p, seen)) != NF_OK) goto out;
   if ((st = nf__view_check(p)) != NF_OK) goto out;
-  CHECK(nfree + hfree + mapped + (p->tier.staged ? p->tier.staged(p) : 0) + p->detached_granules == p->gran_created + p->host_created,
+  if ((st = nf__unit_check(p)) != NF_OK) goto out;
+  uint64_t loose = 0;
+  for (int32_t h = p->un_loose; h >= 0; h = p->gran[h].next_free) loose += p->gran[h].un;
+  CHECK(nfree + hfree + mapped + loose + (p->tier.staged ? p->tier.staged(p) : 0) + p->detached_granules == p->gran_created + p->host_created,
         "check: granules created %llu + %llu host != free %llu + %llu host + mapped %llu + in copies %llu + "
         "detached %llu", (unsigned long long)p->gran_created, (unsigned long long)p->host_created,
         (unsigned long long)nfree, (unsigned long long)hfree, (unsigned long long)mapped,

@@ -130,7 +130,7 @@ void nf__view_dead(nf_pool_t *p, const nf_block_t *b, bool merge) {
 // granule no non-free block overlaps (cached) with access set.
 static bool takeable(const nf_pool_t *p, uint32_t i) {
   const nf_granule_t *x = &p->gran[i];
-  if (x->tier != NF_TIER_DEVICE) return false;
+  if (x->tier != NF_TIER_DEVICE || x->unit) return false; // a unit's granule never leaves its place (unit.c)
   if (x->state == NF_GR_FREE) return true;
   const nf_chunk_t *o = x->at_c;
   // A private pool's granules are never moved away while it exists (private_pool.c).

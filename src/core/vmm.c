@@ -117,25 +117,8 @@ nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
 
 // ------------------------------------------------------------ granule pool
 
-// A slot in gran[] for a new granule, or -1 (out of host memory).
-static int32_t gran_slot(nf_pool_t *p) {
-  if (p->gran_unused < 0) {
-    uint64_t cap = p->gran_cap ? p->gran_cap * 2 : 256;
-    if (cap > INT32_MAX) { nf__error(NF_ERR_NOMEM, "nofrag: too many granules"); return -1; }
-    nf_granule_t *g = realloc(p->gran, cap * sizeof *g);
-    if (!g) { nf__error(NF_ERR_NOMEM, "nofrag: out of host memory"); return -1; }
-    for (uint64_t i = cap; i-- > p->gran_cap;) {
-      g[i] = (nf_granule_t){.next_free = p->gran_unused};
-      p->gran_unused = (int32_t)i;
-    }
-    p->gran = g;
-    p->gran_cap = cap;
-  }
-  return p->gran_unused;
-}
-
 static nf_status_t gran_new(nf_pool_t *p, nf_tier_t tier) {
-  int32_t i = gran_slot(p);
+  int32_t i = nf__gran_slot(p);
   if (i < 0) return NF_ERR_NOMEM;
   nf_handle_t h;
   nf_status_t st = NF_BE(p, mem_create, create, tier, p->granule, &h);
@@ -172,6 +155,7 @@ static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep)
   // Views: a granule still mapped at parked views cannot go back; unmap the
   // views whose work is known complete first (no host wait), skip the rest.
   nf_status_t st;
+  if (tier == NF_TIER_DEVICE && p->un_loose >= 0) nf__units_loose_release(p);
   if (p->vw_count && *created > keep) nf__view_evict(p, UINT64_MAX, false, &st);
   for (int32_t nx, j = *head; *created > keep && j >= 0; j = nx) {
     uint32_t i = (uint32_t)j;
@@ -198,18 +182,24 @@ void nf__host_granules_release(nf_pool_t *p, uint64_t keep) { granules_release(p
 // ------------------------------------------------------------ unmapping
 
 // Unmap mapped granules [g0, g1) of c (all mapped) in one call; they go back
-// to the free list.
+// to the free list, units (whole, never cut) back to the backend.
 nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
+  if (NF_UNLIKELY(p->un_made != 0) && nf__unit_cut(p, c, g0, g1))
+    return nf__error(NF_ERR_INVALID, "nofrag: internal: an unmap of granules %llu..%llu would cut a mapping unit",
+                     (unsigned long long)g0, (unsigned long long)g1);
   nf_status_t st = NF_BE(p, unmap, unmap, c->base + (g0 << p->gshift), (g1 - g0) << p->gshift);
   if (st != NF_OK) return nf__error(st, "nofrag: unmap failed: %s", p->be->err);
   p->fx++;
+  p->gran_mapped -= g1 - g0;
   for (uint64_t g = g0; g < g1; g++) {
     nf__bit_clr(c->mapped, g);
     nf__bit_clr(NF_READY(c), g);
-    p->host_mapped -= p->gran[c->phys[g]].tier == NF_TIER_HOST;
-    nf__gran_push_free(p, c->phys[g]);
+    uint32_t i = c->phys[g];
+    p->host_mapped -= p->gran[i].tier == NF_TIER_HOST;
+    if (NF_LIKELY(!p->gran[i].unit)) nf__gran_push_free(p, i);
+    uint64_t u0, n;
+    if (NF_UNLIKELY(nf__unit_of(p, i, &u0, &n)) && u0 + n - 1 == g) nf__unit_unmapped(p, p->gran[i].unit - 1);
   }
-  p->gran_mapped -= g1 - g0;
   return NF_OK;
 }
 
@@ -220,26 +210,47 @@ nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
 // `tier` >= 0: only granules of that tier.
 // Only chunks owned by `owner` (NULL: the general pool): a private pool's
 // granules stay mapped while it exists.
+// Where the run of takeable granules may go on at x: the end of the item at x
+// (x + 1, or a unit's end when x starts a unit lying wholly in [x, gi1)),
+// else 0 and *next, where the search resumes.
+typedef struct take_s {
+  const nf_chunk_t *keep_c;
+  uint64_t keep_g0, keep_g1;
+  int tier;
+} take_t;
+static uint64_t take_end(const nf_pool_t *p, const nf_chunk_t *c, uint64_t x, uint64_t gi1, const take_t *t,
+                         uint64_t *next) {
+  *next = x + 1;
+  if (!nf__bit(c->mapped, x)) return 0;
+  uint64_t u0 = x, n = 1;
+  (void)nf__unit_of(p, c->phys[x], &u0, &n);
+  *next = u0 + n;
+  if (u0 != x || x + n > gi1 || (c == t->keep_c && x < t->keep_g1 && x + n > t->keep_g0)) return 0;
+  if (t->tier >= 0 && p->gran[c->phys[x]].tier != t->tier) return 0;
+  return x + n;
+}
+
 static uint64_t unmap_cached(nf_pool_t *p, const nf_priv_t *owner, uint64_t want, bool blocking,
                              const nf_chunk_t *keep_c, uint64_t keep_g0, uint64_t keep_g1, int tier, uint64_t skip,
                              bool dry, nf_status_t *stp) {
   *stp = blocking ? nf__streams_sync(p) : nf__streams_poll(p); // no event calls during a capture
   if (*stp != NF_OK) return 0;
+  const take_t t = {keep_c, keep_g0, keep_g1, tier};
   uint64_t got = 0;
   for (nf_chunk_t *c = p->chunks; c && got < want; c = c->next) {
     if (c->priv != owner) continue;
     nf_block_t *b = c->first;
     uint64_t gi0, gi1;
     while (got < want && nf__next_retired_run(p, c, &b, &gi0, &gi1)) {
-#define TAKE(x) (nf__bit(c->mapped, x) && !(c == keep_c && (x) >= keep_g0 && (x) < keep_g1) && \
-                 (tier < 0 || p->gran[c->phys[x]].tier == tier))
       for (uint64_t g = next_set(c->mapped, gi0, gi1); g < gi1 && got < want; g = next_set(c->mapped, g, gi1)) {
-        if (!TAKE(g)) { g++; continue; }
-        uint64_t e = g;
-        while (e < gi1 && e - g < want - got + skip && TAKE(e)) e++;
-#undef TAKE
-        uint64_t pass = skip < e - g ? skip : e - g;
-        skip -= pass;
+        uint64_t nx, e = take_end(p, c, g, gi1, &t, &nx), e2;
+        if (!e) { g = nx; continue; }
+        // A unit goes whole: it may end the run past `want` only as its first item.
+        uint64_t lim = want - got + skip;
+        while (e < gi1 && e - g < lim && (e2 = take_end(p, c, e, gi1, &t, &nx)) && e2 - g <= lim) e = e2;
+        uint64_t pass = skip < e - g ? skip : e - g, u0, n;
+        if (g + pass < e && nf__unit_of(p, c->phys[g + pass], &u0, &n) && u0 < g + pass) pass = u0 + n - g;
+        skip -= skip < pass ? skip : pass;
         if (!dry && e > g + pass && (*stp = nf__unmap_run(p, c, g + pass, e)) != NF_OK) return got;
         got += e - g - pass;
         g = e;
@@ -265,10 +276,17 @@ uint64_t nf__unmap_cached_in(nf_pool_t *p, const nf_priv_t *pv, uint64_t want, b
 // release policy and trim use nf__unmap_cached directly and are not).
 static void stitch(nf_pool_t *p, uint64_t want, bool blocking, const nf_chunk_t *c, uint64_t g0, uint64_t g1,
                    nf_status_t *st) {
+  uint64_t need = p->gran_free_count + want, gone = p->un_gone;
   uint64_t got = nf__unmap_cached(p, want, blocking, c, g0, g1, NF_TIER_DEVICE, st);
   if (got) {
     p->st.reclaims++;
     p->st.reclaimed_granules += got;
+  }
+  // Units went back to the backend whole: their room comes back as singles.
+  if (*st == NF_OK && gone != p->un_gone && p->gran_free_count < need && p->gran_created < p->max_granules) {
+    uint64_t n = need - p->gran_free_count, r = p->max_granules - p->gran_created;
+    nf_status_t cs = nf__granules_create(p, n < r ? n : r);
+    if (cs != NF_OK && cs != NF_ERR_OOM) *st = cs;
   }
 }
 
@@ -380,7 +398,10 @@ static void spill_warn(nf_pool_t *p, uint64_t size, uint64_t host) {
 static void map_rollback(nf_pool_t *p, nf_chunk_t *c, const uint64_t *mine, uint64_t g0, uint64_t g1) {
   for (uint64_t g = g0; g < g1; g++) {
     if (!nf__bit(mine, g - g0)) continue;
-    nf__unmap_run(p, c, g, g + 1); // error already recorded; state mirrors the backend
+    uint64_t u0, n = 1;
+    if (!nf__unit_of(p, c->phys[g], &u0, &n)) u0 = g; // a unit: whole (made here, so wholly in mine)
+    nf__unmap_run(p, c, u0, u0 + n); // error already recorded; state mirrors the backend
+    g = u0 + n - 1;
   }
 }
 
@@ -428,12 +449,14 @@ nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
   if (p->vw_blk && (st = nf__view_fill(p, c, g0, g1, nf__gran_room(p, size))) != NF_OK) return st;
   for (uint64_t g = g0; g < g1; g++) k += !nf__bit(c->mapped, g);
   if (k && (st = map_room(p, k, true)) != NF_OK) return st;
-  st = gran_acquire(p, k, c, g0, g1, size, spill, &host);
-  if (st != NF_OK) return st;
-  if (k && (st = map_room(p, k, false)) != NF_OK) return st;
   uint64_t small[4] = {0}, *mine = small; // granules mapped by this call
   if (g1 - g0 > 256 && !(mine = calloc(((g1 - g0) + 63) >> 6, sizeof *mine)))
     return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
+  uint64_t made = 0;
+  if (p->un_blk && k >= p->cfg.units && p->cfg.units > 1) nf__units_make(p, c, g0, g1, k, mine, &made);
+  k -= made;
+  st = gran_acquire(p, k, c, g0, g1, size, spill, &host);
+  if (st == NF_OK && k) st = map_room(p, k, false);
   for (uint64_t g = g0; g < g1 && st == NF_OK; g++) {
     if (nf__bit(c->mapped, g)) continue;
     bool h = p->gran_free_count == 0;
@@ -477,9 +500,11 @@ nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b) {
   uint64_t g0, g1;
   gran_span(p, b->chunk, b->addr, b->size, &g0, &g1);
   p->vw_blk = p->cfg.views ? b : NULL; // views: the block being placed (b->stream set), its free-time smask/tick
+  p->un_blk = b;
   nf_status_t st = nf__map_range(p, b->chunk, g0, g1, b->size, p->cfg.spill != 0);
   if (p->vw_blk && p->vw_on) nf__view_settle(p, b, g0, g1, st == NF_OK);
   p->vw_blk = NULL;
+  p->un_blk = NULL;
   return st;
 }
 

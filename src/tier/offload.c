@@ -184,6 +184,12 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
     goto out;
   }
   if (!nf__owned(p, b, &g0, &g1)) goto out; // under a granule: nothing it owns alone
+  if (nf__units_touch(p, b->chunk, g0, g1)) {
+    st = nf__error(NF_ERR_INVALID, "nofrag: nf_offload of %p: the block lies on mapping units (units:%llu), which "
+                   "are never moved or unmapped in part; a pool that offloads needs units:0", ptr,
+                   (unsigned long long)p->cfg.units);
+    goto out;
+  }
   st = tier == NF_TIER_HOST ? nf__offload_host(p, b, s, g0, g1)
        : tier == NF_TIER_DISK ? nf__offload_disk(p, b, s, g0, g1)
                               : nf__offload_detached(p, b, s, g0, g1);

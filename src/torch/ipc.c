@@ -58,6 +58,9 @@ NF_API nf_status_t nf_ipc_export(nf_pool_t *p, const void *ptr, char *buf, size_
                                           (unsigned long long)(g1 - g0), max_fds);
     else if (!nf__range_mapped(p, c, b->addr, b->size))
       st = nf__error(NF_ERR_INVALID, "nofrag: IPC: block %p is not resident (offloaded?)", ptr);
+    else if (nf__units_touch(p, c, g0, g1)) // an importer maps granules one by one; a unit maps only whole
+      st = nf__error(NF_ERR_INVALID, "nofrag: IPC: block %p lies on mapping units (units:%llu); a pool that shares "
+                     "memory with other processes needs units:0", ptr, (unsigned long long)p->cfg.units);
   }
   int n = st == NF_OK ? snprintf(buf, len, "%s %ld %llu %llu", NF_IPC_MAGIC, (long)getpid(),
                                  (unsigned long long)p->granule, (unsigned long long)(g1 - g0)) : 0;

@@ -544,6 +544,7 @@ NF_API size_t nf_stats_offset(const char *field) {
       F(calls.event_sync), F(calls.stream_wait), F(calls.copy), F(backend_calls), F(fragmentation),
       F(spilled), F(spilled_peak), F(offloaded), F(offloaded_disk), F(host_physical), F(host_physical_peak),
       F(spills), F(offloads), F(prefetches), F(views), F(view_reuses), F(view_moves), F(view_evictions),
+      F(units), F(units_made), F(units_unmapped), F(unit_splits),
 #undef F
   };
   if (!field) return (size_t)-1;

@@ -66,6 +66,7 @@ uint64_t rnd(void); // xorshift64, one sequence for the whole program
 
 // The sections in the other files, run by main (test_cuda.c).
 void test_pool_peers(nf_backend_t *be);
+void test_pool_units(nf_backend_t *be);
 void test_pool_spill_offload(nf_backend_t *be);
 void test_pool_backend_faults(nf_backend_t *inner); // owns inner (a CUDA backend of its own)
 void test_pool_wait_faults(nf_backend_t *inner);    // likewise

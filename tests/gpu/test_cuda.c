@@ -515,6 +515,7 @@ int main(int argc, char **argv) {
     test_pool_views(be);
     test_pool_destroy_returns_memory(be);
     test_pool_peers(be);
+    test_pool_units(be);
     test_pool_spill_offload(be);
     own_backend(test_pool_backend_faults);
   }

@@ -1,0 +1,283 @@
+// Mapping units (src/core/unit.c, config `units`): growth creates the interior
+// of a large block U granules per allocation, mapped in one call. These tests
+// hold units to the pool's rules: the calls they save, every live block's
+// pattern across splits (a block placed over part of a free unit near the
+// limit), stitching that unmaps whole units, trim and limit changes; the host
+// backend refuses any unmap that would cut a unit, and counts unmaps of
+// memory with work in flight; backend failures on every unit path leave the
+// pool consistent; offload and IPC of a block on units are refused.
+#include "nf_test.h"
+
+#include "torch/torch.h" // nf_ipc_export
+
+#include <string.h>
+
+#define G (64 * 1024)
+
+typedef struct { void *p; size_t n; uint64_t tag; } slot_t;
+
+// A 100-granule block grows as 6 units of 16 and 4 single granules: 10
+// creates and 10 maps instead of 100 each; nothing changes without units.
+static void test_growth_makes_units(void **state) {
+  (void)state;
+  for (int u = 0; u < 2; u++) {
+    nf_backend_t *be;
+    nf_pool_t *p = nft_pool(&be, 1ull << 30, G, u ? "units:16" : "units:0");
+    assert_non_null(p);
+    void *q = nf_alloc(p, 100 * G, NULL);
+    assert_non_null(q);
+    nft_fill(q, 100 * G, 5);
+    nf_stats_t s;
+    nft_stats(p, &s);
+    assert_int_equal(s.units, u ? 6 : 0);
+    assert_int_equal(s.calls.create, u ? 10 : 100);
+    assert_int_equal(s.calls.map, u ? 10 : 100);
+    assert_int_equal(s.calls.set_access, 1); // one run, units and singles alike
+    assert_int_equal(s.physical, 100 * G);
+    assert_true(nft_check(q, 100 * G, 5));
+    assert_int_equal(nf_free(p, q), NF_OK);
+    void *r = nf_alloc(p, 100 * G, NULL); // the cached range again: no call
+    nft_stats(p, &s);
+    assert_ptr_equal(r, q);
+    assert_int_equal(s.calls.create, u ? 10 : 100);
+    assert_int_equal(nf_free(p, r), NF_OK);
+    assert_int_equal(nf_trim(p), NF_OK); // whole units unmapped and released
+    nft_stats(p, &s);
+    assert_int_equal(s.physical, 0);
+    assert_int_equal(s.units, 0);
+    assert_int_equal(s.units_unmapped, u ? 6 : 0);
+    nf_pool_destroy(p);
+    uint64_t gr = 1, mp = 1;
+    nf_backend_host_usage(be, &gr, &mp);
+    assert_int_equal(gr + mp, 0);
+    nf_backend_destroy(be);
+  }
+}
+
+// Near the limit, a block placed over part of a free unit splits it first
+// (the unit goes back whole; the block maps single granules), after the work
+// through the unit is complete: with events held in flight the pool waits.
+static void test_split_near_the_limit(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "units:16,limit:4MiB,views:0");
+  assert_non_null(p);
+  nf_backend_host_set_manual_events(be, 1);
+  nf_stream_t s = (nf_stream_t)1;
+  void *a = nf_alloc(p, 40 * G, s); // 2 units of 16 + 8 singles: far from the limit
+  assert_non_null(a);
+  nf_stats_t st;
+  nft_stats(p, &st);
+  assert_int_equal(st.units, 2);
+  nft_fill(a, 40 * G, 1);
+  nf_backend_host_use(be, s, a, 40 * G);
+  void *b = nf_alloc(p, 20 * G, s); // a unit and 4 singles: 60 of 64 granules, units up to 15/16 of the limit
+  assert_non_null(b);
+  nft_fill(b, 20 * G, 2);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  void *c = nf_alloc(p, 18 * G, s); // near the limit now: over the first unit and part of the second, which goes
+  assert_non_null(c);
+  nft_fill(c, 18 * G, 3);
+  nft_stats(p, &st);
+  assert_int_equal(st.unit_splits, 1); // a's second unit; its first lies wholly in c and stays
+  assert_int_equal(st.units, 2);
+  assert_int_equal(st.physical, 46 * G);
+  assert_true(nft_check(b, 20 * G, 2));
+  assert_int_equal(nf_backend_host_violations(be), 0); // the unmap waited for a's work
+  void *d = nf_alloc(p, 24 * G, s); // the rest of the limit, in singles
+  if (d) nft_fill(d, 24 * G, 4);
+  nft_stats(p, &st);
+  assert_true(nft_check(b, 20 * G, 2) && nft_check(c, 18 * G, 3));
+  assert_true(!d || nft_check(d, 24 * G, 4));
+  assert_true(st.physical <= 64 * G);
+  nf_backend_host_complete_events(be);
+  nf_free(p, b);
+  nf_free(p, c);
+  if (d) nf_free(p, d);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// Offload and IPC of a block that lies on units are refused with a clear
+// error and change nothing; a block of single granules in the same pool offloads.
+static void test_offload_and_ipc_refused(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "units:16");
+  assert_non_null(p);
+  void *a = nf_alloc(p, 40 * G, NULL), *small = nf_alloc(p, 4 * G, NULL);
+  assert_non_null(a);
+  assert_non_null(small);
+  nft_fill(a, 40 * G, 7);
+  nft_fill(small, 4 * G, 8);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "units:16"));
+  assert_true(nft_check(a, 40 * G, 7));
+  assert_int_equal(nf_offload(p, small, NULL, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_prefetch(p, small, NULL), NF_OK);
+  assert_true(nft_check(small, 4 * G, 8));
+  char buf[4096];
+  int fds[64];
+  size_t nfds = 0;
+  uint64_t off = 0;
+  nf_status_t st = nf_ipc_export(p, a, buf, sizeof buf, fds, 64, &nfds, &off);
+  assert_int_equal(st, NF_ERR_INVALID);
+  assert_int_equal(nfds, 0);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, a);
+  nf_free(p, small);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// Randomized: units under a limit that moves, three streams, manual events,
+// record_stream, views, trim, offload attempts. Every live block is checked
+// after every operation, the pool every 16; no unmap of memory in use.
+static void run_random(uint64_t seed, const char *conf) {
+  enum { SLOTS = 32 };
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, conf);
+  assert_non_null(p);
+  nf_backend_host_set_manual_events(be, 1);
+  slot_t l[SLOTS] = {{0}};
+  uint64_t rng = seed;
+  for (int it = 0; it < 2500; it++) {
+    int i = (int)(nft_rand(&rng) % SLOTS);
+    nf_stream_t s = (nf_stream_t)(uintptr_t)(1 + nft_rand(&rng) % 3);
+    uint64_t r = nft_rand(&rng);
+    if (l[i].p) {
+      if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu it %d: data lost", (unsigned long long)seed, it);
+      if (r % 13 == 0) { // refused on units, else moved and back
+        nf_backend_host_complete_events(be);
+        nf_status_t st = nf_offload(p, l[i].p, s, NF_TIER_HOST);
+        if (st == NF_ERR_INVALID) assert_non_null(strstr(nf_last_error(), "units"));
+        else assert_int_equal(st, NF_OK);
+        if (st == NF_OK) assert_int_equal(nf_prefetch(p, l[i].p, s), NF_OK);
+        if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu it %d: offload lost data", (unsigned long long)seed, it);
+      }
+      if (r % 7 == 0) {
+        assert_int_equal(nf_record_stream(p, l[i].p, s), NF_OK);
+        nf_backend_host_use(be, s, l[i].p, l[i].n);
+      }
+      assert_int_equal(nf_free(p, l[i].p), NF_OK);
+      l[i].p = NULL;
+    } else {
+      size_t n = r % 3 == 0 ? 1 + r % 4096 : 1 + r % (48 * G);
+      void *q = nf_alloc(p, n, s);
+      if (q) {
+        nft_fill(q, n, r);
+        nf_backend_host_use(be, s, q, n);
+        l[i] = (slot_t){q, n, r};
+      } else {
+        assert_int_equal(nf_last_status(), NF_ERR_OOM);
+      }
+    }
+    if (r % 5 == 0) nf_backend_host_complete_events(be);
+    if (it % 997 == 500) assert_int_equal(nf_trim(p), NF_OK);
+    if (it == 1200) nf_set_limit(p, 160 * G); // may fail (live above it): must stay consistent
+    if (it == 1900) assert_int_equal(nf_set_limit(p, 256 * G), NF_OK);
+    for (int k = 0; k < SLOTS; k++)
+      if (l[k].p && !nft_check(l[k].p, l[k].n, l[k].tag))
+        fail_msg("seed %llu it %d: block %d lost its data", (unsigned long long)seed, it, k);
+    if (it % 16 == 0 && nf_pool_check(p) != NF_OK)
+      fail_msg("seed %llu it %d: %s", (unsigned long long)seed, it, nf_last_error());
+  }
+  nf_backend_host_complete_events(be);
+  for (int k = 0; k < SLOTS; k++)
+    if (l[k].p) assert_int_equal(nf_free(p, l[k].p), NF_OK);
+  nf_stats_t s;
+  nft_stats(p, &s);
+  assert_true(s.units_made > 0 && s.units_unmapped > 0);
+  if (nf_backend_host_violations(be))
+    fail_msg("seed %llu: %llu unmaps of ranges still in use", (unsigned long long)seed,
+             (unsigned long long)nf_backend_host_violations(be));
+  nf_pool_destroy(p);
+  uint64_t gr = 1, mp = 1;
+  nf_backend_host_usage(be, &gr, &mp);
+  assert_int_equal(gr + mp, 0);
+  nf_backend_destroy(be);
+}
+
+static void test_random_patterns(void **state) {
+  (void)state;
+  for (uint64_t seed = 1; seed <= 8; seed++)
+    run_random(seed, seed % 2 ? "units:16,limit:200MiB,views:8,small_max:8KiB" : "units:4,limit:200MiB,views:0");
+  run_random(nft_env_seed(31), "units:16,limit:200MiB");
+}
+
+// Every backend call of a units workload fails once in turn (create and map
+// of a unit, access over a run with units, a split's and stitching's whole
+// unmap, release): the failing request reports, the pool stays consistent,
+// live blocks keep their data, and destroy leaves nothing behind.
+static int workload(nf_pool_t *p, uint64_t seed) {
+  slot_t l[12] = {{0}};
+  uint64_t rng = seed;
+  int failed = 0;
+  for (int it = 0; it < 160; it++) {
+    int i = (int)(nft_rand(&rng) % 12);
+    uint64_t r = nft_rand(&rng);
+    if (l[i].p) {
+      if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu it %d: data lost", (unsigned long long)seed, it);
+      if (nf_free(p, l[i].p) != NF_OK) { failed++; continue; }
+      l[i].p = NULL;
+    } else {
+      size_t n = r % 3 == 0 ? 1 + r % 4096 : 1 + r % (40 * G);
+      void *q = nf_alloc(p, n, NULL);
+      if (!q) { assert_true(nf_last_error()[0] != 0); failed++; continue; }
+      nft_fill(q, n, r);
+      l[i] = (slot_t){q, n, r};
+    }
+    if (it == 100 && nf_trim(p) != NF_OK) failed++;
+    if (it % 20 == 0 && nf_pool_check(p) != NF_OK) fail_msg("seed %llu it %d: %s", (unsigned long long)seed, it, nf_last_error());
+  }
+  for (int k = 0; k < 12; k++)
+    if (l[k].p) {
+      if (!nft_check(l[k].p, l[k].n, l[k].tag)) fail_msg("data lost at the end");
+      nf_free(p, l[k].p);
+    }
+  return failed;
+}
+
+static void run_faults(uint64_t fail_at, double prob, uint64_t *calls) {
+  nf_backend_t *inner, *be;
+  assert_int_equal(nf_backend_host_create(&inner, 1ull << 30, G), NF_OK);
+  assert_int_equal(nf_backend_fault_create(&be, inner, 0, 0, 3), NF_OK);
+  nf_config_t c;
+  nf_config_default(&c);
+  char err[128];
+  assert_int_equal(nf_config_parse(&c, "units:8,limit:96MiB,views:4,release_threshold:0,release_after:4,release_idle_ms:0",
+                                   err, sizeof err), NF_OK);
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+  uint64_t base = 0, failed = 0;
+  nf_backend_fault_counts(be, &base, &failed);
+  nf_backend_fault_set(be, fail_at ? base + fail_at : 0, prob);
+  workload(p, 7);
+  nf_backend_fault_counts(be, calls, &failed);
+  *calls -= base;
+  nf_backend_fault_set(be, 0, 0);
+  nf_stats_t s;
+  nf_stats_get(p, &s);
+  if (!fail_at && prob == 0) assert_true(s.units_made > 0 && s.units_unmapped > 0);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nft_destroy_all(p, be, inner);
+}
+
+static void test_each_call_fails_once(void **state) {
+  (void)state;
+  uint64_t total = 0, calls;
+  run_faults(0, 0, &total);
+  assert_true(total > 50);
+  for (uint64_t n = 1; n <= total; n++) run_faults(n, 0, &calls);
+  for (int k = 0; k < 6; k++) run_faults(0, 0.05, &calls);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_growth_makes_units), cmocka_unit_test(test_split_near_the_limit),
+      cmocka_unit_test(test_offload_and_ipc_refused), cmocka_unit_test(test_random_patterns),
+      cmocka_unit_test(test_each_call_fails_once)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
