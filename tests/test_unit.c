@@ -46,11 +46,7 @@ static void test_growth_makes_units(void **state) {
     assert_int_equal(s.physical, 0);
     assert_int_equal(s.units, 0);
     assert_int_equal(s.units_unmapped, u ? 6 : 0);
-    nf_pool_destroy(p);
-    uint64_t gr = 1, mp = 1;
-    nf_backend_host_usage(be, &gr, &mp);
-    assert_int_equal(gr + mp, 0);
-    nf_backend_destroy(be);
+    nft_destroy_all(p, be, be); // nothing left in the backend
   }
 }
 
@@ -193,11 +189,7 @@ static void run_random(uint64_t seed, const char *conf) {
   if (nf_backend_host_violations(be))
     fail_msg("seed %llu: %llu unmaps of ranges still in use", (unsigned long long)seed,
              (unsigned long long)nf_backend_host_violations(be));
-  nf_pool_destroy(p);
-  uint64_t gr = 1, mp = 1;
-  nf_backend_host_usage(be, &gr, &mp);
-  assert_int_equal(gr + mp, 0);
-  nf_backend_destroy(be);
+  nft_destroy_all(p, be, be);
 }
 
 static void test_random_patterns(void **state) {
