@@ -35,8 +35,9 @@ struct nf_ipc_map_s {
   nf_backend_t *be;
   uintptr_t va;
   uint64_t granule, n;
-  nf_handle_t *h; // n imported handles (0: not imported)
-  uint64_t mapped; // granules mapped so far
+  nf_handle_t *h;  // per granule: the handle of the mapping starting there (0: none, or inside a unit)
+  uint32_t *cnt;   // per granule: the granules of that mapping (1, or a unit's size)
+  uint64_t mapped; // granules mapped so far (whole mappings, in order)
 };
 
 NF_API nf_status_t nf_ipc_export(nf_pool_t *p, const void *ptr, char *buf, size_t len, int *fds, size_t max_fds,
@@ -51,27 +52,35 @@ NF_API nf_status_t nf_ipc_export(nf_pool_t *p, const void *ptr, char *buf, size_
   const nf_chunk_t *c = b ? b->chunk : NULL;
   uint64_t g0 = 0, g1 = 0;
   if (!b) st = nf__error(NF_ERR_INVALID, "nofrag: IPC: %p is not the start of a live block", ptr);
+  uint64_t items = 0;
+  if (st == NF_OK && !nf__range_mapped(p, c, b->addr, b->size))
+    st = nf__error(NF_ERR_INVALID, "nofrag: IPC: block %p is not resident (offloaded?)", ptr);
   if (st == NF_OK) {
     g0 = (b->addr - c->base) >> p->gshift;
     g1 = (b->addr + b->size - c->base + p->granule - 1) >> p->gshift;
-    if (g1 - g0 > max_fds) st = nf__error(NF_ERR_INVALID, "nofrag: IPC: block of %llu granules, room for %zu fds",
-                                          (unsigned long long)(g1 - g0), max_fds);
-    else if (!nf__range_mapped(p, c, b->addr, b->size))
-      st = nf__error(NF_ERR_INVALID, "nofrag: IPC: block %p is not resident (offloaded?)", ptr);
-    else if (nf__units_touch(p, c, g0, g1)) // an importer maps granules one by one; a unit maps only whole
-      st = nf__error(NF_ERR_INVALID, "nofrag: IPC: block %p lies on mapping units (units:%llu); a pool that shares "
-                     "memory with other processes needs units:0", ptr, (unsigned long long)p->cfg.units);
+    // A mapping unit (unit.c) maps only whole: the importer maps every unit
+    // the block touches, whole, so the range grows to their ends.
+    uint64_t u0, un;
+    if (nf__unit_of(p, c->phys[g0], &u0, &un)) g0 = u0;
+    if (nf__unit_of(p, c->phys[g1 - 1], &u0, &un)) g1 = u0 + un;
+    for (uint64_t g = g0; g < g1; g += nf__unit_of(p, c->phys[g], &u0, &un) ? un : 1) items++;
+    if (items > max_fds) st = nf__error(NF_ERR_INVALID, "nofrag: IPC: block of %llu mappings, room for %zu fds",
+                                        (unsigned long long)items, max_fds);
   }
   int n = st == NF_OK ? snprintf(buf, len, "%s %ld %llu %llu", NF_IPC_MAGIC, (long)getpid(),
                                  (unsigned long long)p->granule, (unsigned long long)(g1 - g0)) : 0;
-  for (uint64_t g = g0; st == NF_OK && g < g1; g++) {
+  // One entry per mapping: fd:offset, and :granules for a unit.
+  for (uint64_t g = g0, u0, un; st == NF_OK && g < g1; g += un) {
     int fd = -1;
     uint64_t off = 0;
+    if (!nf__unit_of(p, c->phys[g], &u0, &un)) un = 1;
     st = p->be->ops->mem_export(p->be, p->gran[c->phys[g]].handle, &fd, &off);
     if (st != NF_OK) { nf__error(st, "nofrag: IPC: exporting a granule failed: %s", p->be->err); break; }
     fds[(*nfds)++] = fd;
-    n += snprintf(buf + (size_t)n < buf + len ? buf + n : buf, (size_t)n < len ? len - (size_t)n : 0, " %d:%llu", fd,
-                  (unsigned long long)off);
+    char *at = (size_t)n < len ? buf + n : buf;
+    size_t room = (size_t)n < len ? len - (size_t)n : 0;
+    n += un > 1 ? snprintf(at, room, " %d:%llu:%llu", fd, (unsigned long long)off, (unsigned long long)un)
+                : snprintf(at, room, " %d:%llu", fd, (unsigned long long)off);
   }
   if (st == NF_OK && (size_t)n >= len) st = nf__error(NF_ERR_INVALID, "nofrag: IPC: handle buffer of %zu B too small", len);
   if (st == NF_OK) *offset = b->addr - (c->base + (g0 << p->gshift));
@@ -91,6 +100,7 @@ NF_API void nf_ipc_close(nf_ipc_map_t *m) {
     if (m->h[i]) be->ops->mem_release(be, m->h[i]);
   if (m->va) be->ops->va_release(be, m->va, m->n * m->granule);
   free(m->h);
+  free(m->cnt);
   free(m);
 }
 
@@ -119,8 +129,10 @@ NF_API nf_status_t nf_ipc_import(nf_backend_t *be, const char *handle, void **ba
     return nf__error(NF_ERR_INVALID, "nofrag: IPC: not a nofrag handle: '%.60s'", handle);
   nf_ipc_map_t *m = calloc(1, sizeof *m);
   if (m) m->h = calloc(n, sizeof *m->h);
-  if (!m || !m->h) {
-    if (m) free(m);
+  if (m) m->cnt = calloc(n, sizeof *m->cnt);
+  if (!m || !m->h || !m->cnt) {
+    if (m) { free(m->h); free(m->cnt); }
+    free(m);
     return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
   }
   m->be = be;
@@ -141,25 +153,33 @@ NF_API nf_status_t nf_ipc_import(nf_backend_t *be, const char *handle, void **ba
       st = getfd_fail(e, pid);
   }
   const char *s = handle + used;
-  for (uint64_t i = 0; st == NF_OK && i < n; i++) {
-    int fd, k = 0;
-    unsigned long long off;
-    if (sscanf(s, " %d:%llu%n", &fd, &off, &k) != 2) { st = nf__error(NF_ERR_INVALID, "nofrag: IPC: truncated handle"); break; }
-    s += k;
+  for (uint64_t i = 0, k; st == NF_OK && i < n; i += k) {
+    int fd, used2 = 0, used3 = 0;
+    unsigned long long off, cnt = 1;
+    if (sscanf(s, " %d:%llu%n", &fd, &off, &used2) != 2) { st = nf__error(NF_ERR_INVALID, "nofrag: IPC: truncated handle"); break; }
+    s += used2;
+    if (*s == ':' && (sscanf(s, ":%llu%n", &cnt, &used3) != 1 || !cnt || cnt > n - i || cnt > UINT32_MAX)) {
+      st = nf__error(NF_ERR_INVALID, "nofrag: IPC: bad mapping size in handle");
+      break;
+    }
+    s += used3;
+    k = cnt;
     int mine = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
     if (mine < 0) { st = getfd_fail(errno, pid); break; }
-    st = be->ops->mem_import(be, mine, off, gsz, &m->h[i]);
+    st = be->ops->mem_import(be, mine, off, cnt * gsz, &m->h[i]);
     close(mine); // the handle holds the memory
     if (st != NF_OK) nf__error(st, "nofrag: IPC: importing a granule failed: %s", be->err);
+    else m->cnt[i] = (uint32_t)cnt;
   }
   if (pidfd >= 0) close(pidfd);
   if (st == NF_OK && (st = be->ops->va_reserve(be, n * gsz, gsz, &m->va)) != NF_OK) {
     m->va = 0;
     nf__error(st, "nofrag: IPC: reserving %llu B of address space failed: %s", n * gsz, be->err);
   }
-  for (uint64_t i = 0; st == NF_OK && i < n; i++) {
-    if ((st = be->ops->map(be, m->va + i * gsz, gsz, m->h[i])) != NF_OK) nf__error(st, "nofrag: IPC: map failed: %s", be->err);
-    else m->mapped++;
+  for (uint64_t i = 0; st == NF_OK && i < n; i += m->cnt[i]) {
+    if ((st = be->ops->map(be, m->va + i * gsz, m->cnt[i] * gsz, m->h[i])) != NF_OK)
+      nf__error(st, "nofrag: IPC: map failed: %s", be->err);
+    else m->mapped += m->cnt[i];
   }
   if (st == NF_OK && (st = be->ops->set_access(be, m->va, n * gsz)) != NF_OK)
     nf__error(st, "nofrag: IPC: set access failed: %s", be->err);
