@@ -91,6 +91,11 @@ static void test_each_key(void **state) {
   assert_int_equal(c.release_idle_ms, 0);
   c = ok("release_idle_ms:250");
   assert_int_equal(c.release_idle_ms, 250);
+  assert_int_equal(def().units, 0); // off by default (docs/design.md, "Units")
+  c = ok("units:16");
+  assert_int_equal(c.units, 16);
+  bad("units:2000", "units", "1024");
+  bad("units:-1", "units", NULL);
 
   // Several keys at once; whitespace around every token; later keys win.
   c = ok("  limit : 1GiB ,\treserve:2MiB,  device : 3 ,limit:2GiB\n");
