@@ -15,7 +15,7 @@
 
 #define G (64 * 1024)
 
-typedef struct { void *p; size_t n; uint64_t tag; } slot_t;
+typedef struct { void *p; size_t n; uint64_t tag; int off; } slot_t; // off: offloaded
 
 // A 100-granule block grows as 6 units of 16 and 4 single granules: 10
 // creates and 10 maps instead of 100 each; nothing changes without units.
@@ -97,8 +97,10 @@ static void test_split_near_the_limit(void **state) {
   nf_backend_destroy(be);
 }
 
-// Offload of a block that lies on units is refused with a clear error and
-// changes nothing; a block of single granules in the same pool offloads.
+// Offload to the host tier of a block that lies on units is refused with a
+// clear error and changes nothing; the detached and disk tiers take it (its
+// units go back whole, the prefetch maps single granules); a block of single
+// granules offloads anywhere.
 // IPC exports each unit as one mapping, and the importer maps it whole:
 // a block over part of a unit (stranded, far from the limit) shares the
 // whole unit, and the data reads back through the import.
@@ -115,9 +117,23 @@ static void test_offload_refused_ipc_whole(void **state) {
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_ERR_INVALID);
   assert_non_null(strstr(nf_last_error(), "units:16"));
   assert_true(nft_check(a, 40 * G, 7));
-  assert_int_equal(nf_offload(p, small, NULL, NF_TIER_HOST), NF_OK);
-  assert_int_equal(nf_prefetch(p, small, NULL), NF_OK);
-  assert_true(nft_check(small, 4 * G, 8));
+  // The detached and disk tiers unmap the owned range in one run: its units go back whole.
+  void *xs[2];
+  for (int k = 0; k < 2; k++) {
+    void *x = nf_alloc(p, 40 * G, NULL); // fresh range: 2 units
+    assert_non_null(x);
+    nft_fill(x, 40 * G, 20 + k);
+    nf_stats_t s0, s1;
+    nft_stats(p, &s0);
+    assert_int_equal(nf_offload(p, x, NULL, k ? NF_TIER_DISK : NF_TIER_HOST_DETACHED), NF_OK);
+    assert_int_equal(nf_offload_wait(p), NF_OK);
+    nft_stats(p, &s1);
+    assert_int_equal(s1.units, s0.units - 2);
+    assert_int_equal(nf_prefetch(p, x, NULL), NF_OK);
+    assert_true(nft_check(x, 40 * G, 20 + k));
+    xs[k] = x; // kept: the next one lands in fresh space
+  }
+  for (int k = 0; k < 2; k++) assert_int_equal(nf_free(p, xs[k]), NF_OK);
   // a: 2 units of 16 and 8 single granules (an unaligned start adds an edge).
   char buf[4096];
   int fds[64];
@@ -167,15 +183,24 @@ static void run_random(uint64_t seed, const char *conf) {
     int i = (int)(nft_rand(&rng) % SLOTS);
     nf_stream_t s = (nf_stream_t)(uintptr_t)(1 + nft_rand(&rng) % 3);
     uint64_t r = nft_rand(&rng);
-    if (l[i].p) {
+    if (l[i].p && l[i].off) { // offloaded: back (a prefetch may run out of memory under the limit)
+      nf_status_t st = nf_prefetch(p, l[i].p, s);
+      if (st == NF_OK) {
+        l[i].off = 0;
+        if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu it %d: offload lost data", (unsigned long long)seed, it);
+      } else {
+        assert_int_equal(st, NF_ERR_OOM);
+      }
+    } else if (l[i].p) {
       if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu it %d: data lost", (unsigned long long)seed, it);
-      if (r % 13 == 0) { // refused on units, else moved and back
+      if (r % 13 == 0) { // the host tier refuses units; detached and disk take them whole
         nf_backend_host_complete_events(be);
-        nf_status_t st = nf_offload(p, l[i].p, s, NF_TIER_HOST);
+        nf_tier_t tier = r % 3 == 0 ? NF_TIER_HOST : r % 3 == 1 ? NF_TIER_HOST_DETACHED : NF_TIER_DISK;
+        nf_status_t st = nf_offload(p, l[i].p, s, tier);
         if (st == NF_ERR_INVALID) assert_non_null(strstr(nf_last_error(), "units"));
         else assert_int_equal(st, NF_OK);
-        if (st == NF_OK) assert_int_equal(nf_prefetch(p, l[i].p, s), NF_OK);
-        if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu it %d: offload lost data", (unsigned long long)seed, it);
+        l[i].off = st == NF_OK;
+        continue;
       }
       if (r % 7 == 0) {
         assert_int_equal(nf_record_stream(p, l[i].p, s), NF_OK);
@@ -189,7 +214,7 @@ static void run_random(uint64_t seed, const char *conf) {
       if (q) {
         nft_fill(q, n, r);
         nf_backend_host_use(be, s, q, n);
-        l[i] = (slot_t){q, n, r};
+        l[i] = (slot_t){q, n, r, 0};
       } else {
         assert_int_equal(nf_last_status(), NF_ERR_OOM);
       }
@@ -199,7 +224,7 @@ static void run_random(uint64_t seed, const char *conf) {
     if (it == 1200) nf_set_limit(p, 160 * G); // may fail (live above it): must stay consistent
     if (it == 1900) assert_int_equal(nf_set_limit(p, 256 * G), NF_OK);
     for (int k = 0; k < SLOTS; k++)
-      if (l[k].p && !nft_check(l[k].p, l[k].n, l[k].tag))
+      if (l[k].p && !l[k].off && !nft_check(l[k].p, l[k].n, l[k].tag))
         fail_msg("seed %llu it %d: block %d lost its data", (unsigned long long)seed, it, k);
     if (it % 16 == 0 && nf_pool_check(p) != NF_OK)
       fail_msg("seed %llu it %d: %s", (unsigned long long)seed, it, nf_last_error());
@@ -235,7 +260,17 @@ static int workload(nf_pool_t *p, uint64_t seed) {
     int i = (int)(nft_rand(&rng) % 12);
     uint64_t r = nft_rand(&rng);
     if (l[i].p) {
+      if (l[i].off) { // still offloaded: back first
+        if (nf_prefetch(p, l[i].p, NULL) != NF_OK) { failed++; continue; }
+        l[i].off = 0;
+      }
       if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu it %d: data lost", (unsigned long long)seed, it);
+      if (r % 9 == 0) { // detached or disk offload: units inside go back whole
+        if (nf_offload(p, l[i].p, NULL, r % 2 ? NF_TIER_HOST_DETACHED : NF_TIER_DISK) != NF_OK) failed++;
+        if (nf_offload_wait(p) != NF_OK) failed++;
+        l[i].off = nf_prefetch(p, l[i].p, NULL) != NF_OK; // (offloaded or not: prefetch is then a no-op)
+        continue;
+      }
       if (nf_free(p, l[i].p) != NF_OK) { failed++; continue; }
       l[i].p = NULL;
     } else {
@@ -243,14 +278,14 @@ static int workload(nf_pool_t *p, uint64_t seed) {
       void *q = nf_alloc(p, n, NULL);
       if (!q) { assert_true(nf_last_error()[0] != 0); failed++; continue; }
       nft_fill(q, n, r);
-      l[i] = (slot_t){q, n, r};
+      l[i] = (slot_t){q, n, r, 0};
     }
     if (it == 100 && nf_trim(p) != NF_OK) failed++;
     if (it % 20 == 0 && nf_pool_check(p) != NF_OK) fail_msg("seed %llu it %d: %s", (unsigned long long)seed, it, nf_last_error());
   }
   for (int k = 0; k < 12; k++)
     if (l[k].p) {
-      if (!nft_check(l[k].p, l[k].n, l[k].tag)) fail_msg("data lost at the end");
+      if (!l[k].off && !nft_check(l[k].p, l[k].n, l[k].tag)) fail_msg("data lost at the end");
       nf_free(p, l[k].p);
     }
   return failed;
