@@ -63,6 +63,9 @@ int dev_check(uintptr_t d, size_t bytes, uint32_t tag);
 
 typedef struct { uintptr_t p; size_t n; uint32_t tag; } live_t;
 uint64_t rnd(void); // xorshift64, one sequence for the whole program
+// One step of the pool sections' random workload (cuda_util.c).
+void live_step(nf_pool_t *pool, live_t *L, int *n, uint32_t *tag, int big_every, int big_mib, size_t small_max,
+               uint64_t (*moved_of)(const nf_stats_t *), uint64_t *moved, int *ooms, int *bad);
 
 // The sections in the other files, run by main (test_cuda.c).
 void test_pool_peers(nf_backend_t *be);

@@ -86,3 +86,38 @@ int dev_check(uintptr_t d, size_t bytes, uint32_t tag) {
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 uint64_t rnd(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
+
+// One step of the random workload the pool sections share (up to 64 live
+// blocks): allocate and fill (a large block, 1..big_mib MiB, one time in
+// big_every, else up to small_max bytes), or check and free a random one.
+// When granules moved since *moved (the counter `moved_of` reads), every
+// live block is checked. Failed checks add to *bad, OOMs to *ooms.
+void live_step(nf_pool_t *pool, live_t *L, int *n, uint32_t *tag, int big_every, int big_mib, size_t small_max,
+               uint64_t (*moved_of)(const nf_stats_t *), uint64_t *moved, int *ooms, int *bad) {
+  if (*n == 0 || (*n < 64 && rnd() % 100 < 55)) {
+    size_t sz = rnd() % (uint64_t)big_every == 0 ? (size_t)(1 + rnd() % (uint64_t)big_mib) << 20
+                                                 : (size_t)(512 + rnd() % small_max);
+    sz &= ~(size_t)3;
+    void *p = nf_alloc(pool, sz, NULL);
+    if (!p) {
+      ++*ooms;
+      CHECK(nf_last_status() == NF_ERR_OOM, "alloc failed: %s", nf_last_error());
+      return;
+    }
+    L[*n] = (live_t){(uintptr_t)p, sz, (*tag)++};
+    dev_fill(L[*n].p, sz, L[*n].tag);
+    ++*n;
+    nf_stats_t st;
+    nf_stats_get(pool, &st);
+    if (moved_of(&st) != *moved) { // granules moved or units went: everything live must be intact
+      *moved = moved_of(&st);
+      for (int i = 0; i < *n; i++) *bad += !dev_check(L[i].p, L[i].n, L[i].tag);
+    }
+  } else {
+    int i = (int)(rnd() % (uint64_t)*n);
+    *bad += !dev_check(L[i].p, L[i].n, L[i].tag);
+    CHECK(nf_free(pool, (void *)L[i].p) == NF_OK, "free: %s", nf_last_error());
+    L[i] = L[--*n];
+  }
+}
+

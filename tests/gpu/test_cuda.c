@@ -214,6 +214,8 @@ static void test_backend(nf_backend_t *be) {
 // Random alloc/free under a 64 MiB limit with sizes up to 24 MiB: holes force
 // reclaim/stitching. Every live block's pattern is checked after every step
 // that stitched, and all of them at the end.
+static uint64_t stitched(const nf_stats_t *st) { return st->reclaims + st->view_moves + st->view_reuses; }
+
 static void test_pool_stitching(nf_backend_t *be) {
   printf("-- pool: data integrity across stitching under a 64 MiB limit\n");
   nf_config_t cfg;
@@ -227,29 +229,7 @@ static void test_pool_stitching(nf_backend_t *be) {
   int n = 0, ooms = 0, bad = 0;
   uint32_t tag = 1;
   uint64_t reclaims0 = 0;
-  for (int it = 0; it < 600; it++) {
-    int do_alloc = n == 0 || (n < 64 && rnd() % 100 < 55);
-    if (do_alloc) {
-      size_t sz = rnd() % 4 == 0 ? (size_t)(1 + rnd() % 24) << 20 : (size_t)(512 + rnd() % (1u << 20));
-      sz &= ~(size_t)3;
-      void *p = nf_alloc(pool, sz, NULL);
-      if (!p) { ooms++; CHECK(nf_last_status() == NF_ERR_OOM, "alloc failed: %s", nf_last_error()); continue; }
-      L[n] = (live_t){(uintptr_t)p, sz, tag++};
-      dev_fill(L[n].p, sz, L[n].tag);
-      n++;
-      nf_stats_t st;
-      nf_stats_get(pool, &st);
-      if (st.reclaims + st.view_moves + st.view_reuses != reclaims0) { // stitched: everything live must be intact
-        reclaims0 = st.reclaims + st.view_moves + st.view_reuses;
-        for (int i = 0; i < n; i++) bad += !dev_check(L[i].p, L[i].n, L[i].tag);
-      }
-    } else {
-      int i = (int)(rnd() % (uint64_t)n);
-      bad += !dev_check(L[i].p, L[i].n, L[i].tag);
-      CHECK(nf_free(pool, (void *)L[i].p) == NF_OK, "free: %s", nf_last_error());
-      L[i] = L[--n];
-    }
-  }
+  for (int it = 0; it < 600; it++) live_step(pool, L, &n, &tag, 4, 24, 1u << 20, stitched, &reclaims0, &ooms, &bad);
   for (int i = 0; i < n; i++) bad += !dev_check(L[i].p, L[i].n, L[i].tag);
   nf_stats_t st;
   nf_stats_get(pool, &st);

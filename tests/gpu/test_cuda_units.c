@@ -16,6 +16,10 @@ static nf_pool_t *units_pool(nf_backend_t *be, const char *conf) {
   return pool;
 }
 
+static uint64_t moved_of(const nf_stats_t *st) {
+  return st->units_unmapped + st->reclaims + st->view_moves + st->view_reuses;
+}
+
 void test_pool_units(nf_backend_t *be) {
   printf("-- pool: mapping units (units:16): growth calls, data across splits and stitching\n");
   // 1. Growth: a 200 MiB block (100 granules) is 6 units and 4 singles: 10 creates, not 100.
@@ -57,29 +61,7 @@ void test_pool_units(nf_backend_t *be) {
   int n = 0, ooms = 0, bad = 0;
   uint32_t tag = 100;
   uint64_t moved = 0;
-  for (int it = 0; it < 800; it++) {
-    if (n == 0 || (n < 64 && rnd() % 100 < 55)) {
-      size_t sz = rnd() % 3 == 0 ? (size_t)(1 + rnd() % 96) << 20 : (size_t)(512 + rnd() % (4u << 20));
-      sz &= ~(size_t)3;
-      void *p = nf_alloc(pool, sz, NULL);
-      if (!p) { ooms++; CHECK(nf_last_status() == NF_ERR_OOM, "alloc failed: %s", nf_last_error()); continue; }
-      L[n] = (live_t){(uintptr_t)p, sz, tag++};
-      dev_fill(L[n].p, sz, L[n].tag);
-      n++;
-      nf_stats_t st;
-      nf_stats_get(pool, &st);
-      uint64_t m = st.units_unmapped + st.reclaims + st.view_moves + st.view_reuses;
-      if (m != moved) { // units went or granules moved: everything live must be intact
-        moved = m;
-        for (int i = 0; i < n; i++) bad += !dev_check(L[i].p, L[i].n, L[i].tag);
-      }
-    } else {
-      int i = (int)(rnd() % (uint64_t)n);
-      bad += !dev_check(L[i].p, L[i].n, L[i].tag);
-      CHECK(nf_free(pool, (void *)L[i].p) == NF_OK, "free: %s", nf_last_error());
-      L[i] = L[--n];
-    }
-  }
+  for (int it = 0; it < 800; it++) live_step(pool, L, &n, &tag, 3, 96, 4u << 20, moved_of, &moved, &ooms, &bad);
   for (int i = 0; i < n; i++) bad += !dev_check(L[i].p, L[i].n, L[i].tag);
   nf_stats_t st;
   nf_stats_get(pool, &st);
