@@ -530,6 +530,7 @@ nf_status_t nf__streams_poll(nf_pool_t *p);
 nf_status_t nf__stream_record(nf_pool_t *p, uint32_t x);
 nf_status_t nf__stream_done(nf_pool_t *p, uint32_t x, uint64_t tick, bool blocking, bool *done);
 nf_status_t nf__stream_wait(nf_pool_t *p, uint32_t x, uint64_t need); // host wait for x's frees up to need
+nf_status_t nf__streams_retire(nf_pool_t *p, uint64_t m, uint64_t tick); // ... for streams m up to tick
 void nf__stream_mark(nf_pool_t *p, uint32_t x); // nf_free, after an eviction wait: maybe record (never fails)
 nf_status_t nf__pending_add(nf_pool_t *p, nf_block_t *b);
 nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking);
@@ -557,6 +558,7 @@ uint64_t nf__view_adoptable(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a
 uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t *st);
 void nf__gran_unlink(nf_pool_t *p, uint32_t i);          // vmm.c
 int32_t nf__gran_slot(nf_pool_t *p);                       // granule.c: an unused gran[] slot (-1: out of memory)
+void nf__gran_slot_put(nf_pool_t *p, uint32_t i);          // granule.c: slot i unused again
 uint64_t nf__gran_room(const nf_pool_t *p, uint64_t size); // vmm.c
 nf_status_t nf__view_check(nf_pool_t *p);
 bool nf__view_evict_all(nf_pool_t *p);

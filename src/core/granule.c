@@ -50,6 +50,12 @@ void nf__gran_unlink(nf_pool_t *p, uint32_t i) {
   x->next_free = x->prev_free = -1;
 }
 
+// Slot i of gran[] back on the unused list.
+void nf__gran_slot_put(nf_pool_t *p, uint32_t i) {
+  p->gran[i] = (nf_granule_t){.next_free = p->gran_unused};
+  p->gran_unused = (int32_t)i;
+}
+
 // A slot in gran[] for a new granule, or -1 (out of host memory).
 int32_t nf__gran_slot(nf_pool_t *p) {
   if (p->gran_unused < 0) {

@@ -164,11 +164,8 @@ static nf_status_t unit_dissolve(nf_pool_t *p, nf_block_t *b, uint64_t u0, uint6
     if (p->capture_mask)
       return nf__error(NF_ERR_OOM, "nofrag: a mapping unit under the request is still in use by work in flight, "
                                    "and a stream is being captured (no host wait possible)");
-    for (uint64_t m = t.smask; m; m &= m - 1) {
-      uint32_t x = (uint32_t)__builtin_ctzll(m);
-      nf_status_t st = nf__stream_wait(p, x, nf__need_tick(&p->streams[x], t.tick));
-      if (st != NF_OK) return st;
-    }
+    nf_status_t st = nf__streams_retire(p, t.smask, t.tick);
+    if (st != NF_OK) return st;
   }
   p->un_split++;
   return nf__unmap_run(p, c, u0, u0 + n);

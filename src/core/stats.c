@@ -168,9 +168,8 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
   CHECK(nfree == p->gran_free_count && hfree == p->host_free_count, "check: free counts");
   if (p->tier.check && (st = p->tier.check(p, seen)) != NF_OK) goto out;
   if ((st = nf__view_check(p)) != NF_OK) goto out;
-  if ((st = nf__unit_check(p)) != NF_OK) goto out;
   uint64_t loose = 0;
-  for (int32_t h = p->un_loose; h >= 0; h = p->gran[h].next_free) loose += p->gran[h].un;
+  if ((st = nf__unit_check(p, &loose)) != NF_OK) goto out;
   CHECK(nfree + hfree + mapped + loose + (p->tier.staged ? p->tier.staged(p) : 0) + p->detached_granules == p->gran_created + p->host_created,
         "check: granules created %llu + %llu host != free %llu + %llu host + mapped %llu + in copies %llu + "
         "detached %llu", (unsigned long long)p->gran_created, (unsigned long long)p->host_created,

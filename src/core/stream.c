@@ -97,6 +97,18 @@ nf_status_t nf__stream_wait(nf_pool_t *p, uint32_t x, uint64_t need) {
   return NF_OK;
 }
 
+// Wait (on the host) until the work of streams m up to tick is complete:
+// what views and unit splits need before they unmap a virtual range.
+nf_status_t nf__streams_retire(nf_pool_t *p, uint64_t m, uint64_t tick) {
+  nf_block_t t = {.smask = m, .tick = tick};
+  for (; m; m &= m - 1) {
+    uint32_t x = (uint32_t)__builtin_ctzll(m);
+    nf_status_t st = nf__stream_wait(p, x, nf__need_tick(&p->streams[x], tick));
+    if (st != NF_OK) return st;
+  }
+  return nf__block_retired(p, &t) ? NF_OK : nf__error(NF_ERR_BACKEND, "nofrag: stream work not complete after a host wait");
+}
+
 void nf__stream_mark(nf_pool_t *p, uint32_t x) {
   if (p->tick - p->streams[x].rec_tick >= NF_EV_GAP && !p->capture_mask) record(p, x, true);
 }

@@ -29,10 +29,7 @@ static bool slots_take(nf_pool_t *p, uint32_t *ix, uint64_t n) {
   for (uint64_t j = 0; j < n; j++) {
     int32_t i = nf__gran_slot(p);
     if (i < 0) {
-      while (j--) {
-        p->gran[ix[j]] = (nf_granule_t){.next_free = p->gran_unused};
-        p->gran_unused = (int32_t)ix[j];
-      }
+      while (j--) nf__gran_slot_put(p, ix[j]);
       return false;
     }
     p->gran_unused = p->gran[i].next_free;
@@ -42,15 +39,21 @@ static bool slots_take(nf_pool_t *p, uint32_t *ix, uint64_t n) {
 }
 
 static void slots_put(nf_pool_t *p, const uint32_t *ix, uint64_t n) {
-  for (uint64_t j = n; j--;) {
-    p->gran[ix[j]] = (nf_granule_t){.next_free = p->gran_unused};
-    p->gran_unused = (int32_t)ix[j];
-  }
+  for (uint64_t j = n; j--;) nf__gran_slot_put(p, ix[j]);
+}
+
+// A unit not mapped whose release failed: LOOSE, on the list that
+// nf__units_loose_release (run by every release) retries.
+static void loose_push(nf_pool_t *p, uint32_t head) {
+  for (int32_t i = (int32_t)head; i >= 0; i = p->gran[i].prev_free) p->gran[i].state = NF_GR_LOOSE;
+  p->gran[head].next_free = p->un_loose;
+  p->un_loose = (int32_t)head;
 }
 
 // One unit of n granules at virtual granules [g, g+n) of c: create, map
 // (access is set by the caller with the rest of the run). NF_ERR_OOM and
-// backend failures leave nothing behind; the caller maps singles instead.
+// backend failures leave nothing behind but, where the rollback's release
+// fails too, a LOOSE unit.
 static nf_status_t unit_new(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint64_t n) {
   uint32_t ix[1024];
   if (!slots_take(p, ix, n)) return NF_ERR_NOMEM;
@@ -63,30 +66,25 @@ static nf_status_t unit_new(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint64_t n)
   st = NF_BE(p, map, map, c->base + (g << p->gshift), n << p->gshift, h);
   if (st != NF_OK) {
     nf__error(st, "nofrag: mapping a %llu-granule unit failed: %s", (unsigned long long)n, p->be->err);
-    if (NF_BE(p, mem_release, release, h) != NF_OK) {
-      // Not mapped, not released: held as a LOOSE unit until a release works.
-      for (uint64_t j = 0; j < n; j++)
-        p->gran[ix[j]] = (nf_granule_t){.handle = h, .tier = NF_TIER_DEVICE, .state = NF_GR_LOOSE,
-                                        .unit = ix[0] + 1, .next_free = -1,
-                                        .prev_free = j + 1 < n ? (int32_t)ix[j + 1] : -1};
-      p->gran[ix[0]].un = (uint32_t)n;
-      p->gran[ix[0]].next_free = p->un_loose;
-      p->un_loose = (int32_t)ix[0];
-      p->gran_created += n;
+    if (NF_BE(p, mem_release, release, h) == NF_OK) {
+      slots_put(p, ix, n);
       return st;
     }
-    slots_put(p, ix, n);
-    return st;
   }
-  for (uint64_t j = 0; j < n; j++) {
+  for (uint64_t j = 0; j < n; j++)
     p->gran[ix[j]] = (nf_granule_t){.handle = h, .tier = NF_TIER_DEVICE, .state = NF_GR_MAPPED, .at_c = c,
                                     .at_g = (uint32_t)(g + j), .unit = ix[0] + 1, .next_free = -1,
                                     .prev_free = j + 1 < n ? (int32_t)ix[j + 1] : -1};
+  p->gran[ix[0]].un = (uint32_t)n;
+  p->gran_created += n;
+  if (st != NF_OK) { // not mapped, not released
+    loose_push(p, ix[0]);
+    return st;
+  }
+  for (uint64_t j = 0; j < n; j++) {
     c->phys[g + j] = ix[j];
     nf__bit_set(c->mapped, g + j);
   }
-  p->gran[ix[0]].un = (uint32_t)n;
-  p->gran_created += n;
   p->gran_mapped += n;
   p->un_made++;
   p->un_live++;
@@ -99,29 +97,27 @@ static nf_status_t unit_new(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint64_t n)
 // runs of U unmapped granules wholly inside the block being placed, while
 // the request would create at least U more granules than the free list holds
 // and the pool stays a sixteenth below its limit (NF_UNIT_MARGIN). Their granules are marked
-// in `mine` (bit g - g0) and counted in *made. A unit that cannot be made
+// in `mine` (bit g - g0); returns how many. A unit that cannot be made
 // ends the attempt quietly: singles follow, and report what fails.
-nf_status_t nf__units_make(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t k, uint64_t *mine,
-                           uint64_t *made) {
-  *made = 0;
-  uint64_t u = p->cfg.units, o0, o1;
+uint64_t nf__units_make(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t k, uint64_t *mine) {
+  uint64_t u = p->cfg.units, o0, o1, made = 0;
   const nf_block_t *b = p->un_blk;
-  if (u < 2 || !b || b->chunk != c || p->cfg.tight || !nf__owned(p, b, &o0, &o1)) return NF_OK;
+  if (u < 2 || !b || b->chunk != c || p->cfg.tight || k < u || !nf__owned(p, b, &o0, &o1)) return 0;
   if (o0 < g0) o0 = g0;
   if (o1 > g1) o1 = g1;
   uint64_t cap = p->max_granules - (p->max_granules >> NF_UNIT_MARGIN);
   for (uint64_t g = o0; g + u <= o1;) {
-    uint64_t rest = k - *made;
+    uint64_t rest = k - made;
     if (rest < p->gran_free_count + u || p->gran_created + u > cap) break;
     uint64_t e = g;
     while (e < g + u && !nf__bit(c->mapped, e)) e++;
     if (e < g + u) { g = e + 1; continue; }
     if (unit_new(p, c, g, u) != NF_OK) break;
     for (uint64_t x = g; x < g + u; x++) nf__bit_set(mine, x - g0);
-    *made += u;
+    made += u;
     g += u;
   }
-  return NF_OK;
+  return made;
 }
 
 // [g0, g1) of c starts or ends inside a unit.
@@ -133,7 +129,6 @@ bool nf__unit_cut(const nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, uint64_t
 }
 
 bool nf__units_touch(const nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, uint64_t g1) {
-  if (p->cfg.units < 2 && !p->un_made) return false;
   for (uint64_t g = g0; g < g1; g++)
     if (nf__bit(c->mapped, g) && p->gran[c->phys[g]].unit) return true;
   return false;
@@ -145,8 +140,7 @@ static nf_status_t unit_release(nf_pool_t *p, uint32_t head) {
   uint64_t n = p->gran[head].un;
   for (int32_t nx, i = (int32_t)head; i >= 0; i = nx) {
     nx = p->gran[i].prev_free;
-    p->gran[i] = (nf_granule_t){.next_free = p->gran_unused};
-    p->gran_unused = i;
+    nf__gran_slot_put(p, (uint32_t)i);
   }
   p->gran_created -= n;
   return NF_OK;
@@ -157,10 +151,7 @@ static nf_status_t unit_release(nf_pool_t *p, uint32_t head) {
 void nf__unit_unmapped(nf_pool_t *p, uint32_t head) {
   p->un_gone++;
   p->un_live--;
-  if (unit_release(p, head) == NF_OK) return;
-  for (int32_t i = (int32_t)head; i >= 0; i = p->gran[i].prev_free) p->gran[i].state = NF_GR_LOOSE;
-  p->gran[head].next_free = p->un_loose;
-  p->un_loose = (int32_t)head;
+  if (unit_release(p, head) != NF_OK) loose_push(p, head);
 }
 
 void nf__units_loose_release(nf_pool_t *p) {
@@ -174,9 +165,10 @@ void nf__units_loose_release(nf_pool_t *p) {
 
 // nf_pool_check's part: every unit is mapped whole at consecutive virtual
 // granules of one chunk, its members name it and its handle, none has a
-// parked view; LOOSE units are on their list.
-nf_status_t nf__unit_check(nf_pool_t *p) {
+// parked view; LOOSE units are on their list (*loose: their granules).
+nf_status_t nf__unit_check(nf_pool_t *p, uint64_t *loose_out) {
   uint64_t loose = 0;
+  *loose_out = 0;
   for (uint64_t i = 0; i < p->gran_cap; i++) {
     const nf_granule_t *x = &p->gran[i];
     if (x->state == NF_GR_UNUSED || !x->unit) continue;
@@ -203,5 +195,6 @@ nf_status_t nf__unit_check(nf_pool_t *p) {
   if (listed != loose)
     return nf__error(NF_ERR_INVALID, "check: %llu loose unit granules, %llu on the list", (unsigned long long)loose,
                      (unsigned long long)listed);
+  *loose_out = loose;
   return NF_OK;
 }

@@ -12,8 +12,7 @@
 #define NF_UNIT_MARGIN 4
 #define NF_UNIT_NEAR 3
 
-nf_status_t nf__units_make(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t k, uint64_t *mine,
-                           uint64_t *made);
+uint64_t nf__units_make(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t k, uint64_t *mine);
 // The unit granule i belongs to: its first virtual granule *u0 (at its
 // place) and its size; false for a granule of its own.
 static inline bool nf__unit_of(const nf_pool_t *p, uint32_t i, uint64_t *u0, uint64_t *n) {
@@ -26,7 +25,7 @@ static inline bool nf__unit_of(const nf_pool_t *p, uint32_t i, uint64_t *u0, uin
 bool nf__unit_cut(const nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, uint64_t g1); // [g0, g1) cuts a unit
 void nf__unit_unmapped(nf_pool_t *p, uint32_t head);  // after the unit's unmap: release it
 void nf__units_loose_release(nf_pool_t *p);
-nf_status_t nf__unit_check(nf_pool_t *p);
+nf_status_t nf__unit_check(nf_pool_t *p, uint64_t *loose); // nf_pool_check's part; *loose: LOOSE granules
 // placement.c: before block b (LIVE, not yet mapped) is placed, near the
 // limit, units b touches but does not own whole are unmapped first
 // (*unmapped set; b then needs mapping).

@@ -203,18 +203,6 @@ static void unview(nf_pool_t *p, nf_chunk_t *c, uint64_t g) {
   p->vw_count--;
 }
 
-// Wait (on the host) until the work of streams m up to tick is complete: a
-// virtual granule is unmapped only then.
-static nf_status_t retire(nf_pool_t *p, uint64_t m, uint64_t tick) {
-  nf_block_t t = {.smask = m, .tick = tick};
-  for (; m; m &= m - 1) {
-    uint32_t x = (uint32_t)__builtin_ctzll(m);
-    nf_status_t st = nf__stream_wait(p, x, nf__need_tick(&p->streams[x], tick));
-    if (st != NF_OK) return st;
-  }
-  return nf__block_retired(p, &t) ? NF_OK : nf__error(NF_ERR_BACKEND, "nofrag: views: stream work not complete");
-}
-
 // A cached granule to move, from the cursor on: one whose last users stream
 // s already follows if any, else the first seen. UINT32_MAX: none.
 static uint32_t find_cached(nf_pool_t *p, uint32_t s, bool capture) {
@@ -277,7 +265,7 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     uint64_t t = c->ptick ? 0 : b->tick;
     for (uint64_t g = g0; g < g1 && t < b->tick; g++)
       if (nf__bit(c->stale, g) && c->ptick[g] > t) t = c->ptick[g];
-    if ((st = retire(p, b->smask, t < b->tick ? t : b->tick)) != NF_OK) return st;
+    if ((st = nf__streams_retire(p, b->smask, t < b->tick ? t : b->tick)) != NF_OK) return st; // then unmap
     for (uint64_t g = g0; g < g1; g++) {
       if (!nf__bit(c->stale, g)) continue;
       uint64_t e = g;

@@ -166,8 +166,7 @@ static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep)
     st = NF_BE(p, mem_release, release, p->gran[i].handle);
     if (st != NF_OK) return nf__error(st, "nofrag: releasing a granule failed: %s", p->be->err);
     nf__gran_unlink(p, i);
-    p->gran[i] = (nf_granule_t){.next_free = p->gran_unused};
-    p->gran_unused = (int32_t)i;
+    nf__gran_slot_put(p, i);
     --*created;
   }
   return NF_OK;
@@ -184,7 +183,7 @@ void nf__host_granules_release(nf_pool_t *p, uint64_t keep) { granules_release(p
 // Unmap mapped granules [g0, g1) of c (all mapped) in one call; they go back
 // to the free list, units (whole, never cut) back to the backend.
 nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1) {
-  if (NF_UNLIKELY(p->un_made != 0) && nf__unit_cut(p, c, g0, g1))
+  if (NF_UNLIKELY(p->un_live != 0) && nf__unit_cut(p, c, g0, g1))
     return nf__error(NF_ERR_INVALID, "nofrag: internal: an unmap of granules %llu..%llu would cut a mapping unit",
                      (unsigned long long)g0, (unsigned long long)g1);
   nf_status_t st = NF_BE(p, unmap, unmap, c->base + (g0 << p->gshift), (g1 - g0) << p->gshift);
@@ -452,8 +451,7 @@ nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
   uint64_t small[4] = {0}, *mine = small; // granules mapped by this call
   if (g1 - g0 > 256 && !(mine = calloc(((g1 - g0) + 63) >> 6, sizeof *mine)))
     return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
-  uint64_t made = 0;
-  if (p->un_blk && k >= p->cfg.units && p->cfg.units > 1) nf__units_make(p, c, g0, g1, k, mine, &made);
+  uint64_t made = p->un_blk ? nf__units_make(p, c, g0, g1, k, mine) : 0;
   k -= made;
   st = gran_acquire(p, k, c, g0, g1, size, spill, &host);
   if (st == NF_OK && k) st = map_room(p, k, false);
