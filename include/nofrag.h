@@ -119,8 +119,8 @@ typedef struct nf_config_s {
   uint64_t units;             //!< growth creates the interior of a large block in physical allocations
                               //!< of this many granules, each mapped in one call (a mapping's driver
                               //!< cost is per mapping, not per byte); 0 or 1 = off (every granule its own).
-                              //!< A unit never moves and is unmapped only whole; nf_offload to the host
-                              //!< tier of a block on one is refused (docs/design.md, "Units")
+                              //!< A unit is unmapped only whole: nf_offload moves a unit inside a block
+                              //!< whole, and refuses a block over part of one (docs/design.md, "Units")
 } nf_config_t;
 
 #define NF_BACKEND_HOST 0

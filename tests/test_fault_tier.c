@@ -115,7 +115,7 @@ static void test_offload_paths_fail_once(void **state) {
 // then), a failure then a run of 3 then one more (a copy, the retries of
 // a remap back, the copy that replaces it), and seeded random 16-call masks.
 // `fn` runs one pattern (off 0: none) and returns the calls it made.
-typedef struct { int ok, intact, copied, lost, noaccess; } tally_t;
+typedef struct { int ok, intact, copied, lost, noaccess, unit_back, unit_fwd; } tally_t;
 typedef uint64_t (*multi_fn)(uint64_t off, uint64_t mask, tally_t *t);
 
 static void sweep_multi(multi_fn fn, tally_t *t) {
@@ -133,10 +133,15 @@ static void sweep_multi(multi_fn fn, tally_t *t) {
   }
 }
 
+// The finish sweep runs on single granules, then (test_finish_unit_faults)
+// on a block whose interior is two mapping units.
+static const char *fault_conf = "limit:1MiB,views:0";
+static uint64_t fin_granules = 4;
+
 static nf_pool_t *fault_pool(nf_backend_t **inner, nf_backend_t **be) {
   assert_int_equal(nf_backend_host_create(inner, 1ull << 30, G), NF_OK);
   assert_int_equal(nf_backend_fault_create(be, *inner, 0, 0, 1), NF_OK);
-  return nft_pool_on(*be, "limit:1MiB,views:0");
+  return nft_pool_on(*be, fault_conf);
 }
 
 // The pool is consistent and counts as offloaded exactly the host granules
@@ -227,13 +232,22 @@ static void test_prefetch_rollback_faults(void **state) {
 // with a hole (before the fix, a remap whose restore failed left the granule
 // unmapped, its device granule freed): it stays intact, offloaded or on the
 // device, and prefetch brings it back. nf_offload_wait's error names it.
+// With units, a unit is swapped whole (one unmap, then a map per host
+// granule); where a map fails it is put back whole, and where that fails
+// too each granule takes its host granule (*_back, *_fwd in the tally).
+// Only there can a granule end with nothing mapped (a map failing 3 times,
+// then the unit's 3 times, then 4 more), and the error must say so.
 static uint64_t finish_multi(uint64_t off, uint64_t mask, tally_t *t) {
   nf_backend_t *inner, *be;
   nf_pool_t *p = fault_pool(&inner, &be);
   nf_backend_host_set_manual_events(inner, 1);
-  void *a = nf_alloc(p, 4 * G, NULL);
+  size_t n = fin_granules * G;
+  void *a = nf_alloc(p, n, NULL);
   assert_non_null(a);
-  nft_fill(a, 4 * G, 22);
+  nft_fill(a, n, 22);
+  nf_stats_t s0;
+  nf_stats_get(p, &s0);
+  if (strstr(fault_conf, "units") && s0.units != 2) fail_msg("the block lies on %llu units, not 2", (unsigned long long)s0.units);
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
   nf_backend_host_complete_events(inner);
   uint64_t base, calls, failed;
@@ -247,8 +261,12 @@ static uint64_t finish_multi(uint64_t off, uint64_t mask, tally_t *t) {
   snprintf(what, sizeof what, "finish, call %llu mask %#llx: %d \"%s\"", (unsigned long long)off,
            (unsigned long long)mask, r, msg);
   snprintf(addr, sizeof addr, "%p", a);
+  bool lost = r != NF_OK && strstr(msg, "are lost");
+  if (lost && (!strstr(fault_conf, "units") || !strstr(msg, addr))) fail_msg("%s: a loss", what);
   bool access = offloaded_is(p, a, what, msg, t);
-  if (access && !nft_check(a, 4 * G, 22)) fail_msg("%s: data lost", what);
+  if (access && !lost && !nft_check(a, n, 22)) fail_msg("%s: data lost", what);
+  t->unit_back += strstr(msg, "remap: map failed:") != NULL;
+  t->unit_fwd += strstr(msg, "unit could not be mapped again") != NULL;
   // A failed event call leaves the copy to finish at the next wait; a
   // failed finish is reported once, naming the block, which keeps device
   // granules.
@@ -259,10 +277,18 @@ static uint64_t finish_multi(uint64_t off, uint64_t mask, tally_t *t) {
     fail_msg("%s: the finish failed, the error does not name the block", what);
   if (access) offloaded_is(p, a, what, msg, t);
   t->ok += r == NF_OK;
-  t->intact += r != NF_OK;
+  t->intact += r != NF_OK && !lost;
+  t->lost += lost;
+  if (lost) { // a hole in the block: it goes as it is
+    nf_free(p, a);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+    nf_backend_destroy(inner);
+    return calls - base;
+  }
   if (nf_prefetch(p, a, NULL) != NF_OK) fail_msg("%s: then prefetch: %s", what, nf_last_error());
   if (nf_pool_check(p) != NF_OK) fail_msg("%s: then prefetch: %s", what, nf_last_error());
-  if (!nft_check(a, 4 * G, 22)) fail_msg("%s: data lost once back", what);
+  if (!nft_check(a, n, 22)) fail_msg("%s: data lost once back", what);
   assert_int_equal(nf_free(p, a), NF_OK);
   if (nf_pool_check(p) != NF_OK) fail_msg("%s: after free: %s", what, nf_last_error());
   nf_backend_host_set_manual_events(inner, 0);
@@ -276,6 +302,24 @@ static void test_finish_rollback_faults(void **state) {
   sweep_multi(finish_multi, &t);
   if (getenv("NF_DEBUG")) fprintf(stderr, "ok %d intact %d noaccess %d\n", t.ok, t.intact, t.noaccess);
   if (!t.ok || !t.intact) fail_msg("outcomes: ok %d, failed %d", t.ok, t.intact);
+}
+
+// The same over a 10-granule block whose interior is two units of 4
+// (units:4): every outcome of a whole-unit swap happens, and the pool is
+// consistent after each.
+static void test_finish_unit_faults(void **state) {
+  (void)state;
+  tally_t t = {0};
+  fault_conf = "limit:1MiB,views:0,units:4";
+  fin_granules = 10;
+  sweep_multi(finish_multi, &t);
+  fault_conf = "limit:1MiB,views:0";
+  fin_granules = 4;
+  if (getenv("NF_DEBUG"))
+    fprintf(stderr, "ok %d intact %d back %d fwd %d lost %d noaccess %d\n", t.ok, t.intact, t.unit_back, t.unit_fwd,
+            t.lost, t.noaccess);
+  if (!t.ok || !t.intact || !t.unit_back || !t.unit_fwd)
+    fail_msg("outcomes: ok %d, failed %d (unit back %d, forward %d)", t.ok, t.intact, t.unit_back, t.unit_fwd);
 }
 
 // A host granule mapped at the host window whose set-access failed, and
@@ -551,7 +595,8 @@ int main(void) {
   if (getenv("NF_FILTER")) cmocka_set_test_filter(getenv("NF_FILTER"));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_offload_paths_fail_once),  cmocka_unit_test(test_prefetch_rollback_faults),
-      cmocka_unit_test(test_finish_rollback_faults),   cmocka_unit_test(test_window_without_access),
+      cmocka_unit_test(test_finish_rollback_faults),   cmocka_unit_test(test_finish_unit_faults),
+      cmocka_unit_test(test_window_without_access),
       cmocka_unit_test(test_disk_short_write),         cmocka_unit_test(test_finish_failure_deferred),
       cmocka_unit_test(test_poll_failure_returned),    cmocka_unit_test(test_host_granule_oom_message),
   };

@@ -5,7 +5,8 @@
 // limit), stitching that unmaps whole units, trim and limit changes; the host
 // backend refuses any unmap that would cut a unit, and counts unmaps of
 // memory with work in flight; backend failures on every unit path leave the
-// pool consistent; offload of a block on units is refused; IPC shares units whole.
+// pool consistent; offload moves units whole (a block over part of one is
+// refused); IPC shares units whole.
 #include "nf_test.h"
 
 #include "torch/torch.h" // nf_ipc_export
@@ -15,7 +16,7 @@
 
 #define G (64 * 1024)
 
-typedef struct { void *p; size_t n; uint64_t tag; int off; } slot_t; // off: offloaded
+typedef struct { void *p; size_t n; uint64_t tag; int off; } slot_t; // off: offloaded (2: host tier, readable)
 
 // A 100-granule block grows as 6 units of 16 and 4 single granules: 10
 // creates and 10 maps instead of 100 each; nothing changes without units.
@@ -97,14 +98,15 @@ static void test_split_near_the_limit(void **state) {
   nf_backend_destroy(be);
 }
 
-// Offload to the host tier of a block that lies on units is refused with a
-// clear error and changes nothing; the detached and disk tiers take it (its
-// units go back whole, the prefetch maps single granules); a block of single
-// granules offloads anywhere.
+// Offload moves units whole: the host tier swaps each for host granules (one
+// unmap; the unit is released), the detached and disk tiers unmap the owned
+// range in one run; the prefetch maps single granules, and the data return.
+// A block over part of a unit (stranded, far from the limit) is refused by
+// every tier with a clear error, and nothing changes.
 // IPC exports each unit as one mapping, and the importer maps it whole:
-// a block over part of a unit (stranded, far from the limit) shares the
-// whole unit, and the data reads back through the import.
-static void test_offload_refused_ipc_whole(void **state) {
+// a block over part of a unit shares the whole unit, and the data reads
+// back through the import.
+static void test_offload_ipc_whole(void **state) {
   (void)state;
   nf_backend_t *be;
   nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "units:16");
@@ -114,26 +116,26 @@ static void test_offload_refused_ipc_whole(void **state) {
   assert_non_null(small);
   nft_fill(a, 40 * G, 7);
   nft_fill(small, 4 * G, 8);
-  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_ERR_INVALID);
-  assert_non_null(strstr(nf_last_error(), "units:16"));
-  assert_true(nft_check(a, 40 * G, 7));
-  // The detached and disk tiers unmap the owned range in one run: its units go back whole.
-  void *xs[2];
-  for (int k = 0; k < 2; k++) {
+  void *xs[3];
+  static const nf_tier_t tiers[3] = {NF_TIER_HOST, NF_TIER_HOST_DETACHED, NF_TIER_DISK};
+  for (int k = 0; k < 3; k++) {
     void *x = nf_alloc(p, 40 * G, NULL); // fresh range: 2 units
     assert_non_null(x);
     nft_fill(x, 40 * G, 20 + k);
     nf_stats_t s0, s1;
     nft_stats(p, &s0);
-    assert_int_equal(nf_offload(p, x, NULL, k ? NF_TIER_DISK : NF_TIER_HOST_DETACHED), NF_OK);
+    assert_int_equal(nf_offload(p, x, NULL, tiers[k]), NF_OK);
     assert_int_equal(nf_offload_wait(p), NF_OK);
     nft_stats(p, &s1);
     assert_int_equal(s1.units, s0.units - 2);
+    assert_int_equal(s1.units_unmapped, s0.units_unmapped + 2);
+    if (tiers[k] == NF_TIER_HOST) assert_true(nft_check(x, 40 * G, 20 + k)); // host granules, same address
+    assert_int_equal(nf_pool_check(p), NF_OK);
     assert_int_equal(nf_prefetch(p, x, NULL), NF_OK);
     assert_true(nft_check(x, 40 * G, 20 + k));
     xs[k] = x; // kept: the next one lands in fresh space
   }
-  for (int k = 0; k < 2; k++) assert_int_equal(nf_free(p, xs[k]), NF_OK);
+  for (int k = 0; k < 3; k++) assert_int_equal(nf_free(p, xs[k]), NF_OK);
   // a: 2 units of 16 and 8 single granules (an unaligned start adds an edge).
   char buf[4096];
   int fds[64];
@@ -150,7 +152,8 @@ static void test_offload_refused_ipc_whole(void **state) {
   assert_true(nft_check(a, 40 * G, 9));
   nf_ipc_close(m);
   for (size_t i = 0; i < nfds; i++) close(fds[i]);
-  // A block over part of a unit (far from the limit: the unit stays) shares the whole unit.
+  // A block over part of a unit (far from the limit: the unit stays) shares
+  // the whole unit, and no tier takes it.
   assert_int_equal(nf_free(p, a), NF_OK);
   void *q = nf_alloc(p, 20 * G, NULL);
   assert_non_null(q);
@@ -162,6 +165,17 @@ static void test_offload_refused_ipc_whole(void **state) {
   assert_true(nft_check((char *)base + off, 20 * G, 10));
   nf_ipc_close(m);
   for (size_t i = 0; i < nfds; i++) close(fds[i]);
+  nf_stats_t s0, s1;
+  nft_stats(p, &s0);
+  for (int k = 0; k < 3; k++) {
+    assert_int_equal(nf_offload(p, q, NULL, tiers[k]), NF_ERR_INVALID);
+    assert_non_null(strstr(nf_last_error(), "part of a mapping unit (units:16)"));
+  }
+  nft_stats(p, &s1);
+  assert_int_equal(s1.units, s0.units);
+  assert_int_equal(s1.backend_calls, s0.backend_calls);
+  assert_int_equal(nf_prefetch(p, q, NULL), NF_OK); // not offloaded: a no-op
+  assert_true(nft_check(q, 20 * G, 10));
   assert_int_equal(nf_pool_check(p), NF_OK);
   nf_free(p, q);
   nf_free(p, small);
@@ -193,13 +207,13 @@ static void run_random(uint64_t seed, const char *conf) {
       }
     } else if (l[i].p) {
       if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu it %d: data lost", (unsigned long long)seed, it);
-      if (r % 13 == 0) { // the host tier refuses units; detached and disk take them whole
+      if (r % 13 == 0) { // units move whole; a block over part of one is refused
         nf_backend_host_complete_events(be);
         nf_tier_t tier = r % 3 == 0 ? NF_TIER_HOST : r % 3 == 1 ? NF_TIER_HOST_DETACHED : NF_TIER_DISK;
         nf_status_t st = nf_offload(p, l[i].p, s, tier);
-        if (st == NF_ERR_INVALID) assert_non_null(strstr(nf_last_error(), "units"));
+        if (st == NF_ERR_INVALID) assert_non_null(strstr(nf_last_error(), "part of a mapping unit"));
         else assert_int_equal(st, NF_OK);
-        l[i].off = st == NF_OK;
+        l[i].off = st != NF_OK ? 0 : tier == NF_TIER_HOST ? 2 : 1;
         continue;
       }
       if (r % 7 == 0) {
@@ -224,7 +238,7 @@ static void run_random(uint64_t seed, const char *conf) {
     if (it == 1200) nf_set_limit(p, 160 * G); // may fail (live above it): must stay consistent
     if (it == 1900) assert_int_equal(nf_set_limit(p, 256 * G), NF_OK);
     for (int k = 0; k < SLOTS; k++)
-      if (l[k].p && !l[k].off && !nft_check(l[k].p, l[k].n, l[k].tag))
+      if (l[k].p && l[k].off != 1 && !nft_check(l[k].p, l[k].n, l[k].tag)) // host tier: same address
         fail_msg("seed %llu it %d: block %d lost its data", (unsigned long long)seed, it, k);
     if (it % 16 == 0 && nf_pool_check(p) != NF_OK)
       fail_msg("seed %llu it %d: %s", (unsigned long long)seed, it, nf_last_error());
@@ -265,9 +279,12 @@ static int workload(nf_pool_t *p, uint64_t seed) {
         l[i].off = 0;
       }
       if (!nft_check(l[i].p, l[i].n, l[i].tag)) fail_msg("seed %llu it %d: data lost", (unsigned long long)seed, it);
-      if (r % 9 == 0) { // detached or disk offload: units inside go back whole
-        if (nf_offload(p, l[i].p, NULL, r % 2 ? NF_TIER_HOST_DETACHED : NF_TIER_DISK) != NF_OK) failed++;
+      if (r % 9 == 0) { // offload to every tier: units inside move whole
+        nf_tier_t tier = r % 3 == 0 ? NF_TIER_HOST : r % 3 == 1 ? NF_TIER_HOST_DETACHED : NF_TIER_DISK;
+        if (nf_offload(p, l[i].p, NULL, tier) != NF_OK) failed++;
         if (nf_offload_wait(p) != NF_OK) failed++;
+        if (tier == NF_TIER_HOST && !nft_check(l[i].p, l[i].n, l[i].tag)) // (offloaded or not) at the same address
+          fail_msg("seed %llu it %d: host-tier offload lost data", (unsigned long long)seed, it);
         l[i].off = nf_prefetch(p, l[i].p, NULL) != NF_OK; // (offloaded or not: prefetch is then a no-op)
         continue;
       }
@@ -328,7 +345,7 @@ static void test_each_call_fails_once(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_growth_makes_units), cmocka_unit_test(test_split_near_the_limit),
-      cmocka_unit_test(test_offload_refused_ipc_whole), cmocka_unit_test(test_random_patterns),
+      cmocka_unit_test(test_offload_ipc_whole), cmocka_unit_test(test_random_patterns),
       cmocka_unit_test(test_each_call_fails_once)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

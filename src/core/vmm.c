@@ -317,6 +317,11 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
     if (p->gran_free_count >= k) return NF_OK;
   }
   st = nf__granules_create(p, k - p->gran_free_count);
+  // Units whose release failed (LOOSE) still count against the limit: retry them.
+  if (st == NF_ERR_OOM && p->un_loose >= 0) {
+    nf__units_loose_release(p);
+    st = nf__granules_create(p, k - p->gran_free_count);
+  }
   if (st == NF_OK) return NF_OK;
   if (st != NF_ERR_OOM) return st;
   // At the limit: device granules of finished offloads, then what is known

@@ -186,15 +186,13 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
   if (!nf__owned(p, b, &g0, &g1)) goto out; // under a granule: nothing it owns alone
   // Mapping units (units:N) are unmapped only whole: the detached and disk
   // tiers unmap the owned range in one run (a unit inside goes back to the
-  // backend whole; the prefetch maps single granules), the host tier remaps
-  // granule by granule and cannot.
-  if (NF_UNLIKELY(p->un_live) && (tier == NF_TIER_HOST ? nf__units_touch(p, b->chunk, g0, g1)
-                                                         : nf__unit_cut(p, b->chunk, g0, g1))) {
-    st = nf__error(NF_ERR_INVALID, "nofrag: nf_offload of %p: the block lies %s mapping units (units:%llu), which "
-                   "move only whole; %s", ptr, tier == NF_TIER_HOST ? "on" : "over part of",
-                   (unsigned long long)p->cfg.units,
-                   tier == NF_TIER_HOST ? "offload it to NF_TIER_HOST_DETACHED or NF_TIER_DISK, or set units:0"
-                                        : "set units:0 for a pool that offloads such blocks");
+  // backend whole; the prefetch maps single granules), the host tier swaps a
+  // unit inside for host granules whole. A unit the block shares in part
+  // (its edge, far from the limit) cannot move.
+  if (NF_UNLIKELY(p->un_live) && nf__unit_cut(p, b->chunk, g0, g1)) {
+    st = nf__error(NF_ERR_INVALID, "nofrag: nf_offload of %p: the block lies over part of a mapping unit "
+                   "(units:%llu), which moves only whole; set units:0 for a pool that offloads such blocks", ptr,
+                   (unsigned long long)p->cfg.units);
     goto out;
   }
   st = tier == NF_TIER_HOST ? nf__offload_host(p, b, s, g0, g1)

@@ -151,18 +151,89 @@ static nf_status_t ready_retried(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint6
   return st;
 }
 
-// Swap the block's granules gs[j] for nw[j] (j < n), then set access over
-// the range. old[j] gets what was replaced; *done how many were swapped. On
-// error nothing may be mapped at gs[*done] (remap_one): old[*done] is then
-// the granule that was there.
-static nf_status_t remap_all(nf_pool_t *p, nf_chunk_t *c, const uint64_t *gs, const uint32_t *nw, uint32_t *old,
-                             uint64_t n, uint64_t *done) {
+// A mapping unit (units:N) wholly the block's, at virtual granules [u0,
+// u0+n) of c, swapped for host granules hg[0..n) that hold its data (the
+// copy completed): the driver unmaps a mapping only whole, so the unit goes
+// in one unmap (then is released) and each host granule is mapped in its
+// place. Where a map fails 3 times the unit is put back whole (*intact: as
+// before, not ready); where that fails too, each granule ends with its host
+// granule or, where none can be mapped, nothing: *lost counts those, *hole
+// is the first.
+static nf_status_t unit_swap(nf_pool_t *p, nf_chunk_t *c, uint64_t u0, uint64_t n, const uint32_t *hg,
+                             bool *intact, uint64_t *lost, uintptr_t *hole) {
+  uint64_t G = p->granule, k = 0, j;
+  uintptr_t va = c->base + u0 * G;
+  uint32_t head = p->gran[c->phys[u0]].unit - 1;
   nf_status_t st = NF_OK;
-  uint64_t j = 0;
-  for (; j < n; j++) {
+  *intact = true;
+  for (int t = 0; t < 3; t++)
+    if ((st = NF_BE(p, unmap, unmap, va, n * G)) == NF_OK) break;
+  if (st != NF_OK) return nf__error(st, "nofrag: remap: unmapping a %llu-granule unit failed: %s",
+                                    (unsigned long long)n, p->be->err);
+  for (uint64_t g = u0; g < u0 + n; g++) nf__bit_clr(NF_READY(c), g);
+  p->fx++;
+  for (; k < n; k++) {
+    for (int t = 0; t < 3; t++)
+      if ((st = NF_BE(p, map, map, va + k * G, G, p->gran[hg[k]].handle)) == NF_OK) break;
+    if (st != NF_OK) break;
+  }
+  char msg[300] = "";
+  if (k < n) { // back: the host granules mapped so far off, the unit on again
+    snprintf(msg, sizeof msg, "%s", p->be->err);
+    for (j = k; j > 0; j--) {
+      nf_status_t su = NF_ERR_BACKEND;
+      for (int t = 0; t < 3 && su != NF_OK; t++) su = NF_BE(p, unmap, unmap, va + (j - 1) * G, G);
+      if (su != NF_OK) break;
+    }
+    for (int t = 0; t < 3 && !j; t++)
+      if (NF_BE(p, map, map, va, n * G, p->gran[head].handle) == NF_OK)
+        return nf__error(st, "nofrag: remap: map failed: %s", msg);
+    // Neither way whole: host granules [0, j) stay mapped, the rest are
+    // tried again (4 times: a granule is lost only after 10 failed maps in
+    // a row, as on remap_one's path).
+    for (k = j; k < n; k++) {
+      nf_status_t sm = NF_ERR_BACKEND;
+      for (int t = 0; t < 4 && sm != NF_OK; t++) sm = NF_BE(p, map, map, va + k * G, G, p->gran[hg[k]].handle);
+      if (sm == NF_OK) continue;
+      nf__bit_clr(c->mapped, u0 + k);
+      p->gran_mapped--;
+      if (!(*lost)++) *hole = va + k * G;
+    }
+  }
+  *intact = false;
+  for (k = 0; k < n; k++)
+    if (nf__bit(c->mapped, u0 + k)) {
+      c->phys[u0 + k] = hg[k];
+      p->host_mapped++;
+    }
+  nf__unit_unmapped(p, head); // released (or LOOSE until the next release)
+  return msg[0] ? nf__error(st, "nofrag: remap: map failed (%s) and the unit could not be mapped again", msg) : NF_OK;
+}
+
+// Swap the block's granules gs[j] for nw[j] (j < n), then set access over
+// the range. old[j] gets what was replaced (UINT32_MAX: a unit's granule,
+// released with it); *done how many were swapped. On error nothing may be
+// mapped at gs[*done] (remap_one): old[*done] is then the granule that was
+// there. A unit is swapped whole (nf_offload refuses a block over part of
+// one); *lost and *hole as unit_swap's.
+static nf_status_t remap_all(nf_pool_t *p, nf_chunk_t *c, const uint64_t *gs, const uint32_t *nw, uint32_t *old,
+                             uint64_t n, uint64_t *done, uint64_t *lost, uintptr_t *hole) {
+  nf_status_t st = NF_OK;
+  uint64_t j = 0, u0, un;
+  while (j < n) {
+    if (NF_UNLIKELY(nf__unit_of(p, c->phys[gs[j]], &u0, &un))) {
+      bool intact;
+      st = unit_swap(p, c, u0, un, nw + j, &intact, lost, hole);
+      if (intact) break;
+      for (uint64_t k = 0; k < un; k++) old[j + k] = UINT32_MAX;
+      j += un;
+      if (st != NF_OK) break;
+      continue;
+    }
     for (int t = 0; t < 3; t++) // a failed remap leaves the old granule there: retry
       if ((st = remap_one(p, c, gs[j], nw[j], &old[j])) == NF_OK || !nf__bit(c->mapped, gs[j])) break;
     if (st != NF_OK) break;
+    j++;
   }
   *done = j;
   // A live block must end up accessible: a failed set-access is retried
@@ -181,17 +252,18 @@ static nf_status_t remap_all(nf_pool_t *p, nf_chunk_t *c, const uint64_t *gs, co
 nf_status_t nf__host_finish(nf_pool_t *p, nf_xfer_t *x) {
   nf_block_t *b = x->b;
   nf_chunk_t *c = b->chunk;
-  uint64_t G = p->granule, done = 0, placed = 0;
+  uint64_t G = p->granule, done = 0, placed = 0, lost = 0;
   uintptr_t hole = 0;
   uint32_t *old = malloc(x->n * sizeof *old);
-  nf_status_t st = old ? remap_all(p, c, x->gs, x->hg, old, x->n, &done)
+  nf_status_t st = old ? remap_all(p, c, x->gs, x->hg, old, x->n, &done, &lost, &hole)
                        : nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
   char msg[400];
   snprintf(msg, sizeof msg, "%s", nf__unprefixed(nf_last_error()));
-  for (uint64_t j = 0; j < done; j++) nf__gran_push_free(p, old[j]); // device granules back to the pool
+  for (uint64_t j = 0; j < done; j++) // device granules back to the pool (a unit's went with it)
+    if (old[j] != UINT32_MAX) nf__gran_push_free(p, old[j]);
   if (st != NF_OK && done < x->n && !nf__bit(c->mapped, x->gs[done])) {
     uint64_t g = x->gs[done];
-    if (place(p, c, g, x->hg[done]) != NF_OK && place(p, c, g, old[done]) != NF_OK) hole = c->base + g * G;
+    if (place(p, c, g, x->hg[done]) != NF_OK && place(p, c, g, old[done]) != NF_OK && !lost++) hole = c->base + g * G;
     if (!holds(c, g, old[done])) nf__gran_push_free(p, old[done]);
     ready_retried(p, c, x->gs[0], x->gs[x->n - 1] + 1);
   }
@@ -216,8 +288,8 @@ nf_status_t nf__host_finish(nf_pool_t *p, nf_xfer_t *x) {
   if (st == NF_OK) return NF_OK;
   if (hole)
     return nf__error(st, "nofrag: offload of %p: finishing it failed (%s) and no granule could be mapped at %p "
-                     "again: %llu B of the block's data are lost there", (void *)b->addr, msg, (void *)hole,
-                     (unsigned long long)G);
+                     "again: %llu B of the block's data are lost (from there)", (void *)b->addr, msg, (void *)hole,
+                     (unsigned long long)(lost * G));
   return nf__error(st, "nofrag: offload of %p: finishing it failed (%s); the block is intact, %s%s", (void *)b->addr,
                    msg, placed ? "offloaded in part (prefetch it as usual)" : "still on the device (not offloaded)",
                    ready(c, x) ? "" : ", part of it mapped without access until nf_prefetch");
@@ -380,8 +452,9 @@ nf_status_t nf__prefetch_host(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_
     for (uint64_t j = 0; j < x->n; j++) nf__gran_push_free(p, dev[j]);
     goto fail;
   }
-  uint64_t done = 0, queued = 0;
-  st = remap_all(p, c, x->gs, dev, old, x->n, &done);
+  uint64_t done = 0, queued = 0, nolost = 0;
+  uintptr_t nohole = 0; // (no unit here: the block's granules are host granules)
+  st = remap_all(p, c, x->gs, dev, old, x->n, &done, &nolost, &nohole);
   if (st == NF_OK) st = nf__set_ready(p, c, g0, g1);
   if (st == NF_OK) st = copy_runs(p, x, c, false, &queued);
   if (st == NF_OK) st = nf__stream_record(p, s);

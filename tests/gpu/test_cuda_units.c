@@ -1,7 +1,8 @@
 // GPU test section: mapping units (config `units`) on the CUDA driver. The
 // driver must take a 16-granule allocation mapped in one call, access set
 // over runs mixing units and single granules, and whole-unit unmaps; device
-// data must survive growth in units, splits near the limit and stitching.
+// data must survive growth in units, a host-tier offload (each unit swapped
+// whole for host granules), splits near the limit and stitching.
 #include "cuda_test.h"
 
 #include <string.h>
@@ -37,6 +38,18 @@ void test_pool_units(nf_backend_t *be) {
   if (big) {
     dev_fill((uintptr_t)big, 200u << 20, 7);
     CHECK(dev_check((uintptr_t)big, 200u << 20, 7), "200 MiB block over units lost its data");
+    // Host tier: each unit is unmapped whole and host granules mapped in its
+    // place; the kernel reads them at the same address, then the prefetch.
+    nf_stats_get(pool, &s0);
+    nf_status_t so = nf_offload(pool, big, NULL, NF_TIER_HOST);
+    if (so == NF_OK) so = nf_offload_wait(pool);
+    nf_stats_get(pool, &s1);
+    CHECK(so == NF_OK && s1.units == 0 && s1.units_unmapped == s0.units_unmapped + s0.units,
+          "host offload of a block on %llu units: %s (units now %llu)", (unsigned long long)s0.units,
+          so == NF_OK ? "ok" : nf_last_error(), (unsigned long long)s1.units);
+    CHECK(dev_check((uintptr_t)big, 200u << 20, 7), "200 MiB block lost its data in host memory");
+    CHECK(nf_prefetch(pool, big, NULL) == NF_OK, "prefetch: %s", nf_last_error());
+    CHECK(dev_check((uintptr_t)big, 200u << 20, 7), "200 MiB block lost its data after the prefetch");
     nf_free(pool, big);
   }
   CHECK(nf_pool_check(pool) == NF_OK, "pool_check: %s", nf_last_error());
