@@ -1,11 +1,13 @@
 // Many threads on one pool: every thread keeps its own live set with
 // patterns, under a limit tight enough that stitching runs concurrently with
 // other threads' fast paths; a second run adds spill, offload and prefetch
-// (another thread's call may finish an offload's remap); a third passes hot
-// blocks between threads on one stream. Run under TSan in CI.
+// (another thread's call may finish an offload's remap); a third runs that
+// with mapping units (units:4: growth, splits, whole-unit offload); a fourth
+// passes hot blocks between threads on one stream. Run under TSan in CI.
 #include "nf_test.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #define G (64 * 1024)
 #define THREADS 4
@@ -14,6 +16,7 @@
 static nf_pool_t *pool;
 static _Atomic int errors;
 static int moves; // the second run: offload/prefetch own blocks too
+static int units; // the third: a block over part of a unit is refused (NF_ERR_INVALID)
 
 static void *worker(void *arg) {
   uint64_t rng = (uint64_t)(uintptr_t)arg * 7919 + nft_env_seed(1);
@@ -27,7 +30,7 @@ static void *worker(void *arg) {
         nf_tier_t t = k == 0 ? NF_TIER_DISK : k == 1 ? NF_TIER_HOST_DETACHED : NF_TIER_HOST;
         nf_status_t st = nf_offload(pool, l[i].p, s, t);
         if (st == NF_OK) l[i].where = t;
-        else if (st != NF_ERR_OOM) errors++;
+        else if (st != NF_ERR_OOM && !(units && st == NF_ERR_INVALID && strstr(nf_last_error(), "mapping unit"))) errors++;
       } else if (nf_prefetch(pool, l[i].p, s) == NF_OK) {
         l[i].where = 0;
         if (!nft_check(l[i].p, l[i].n, l[i].tag)) errors++;
@@ -72,6 +75,12 @@ static void run_stress(const char *conf) {
     nf_stats_get(pool, &st);
     assert_true(st.mapped <= st.physical + st.host_physical && st.physical <= st.limit);
   }
+  // Units: trims give free memory back while the workers run, so that the
+  // pool grows again below its limit, where units are made.
+  for (int k = 0; units && k < 400; k++) {
+    assert_int_equal(nf_trim(pool), NF_OK);
+    usleep(500);
+  }
   for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
   assert_int_equal(errors, 0);
   assert_int_equal(nf_pool_check(pool), NF_OK);
@@ -80,6 +89,11 @@ static void run_stress(const char *conf) {
   assert_int_equal(st.live, 0);
   assert_true(st.reclaims > 0);
   if (moves) assert_true(st.offloads > 100 && st.prefetches > 100 && st.spills > 0);
+  if (getenv("NF_DEBUG")) fprintf(stderr, "units made %llu, unmapped %llu, splits %llu, offloads %llu\n",
+                                  (unsigned long long)st.units_made, (unsigned long long)st.units_unmapped,
+                                  (unsigned long long)st.unit_splits, (unsigned long long)st.offloads);
+  if (units) assert_true(st.units_made > 20 && st.units_unmapped > 20);
+
   nf_pool_destroy(pool);
   uint64_t gr, mp;
   nf_backend_host_usage(be, &gr, &mp);
@@ -99,6 +113,16 @@ static void test_threads_spill_offload(void **state) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   moves = 1;
   run_stress("limit:6MiB,small_max:16KiB,spill:host,spill_limit:4MiB");
+}
+
+static void test_threads_units(void **state) {
+  (void)state;
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  setenv("NOFRAG_QUIET_OOM", "1", 1);
+  moves = 1;
+  units = 1;
+  run_stress("limit:6MiB,small_max:16KiB,spill:host,spill_limit:4MiB,units:4");
+  units = 0;
 }
 
 // The hot pair across threads: all on one stream, so a block one thread
@@ -139,6 +163,7 @@ static void test_threads_hot_pair(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_stress),
                                      cmocka_unit_test(test_threads_spill_offload),
+                                     cmocka_unit_test(test_threads_units),
                                      cmocka_unit_test(test_threads_hot_pair)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
