@@ -4,7 +4,8 @@
 # nofrag-units (units:16) in one train.py run each, paired step times
 # (bench/gpu/paired.py) and the per-step times of the growth steps. With CAPS
 # (e.g. 1.01), nofrag and nofrag-units also run capped at those multiples of
-# nofrag's uncapped live peak. NF_SKIP_TEST_CUDA=1 skips the C GPU test.
+# nofrag's uncapped live peak. NF_SKIP_TEST_CUDA=1 skips the C GPU test,
+# NF_TEST_CUDA_ONLY=units runs its units section alone.
 #
 #   OUT=... bash bench/gpu/run_units.sh [MODELS] [BUDGET_S] [CAPS]
 set -u

@@ -14,7 +14,7 @@
 // (stitching, steady state, cross-stream reuse, views, destroy); tiers and
 // peers in test_cuda_tiers.c, backend faults in test_cuda_faults.c, failing
 // waits for copies held on a stream in test_cuda_waits.c (argv[2] "waits":
-// that section alone).
+// that section alone; "units": the units section, test_cuda_units.c, alone).
 #include "cuda_test.h"
 
 #include <stdlib.h>
@@ -488,18 +488,23 @@ int main(int argc, char **argv) {
   jout = fopen(outp, "w");
   if (!jout) jout = fopen("/dev/null", "w");
   fprintf(jout, "{\n");
-  if (argc <= 2 || strcmp(argv[2], "waits") != 0) { // "waits": the last section alone
-    test_backend(be);
-    test_pool_stitching(be);
-    test_pool_steady_and_streams(be);
-    test_pool_views(be);
-    test_pool_destroy_returns_memory(be);
-    test_pool_peers(be);
+  const char *only = argc > 2 ? argv[2] : "";
+  if (!strcmp(only, "units")) {
     test_pool_units(be);
-    test_pool_spill_offload(be);
-    own_backend(test_pool_backend_faults);
+  } else {
+    if (strcmp(only, "waits") != 0) { // "waits": the last section alone
+      test_backend(be);
+      test_pool_stitching(be);
+      test_pool_steady_and_streams(be);
+      test_pool_views(be);
+      test_pool_destroy_returns_memory(be);
+      test_pool_peers(be);
+      test_pool_units(be);
+      test_pool_spill_offload(be);
+      own_backend(test_pool_backend_faults);
+    }
+    own_backend(test_pool_wait_faults); // last: where the code under test is wrong, the context is lost
   }
-  own_backend(test_pool_wait_faults); // last: where the code under test is wrong, the context is lost
   fprintf(jout, "\"checks\": %d, \"failures\": %d\n}\n", checks, failures);
   fclose(jout);
   nf_backend_destroy(be);
