@@ -265,7 +265,7 @@ static uint64_t finish_multi(uint64_t off, uint64_t mask, tally_t *t) {
   if (lost && (!strstr(fault_conf, "units") || !strstr(msg, addr))) fail_msg("%s: a loss", what);
   bool access = offloaded_is(p, a, what, msg, t);
   if (access && !lost && !nft_check(a, n, 22)) fail_msg("%s: data lost", what);
-  t->unit_back += strstr(msg, "remap: map failed:") != NULL;
+  t->unit_back += strstr(msg, "the unit is mapped back whole") != NULL;
   t->unit_fwd += strstr(msg, "unit could not be mapped again") != NULL;
   // A failed event call leaves the copy to finish at the next wait; a
   // failed finish is reported once, naming the block, which keeps device
