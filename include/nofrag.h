@@ -14,7 +14,9 @@
 //!
 //! whatever the history of allocations and frees (blocks freed but still in
 //! use by a stream count as live until their work completes; the allocator
-//! waits for that work before it fails).
+//! waits for that work before it fails). With mapping units (config `units`,
+//! off by default) a live block overlaps every granule of each unit it lies
+//! on: a unit moves only whole.
 //!
 //! Thread safety: every function taking a pool may be called from any thread;
 //! each pool has its own lock. Errors: functions return an `nf_status_t`; the

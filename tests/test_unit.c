@@ -6,7 +6,8 @@
 // backend refuses any unmap that would cut a unit, and counts unmaps of
 // memory with work in flight; backend failures on every unit path leave the
 // pool consistent; offload moves units whole (a block over part of one is
-// refused); IPC shares units whole.
+// refused); IPC shares units whole; granules a unit strands are counted as
+// pinned and named in the OOM report.
 #include "nf_test.h"
 
 #include "torch/torch.h" // nf_ipc_export
@@ -182,6 +183,52 @@ static void test_offload_ipc_whole(void **state) {
   nft_destroy_all(p, be, be);
 }
 
+// A unit is unmapped only whole: a live block over part of a free unit (placed
+// far from the limit) pins the unit's other granules, and nofrag.h's guarantee
+// counts them as live. Here they sit between two live blocks, so no request
+// can use them in place: at the limit a request the guarantee without units
+// would admit fails, and the OOM report names the stranded granules. Without
+// units the same sequence succeeds (stitching moves the free granules).
+static void run_stranded(const char *conf, bool units) {
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, conf);
+  assert_non_null(p);
+  void *a = nf_alloc(p, 16 * G, NULL), *b = nf_alloc(p, 16 * G, NULL), *c = nf_alloc(p, 4 * G, NULL);
+  assert_true(a && b && c);
+  nf_stats_t st;
+  nft_stats(p, &st);
+  assert_int_equal(st.units, units ? 2 : 0);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  void *s1 = nf_alloc(p, 3 * G, NULL); // at the start of a's free range: over part of its unit
+  assert_ptr_equal(s1, a);
+  nft_fill(s1, 3 * G, 5);
+  setenv("NOFRAG_QUIET_OOM", "1", 1);
+  void *big = nf_alloc(p, 35 * G, NULL); // live 23 granules + 35 + 1 <= 64
+  if (units) {
+    assert_null(big);
+    assert_int_equal(nf_last_status(), NF_ERR_OOM);
+    const char *r = nf_last_oom_report();
+    assert_non_null(strstr(r, "13 free granules"));
+    assert_non_null(strstr(r, "sit in mapping units that live blocks lie on in part"));
+    assert_non_null(strstr(r, "set units:0"));
+  } else {
+    assert_non_null(big);
+    nf_free(p, big);
+  }
+  assert_true(nft_check(s1, 3 * G, 5));
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, s1);
+  nf_free(p, b);
+  nf_free(p, c);
+  nft_destroy_all(p, be, be);
+}
+
+static void test_stranded_units_at_the_limit(void **state) {
+  (void)state;
+  run_stranded("units:16,limit:4MiB,small_max:8KiB", true);
+  run_stranded("units:0,limit:4MiB,small_max:8KiB", false);
+}
+
 // Randomized: units under a limit that moves, three streams, manual events,
 // record_stream, views, trim, offload attempts. Every live block is checked
 // after every operation, the pool every 16; no unmap of memory in use.
@@ -345,7 +392,8 @@ static void test_each_call_fails_once(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_growth_makes_units), cmocka_unit_test(test_split_near_the_limit),
-      cmocka_unit_test(test_offload_ipc_whole), cmocka_unit_test(test_random_patterns),
+      cmocka_unit_test(test_offload_ipc_whole), cmocka_unit_test(test_stranded_units_at_the_limit),
+      cmocka_unit_test(test_random_patterns),
       cmocka_unit_test(test_each_call_fails_once)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

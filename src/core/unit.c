@@ -163,6 +163,32 @@ void nf__units_loose_release(nf_pool_t *p) {
   }
 }
 
+// Granules of mapped units that no live (or pending) block overlaps while
+// another granule of the same unit is overlapped: free, but pinned with the
+// unit (the pool's guarantee counts them as live). For the OOM report: one
+// walk over the blocks and one over gran[]; a bitmap per chunk.
+uint64_t nf__units_stranded(const nf_pool_t *p) {
+  if (!p->un_live) return 0;
+  uint64_t stranded = 0;
+  for (const nf_chunk_t *c = p->chunks; c; c = c->next) {
+    uint64_t *on = calloc((c->ngran + 63) >> 6, sizeof *on);
+    if (!on) return 0; // out of host memory: the report goes without it
+    for (const nf_block_t *b = c->first; b; b = b->next)
+      if (b->state != NF_BLK_FREE)
+        for (uint64_t g = (b->addr - c->base) >> p->gshift; g << p->gshift < b->addr + b->size - c->base; g++)
+          nf__bit_set(on, g);
+    for (uint64_t i = 0; i < p->gran_cap; i++) {
+      const nf_granule_t *h = &p->gran[i];
+      if (h->state != NF_GR_MAPPED || !h->un || h->unit != i + 1 || h->at_c != c) continue;
+      uint64_t used = 0;
+      for (uint64_t g = h->at_g; g < h->at_g + h->un; g++) used += nf__bit(on, g);
+      if (used) stranded += h->un - used;
+    }
+    free(on);
+  }
+  return stranded;
+}
+
 // nf_pool_check's part: every unit is mapped whole at consecutive virtual
 // granules of one chunk, its members name it and its handle, none has a
 // parked view; LOOSE units are on their list (*loose: their granules).

@@ -233,6 +233,14 @@ bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large) 
       (unsigned long long)G, B(p->gran_mapped << p->gshift, b3), B(p->gran_created << p->gshift, b4),
       B(nf__cached(p), b5));
   rep(&r, "  largest free mapped range: %s\n", B(lfm, b1));
+  // Units (units:N): a unit is unmapped only whole, so one that a live block
+  // lies on in part pins its free granules too (nofrag.h's guarantee).
+  uint64_t stranded = too_large ? 0 : nf__units_stranded(p);
+  if (stranded)
+    rep(&r, "  units:     %llu free granules (%s) sit in mapping units that live blocks lie on in part; a unit "
+            "moves only whole, so they cannot serve the request (units:%llu: set units:0 for a pool that runs "
+            "near its limit)\n",
+        (unsigned long long)stranded, B(stranded << p->gshift, b1), (unsigned long long)p->cfg.units);
   if (pend_n)
     rep(&r, "  pending:   %llu freed blocks (%s) wait on record_stream work\n", (unsigned long long)pend_n,
         B(pend_b, b1));
@@ -277,12 +285,12 @@ bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large) 
         B(p->max_host_granules << p->gshift, b3));
   } else {
     uint64_t need_gr = (size + G - 1) >> p->gshift; // size <= L - live here: no wrap
-    uint64_t want = (live_gr + need_gr + 1) << p->gshift;
-    rep(&r, "  suggestion: fragmentation: the largest free range is %s; live blocks pin %llu granules (%s) "
+    uint64_t pin = live_gr + stranded, want = (pin + need_gr + 1) << p->gshift;
+    rep(&r, "  suggestion: fragmentation: the largest free range is %s; live blocks pin %llu granules (%s%s) "
             "for %s of data and the request needs %llu more: a limit of %s guarantees it, or free "
-            "long-lived small blocks that share granules\n",
-        B(lfm, b1), (unsigned long long)live_gr, B(live_gr << p->gshift, b2), B(live, b3),
-        (unsigned long long)need_gr, B(want, b4));
+            "long-lived small blocks that share granules%s\n",
+        B(lfm, b1), (unsigned long long)pin, B(pin << p->gshift, b2), stranded ? ", units included" : "",
+        B(live, b3), (unsigned long long)need_gr, B(want, b4), stranded ? ", or set units:0" : "");
   }
   return first && !quiet();
 }
