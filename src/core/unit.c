@@ -128,12 +128,6 @@ bool nf__unit_cut(const nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, uint64_t
   return nf__bit(c->mapped, g1 - 1) && nf__unit_of(p, c->phys[g1 - 1], &u0, &n) && u0 + n != g1;
 }
 
-bool nf__units_touch(const nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, uint64_t g1) {
-  for (uint64_t g = g0; g < g1; g++)
-    if (nf__bit(c->mapped, g) && p->gran[c->phys[g]].unit) return true;
-  return false;
-}
-
 static nf_status_t unit_release(nf_pool_t *p, uint32_t head) {
   nf_status_t st = NF_BE(p, mem_release, release, p->gran[head].handle);
   if (st != NF_OK) return nf__error(st, "nofrag: releasing a unit failed: %s", p->be->err);

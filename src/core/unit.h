@@ -31,6 +31,5 @@ nf_status_t nf__unit_check(nf_pool_t *p, uint64_t *loose); // nf_pool_check's pa
 // (*unmapped set; b then needs mapping).
 nf_status_t nf__units_fit(nf_pool_t *p, nf_block_t *b, bool *unmapped);
 uint64_t nf__units_stranded(const nf_pool_t *p); // free granules pinned in units a live block lies on in part
-bool nf__units_touch(const nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, uint64_t g1); // some unit granule in [g0, g1)
 
 #endif

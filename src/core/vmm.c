@@ -139,6 +139,8 @@ static nf_status_t granules_create(nf_pool_t *p, nf_tier_t tier, uint64_t n) {
   uint64_t *created = h ? &p->host_created : &p->gran_created;
   uint64_t *peak = h ? &p->st.host_physical_peak : &p->st.physical_peak;
   for (uint64_t max = h ? p->max_host_granules : p->max_granules; n; n--) {
+    // Units whose release failed (LOOSE) still count against the limit: retry them there.
+    if (*created >= max && !h && p->un_loose >= 0) nf__units_loose_release(p);
     if (*created >= max) return NF_ERR_OOM;
     nf_status_t st = gran_new(p, tier);
     if (st != NF_OK) return st;
@@ -317,11 +319,6 @@ static nf_status_t gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, u
     if (p->gran_free_count >= k) return NF_OK;
   }
   st = nf__granules_create(p, k - p->gran_free_count);
-  // Units whose release failed (LOOSE) still count against the limit: retry them.
-  if (st == NF_ERR_OOM && p->un_loose >= 0) {
-    nf__units_loose_release(p);
-    st = nf__granules_create(p, k - p->gran_free_count);
-  }
   if (st == NF_OK) return NF_OK;
   if (st != NF_ERR_OOM) return st;
   // At the limit: device granules of finished offloads, then what is known

@@ -102,7 +102,7 @@ static nf_status_t remap_one(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t i
     snprintf(msg, sizeof msg, "%s", p->be->err);
     for (int t = 0; t < 3; t++) // put the old granule back: it still holds the data
       if (NF_BE(p, map, map, va, G, p->gran[o].handle) == NF_OK)
-        return nf__error(st, "nofrag: remap: map failed (%s); the unit is mapped back whole", msg);
+        return nf__error(st, "nofrag: remap: map failed: %s", msg);
     c->mapped[g >> 6] &= ~(1ull << (g & 63));
     p->gran_mapped--;
     p->host_mapped -= p->gran[o].tier == NF_TIER_HOST;
