@@ -318,6 +318,10 @@ typedef struct nf_stats_s {
   uint64_t units_made;                      //!< units created
   uint64_t units_unmapped;                  //!< units unmapped (and released)
   uint64_t unit_splits;                     //!< ... of which because a block was placed over part of one
+  // Cumulative device memory, for PyTorch's reserved_bytes / segment
+  // "allocated" and "freed": physical == physical_created - physical_released.
+  uint64_t physical_created;                //!< device granules ever created x G (a unit: its granules)
+  uint64_t physical_released;               //!< device granules ever released x G
 } nf_stats_t;
 
 // ---------------------------------------------------------------- offload

@@ -389,8 +389,38 @@ static void test_each_call_fails_once(void **state) {
   for (int k = 0; k < 6; k++) run_faults(0, 0.05, &calls);
 }
 
+// A unit's size is bounded (NF_UNITS_MAX) where the config string is parsed
+// and, for a struct filled by hand, where the pool is made: a bigger unit
+// once overran a slot array on the stack at the first growth.
+static void test_unit_size_bounded(void **state) {
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  char err[200];
+  assert_int_equal(nf_config_parse(&cfg, "units:1025", err, sizeof err), NF_ERR_CONFIG);
+  assert_int_equal(nf_config_parse(&cfg, "units:1024", err, sizeof err), NF_OK);
+  cfg.units = 2048;
+  nf_backend_t *be = nft_host(4ull << 30, 64 << 10);
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &cfg), NF_ERR_CONFIG);
+  assert_null(p);
+  assert_non_null(strstr(nf_last_error(), "units 2048"));
+  cfg.units = 1024;
+  cfg.limit = 1ull << 30;
+  assert_int_equal(nf_pool_create(&p, be, &cfg), NF_OK);
+  void *x = nf_alloc(p, 300u << 20, NULL); // 4,800 granules of 64 KiB: units of 1,024
+  assert_non_null(x);
+  assert_true(nft_stats_of(p).units_made > 0);
+  nft_fill(x, 300u << 20, 5);
+  assert_true(nft_check(x, 300u << 20, 5));
+  assert_int_equal(nf_free(p, x), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_unit_size_bounded),
       cmocka_unit_test(test_growth_makes_units), cmocka_unit_test(test_split_near_the_limit),
       cmocka_unit_test(test_offload_ipc_whole), cmocka_unit_test(test_stranded_units_at_the_limit),
       cmocka_unit_test(test_random_patterns),

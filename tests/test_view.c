@@ -470,8 +470,49 @@ static void test_stitch_without_wait(void **state) {
   nf_backend_destroy(be);
 }
 
+// A stream that only ever allocates (a long-lived block, never a free) is
+// named in every granule's last users once views start (views_on is
+// conservative); it has no work on freed memory, so it must not pin the
+// free ranges those marks reach: trim unmaps them, and stitching can take
+// them (it once waited for a record on that stream that nothing made).
+// Trim also unmaps parked views where `retain` keeps every granule.
+static void test_allocating_only_stream_pins_nothing(void **state) {
+  for (int retain = 0; retain < 2; retain++) {
+    nf_backend_t *be;
+    nf_pool_t *p = nft_pool(&be, 1ull << 30, G, retain ? "limit:256KiB,views:4,small_max:8KiB,retain:256KiB"
+                                                        : "limit:256KiB,views:4,small_max:8KiB"); // 4 granules
+    assert_non_null(p);
+    nf_stream_t A = (nf_stream_t)0x100, S = NULL;
+    void *a = nf_alloc(p, 4096, A); // A never frees
+    void *p1 = nf_alloc(p, G, S), *p2 = nf_alloc(p, G, S), *p3 = nf_alloc(p, G, S);
+    assert_true(a && p1 && p2 && p3);
+    nft_fill(a, 4096, 9);
+    nf_free(p, p1);
+    nf_free(p, p3);
+    void *q = nf_alloc(p, 2 * G - 512, S); // at the limit: a cached granule moves (views start)
+    assert_non_null(q);
+    assert_true(stats(p).view_moves > 0);
+    nf_free(p, q);
+    nf_free(p, p2);
+    assert_int_equal(nf_trim(p), NF_OK);
+    nf_stats_t s = stats(p);
+    assert_int_equal(s.mapped, G); // only a's granule
+    assert_int_equal(s.views, 0);
+    assert_int_equal(s.physical, retain ? 4 * G : G);
+    void *r = nf_alloc(p, 3 * G - 4096, S); // live 1 + 3 <= 4 granules: nofrag.h's guarantee
+    assert_non_null(r);
+    assert_true(nft_check(a, 4096, 9));
+    nf_free(p, r);
+    nf_free(p, a);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_allocating_only_stream_pins_nothing),
       cmocka_unit_test(test_backend_maps_a_granule_twice), cmocka_unit_test(test_steady_state_makes_no_calls),
       cmocka_unit_test(test_random_patterns), cmocka_unit_test(test_busy_view_unmapped_after_its_work),
       cmocka_unit_test(test_view_budget), cmocka_unit_test(test_park_ticks_out_of_memory),

@@ -388,6 +388,93 @@ def case_mempool(torch, alloc):
     return res
 
 
+def case_contract(torch, alloc):
+    """PyTorch allocator contract points the adapter got wrong once (session 17's audit): a graph
+    captured into a MemPool outlives it; fraction 0 refuses; a bad raw_delete raises; a pool's 65th
+    distinct stream raises RuntimeError, never OutOfMemoryError, and a record_stream it cannot take
+    raises instead of being dropped."""
+    import gc
+    res = {}
+    # 1. ~MemPool calls releasePool then emptyCache(id) while the graph still holds the pool.
+    n = 1 << 20
+    x = torch.ones(n, device="cuda")
+    pool = torch.cuda.MemPool()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            y = (x * 2 + 1).sin() + 1
+    torch.cuda.current_stream().wait_stream(s)
+    del y
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool.id):
+        tmp = x * 2 + 1
+        out = tmp.sin() + 1
+        del tmp
+    del pool
+    gc.collect()
+    torch.cuda.empty_cache()
+    x.fill_(2.0)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    res["graph_outlives_mempool"] = bool(torch.allclose(out, (x * 2 + 1).sin() + 1))
+    del g, out
+    # 2. A fraction of 0: a request that needs new memory fails with OutOfMemoryError (PyTorch's
+    #    allocator still serves what it has cached; nofrag refuses every request).
+    torch.cuda.set_per_process_memory_fraction(0.0)
+    try:
+        torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+        res["fraction0"] = "allocated"
+    except torch.OutOfMemoryError:
+        res["fraction0"] = "OutOfMemoryError"
+    except RuntimeError as e:
+        res["fraction0"] = f"RuntimeError: {str(e)[:200]}"
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    # 3. raw_delete of a pointer that is no block.
+    try:
+        torch.cuda.caching_allocator_delete(x.data_ptr() + 512)
+        res["bad_delete"] = "no error"
+    except RuntimeError as e:
+        res["bad_delete"] = "RuntimeError"
+    torch.cuda.synchronize()
+    # 4. Many distinct streams: PyTorch's pools (32 per priority) plus the default one.
+    streams = [torch.cuda.current_stream()] + [torch.cuda.Stream(priority=p) for p in (0, -1) for _ in range(32)]
+    res["distinct_streams"] = len({st.cuda_stream for st in streams})
+    t = torch.empty(4096, device="cuda")
+    rec = "ok"
+    for i, st in enumerate(streams):
+        try:
+            t.record_stream(st)
+        except torch.OutOfMemoryError as e:
+            rec = f"OutOfMemoryError at stream {i}"
+            break
+        except RuntimeError as e:
+            rec = f"RuntimeError at stream {i}: {str(e)[:160]}"
+            break
+    res["record_stream"] = rec
+    del t
+    held, alloc_err = [], "ok"
+    for i, st in enumerate(streams):
+        try:
+            with torch.cuda.stream(st):
+                held.append(torch.empty(4096, device="cuda"))
+        except torch.OutOfMemoryError as e:
+            alloc_err = f"OutOfMemoryError at stream {i}: {str(e)[:160]}"
+            break
+        except RuntimeError as e:
+            alloc_err = f"RuntimeError at stream {i}: {str(e)[:160]}"
+            break
+    res["alloc_per_stream"] = alloc_err
+    del held
+    torch.cuda.synchronize()
+    res["pass"] = (res["graph_outlives_mempool"] and res["fraction0"] == "OutOfMemoryError"
+                   and res["bad_delete"] == "RuntimeError" and not rec.startswith("OutOfMemoryError")
+                   and not alloc_err.startswith("OutOfMemoryError"))
+    return res
+
+
 def case_llama(torch, alloc, out_dir):
     import random
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -428,7 +515,8 @@ def case_llama(torch, alloc, out_dir):
 
 
 CASES = {"pair": case_pair, "graph": case_graph, "graphed": case_graphed, "compile": case_compile, "cudnn": case_cudnn,
-         "history": case_history, "oom": case_oom, "ipc": case_ipc, "mempool": case_mempool, "llama": case_llama}
+         "history": case_history, "oom": case_oom, "ipc": case_ipc, "mempool": case_mempool, "llama": case_llama,
+         "contract": case_contract}
 
 
 def worker(a):
@@ -456,7 +544,8 @@ def worker(a):
 # ================================================================ orchestrator
 
 # (case, allocators, timeout s), in priority order.
-PLAN = [("graph", ("native", "nofrag", "nofrag-ctypes"), 90),
+PLAN = [("contract", ("native", "nofrag"), 90),
+        ("graph", ("native", "nofrag", "nofrag-ctypes"), 90),
         ("oom", ("native", "nofrag"), 90),
         ("ipc", ("native", "nofrag"), 90),
         ("mempool", ("native", "nofrag"), 60),

@@ -165,7 +165,7 @@ class NfStats(ctypes.Structure):
     ] + [(n, _u64) for n in (  # host tier (spill and offload)
         "spilled", "spilled_peak", "offloaded", "offloaded_disk", "host_physical", "host_physical_peak",
         "spills", "offloads", "prefetches", "views", "view_reuses", "view_moves", "view_evictions",
-        "units", "units_made", "units_unmapped", "unit_splits")]
+        "units", "units_made", "units_unmapped", "unit_splits", "physical_created", "physical_released")]
 
     def to_dict(self):
         d = {}
@@ -212,6 +212,8 @@ def _declare(lib):
         "nf_torch_config_string": (i, [i, ctypes.c_char_p, sz]),
         "nf_torch_shutdown": (None, []),
         "nf_torch_last_error": (cp, []),
+        "nf_torch_last_status": (i, []),
+        "nf_torch_free_any": (i, [vp]),
         "nf_torch_set_thrower": (i, [vp]),
         "nf_torch_set_throw": (i, [i]),
         "nf_torch_device_count": (i, []),

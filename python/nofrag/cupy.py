@@ -6,6 +6,12 @@
     nofrag.cupy.pool().stats()            # nofrag's statistics
     nofrag.cupy.disable()                 # back to CuPy's own memory pool
 
+CuPy's allocator is process-wide and a nofrag pool serves one device, so each
+device gets its own pool, made with the same configuration the first time
+CuPy allocates on it (``pools()`` lists them; the limit applies per device).
+A configuration that names a device (``device=1``) keeps nofrag on that one:
+allocating while CuPy's current device is another raises RuntimeError.
+
 Each allocation becomes nf_alloc on CuPy's current stream, wrapped as a
 ``cupy.cuda.MemoryPointer`` over ``cupy.cuda.UnownedMemory`` whose owner
 frees the block (nf_free) when CuPy drops its last reference. Use on other
@@ -19,15 +25,16 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from ._lib import NofragError
 from .pool import Pool
 
-__all__ = ["enable", "disable", "pool", "enabled"]
+__all__ = ["enable", "disable", "pool", "pools", "enabled"]
 
 _lock = threading.Lock()
-_pool: Optional[Pool] = None
+_pool: Optional[Pool] = None  # the one enable() made
+_pools: Dict[int, Pool] = {}  # CuPy device -> its pool
 
 
 class _Block:
@@ -61,47 +68,68 @@ def enable(conf: Optional[str] = None, **config: Any) -> Pool:
     nofrag.Pool (``limit="40GiB"``, ``granule``, ...); the backend is CUDA and
     the device CuPy's current one unless they say otherwise. Returns the pool.
     RuntimeError if already enabled (disable() first)."""
-    global _pool
+    global _pool, _pools
     cupy = _cupy()
     with _lock:
         if _pool is not None:
             raise RuntimeError("nofrag.cupy.enable: already enabled (nofrag.cupy.disable() first)")
         device = cupy.cuda.runtime.getDevice()
-        # Defaults first: later keys win in a nofrag config string.
-        base = f"backend:cuda,device:{device}"
-        p = Pool(",".join(s for s in (base, conf) if s), **config)
+        pinned = "device" in config or re.search(r"(?:^|,)\s*device\s*:", conf or "") is not None
+
+        def make(d: int) -> Pool:
+            # Defaults first: later keys win in a nofrag config string.
+            return Pool(",".join(s for s in (f"backend:cuda,device:{d}", conf) if s), **config)
+
+        p = make(device)
         m = re.search(r"(?:^|,)device:(\d+)", p.config())  # the device the pool is on, config included
         dev_id = int(m.group(1)) if m else device
+        pools = {dev_id: p}
+
+        def pool_of(d: int) -> Pool:
+            q = pools.get(d)
+            if q is not None:
+                return q
+            if pinned:
+                raise RuntimeError(f"nofrag.cupy: CuPy allocates on device {d}, but nofrag's pool is on device "
+                                   f"{dev_id} (the configuration names it); enable() without a device key "
+                                   f"gives every device its own pool")
+            with _lock:
+                q = pools.get(d)
+                if q is None:
+                    q = pools[d] = make(d)
+            return q
 
         def malloc(size: int):
+            d = cupy.cuda.runtime.getDevice()
             if size == 0:
-                return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, dev_id), 0)
+                return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, d), 0)
+            q = pool_of(d)
             stream = cupy.cuda.get_current_stream()
             try:
-                ptr = p.alloc(size, stream=stream)
+                ptr = q.alloc(size, stream=stream)
             except NofragError as e:
                 if not e.is_oom:
                     raise
-                st = p.stats()
+                st = q.stats()
                 raise cupy.cuda.memory.OutOfMemoryError(size, st["physical"], st["limit"]) from e
-            mem = cupy.cuda.UnownedMemory(ptr, size, _Block(p, ptr), dev_id)
+            mem = cupy.cuda.UnownedMemory(ptr, size, _Block(q, ptr), d)
             return cupy.cuda.MemoryPointer(mem, 0)
 
         cupy.cuda.set_allocator(malloc)
-        _pool = p
+        _pool, _pools = p, pools  # the same dict malloc fills
         return p
 
 
 def disable() -> None:
     """Give CuPy back its default memory pool. Blocks nofrag allocated stay
     valid until CuPy frees them; the pool goes away after the last one."""
-    global _pool
+    global _pool, _pools
     cupy = _cupy()
     with _lock:
         if _pool is None:
             return
         cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
-        _pool = None
+        _pool, _pools = None, {}
 
 
 def enabled() -> bool:
@@ -109,8 +137,16 @@ def enabled() -> bool:
     return _pool is not None
 
 
-def pool() -> Pool:
-    """The pool enable() made (RuntimeError when not enabled)."""
+def pool(device: Optional[int] = None) -> Pool:
+    """The pool enable() made, or with ``device`` that device's pool
+    (RuntimeError when not enabled, KeyError when CuPy has not allocated
+    on that device yet)."""
     if _pool is None:
         raise RuntimeError("nofrag.cupy: not enabled (call nofrag.cupy.enable() first)")
-    return _pool
+    return _pool if device is None else _pools[device]
+
+
+def pools() -> Dict[int, Pool]:
+    """Every device's pool so far, by CuPy device id ({} when not enabled)."""
+    with _lock:
+        return dict(_pools)

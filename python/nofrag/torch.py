@@ -127,14 +127,16 @@ def nested_stats(device=0):
         "allocated_bytes": _pools(_stat(s["live_rounded"], s["live_rounded_peak"], b_alloc, b_freed)),
         "requested_bytes": _pools(_stat(s["live"], s["live_peak"], b_alloc, b_freed)),
         "active_bytes": _pools(_stat(s["live_rounded"], s["live_rounded_peak"], b_alloc, b_freed)),
-        "reserved_bytes": _pools(_stat(s["physical"], s["physical_peak"], acc("create", calls["create"]) * g,
-                                       acc("release", calls["release"]) * g)),
+        # Device granules created / released (bytes), not driver calls: a unit
+        # is one call for many granules, and spill's host granules are not device memory.
+        "reserved_bytes": _pools(_stat(s["physical"], s["physical_peak"], acc("create", s["physical_created"]),
+                                       acc("release", s["physical_released"]))),
         "inactive_split_bytes": _pools(_stat(s["cached"], s["cached"], 0, 0)),
         "allocation": _pools(_stat(s["live_blocks"], s["live_blocks"], allocs, frees)),
         "active": _pools(_stat(s["live_blocks"], s["live_blocks"], allocs, frees)),
         "inactive_split": _pools(_stat(0, 0, 0, 0)),
-        "segment": _pools(_stat(s["physical"] // g, s["physical_peak"] // g, acc("create", calls["create"]),
-                                acc("release", calls["release"]))),
+        "segment": _pools(_stat(s["physical"] // g, s["physical_peak"] // g,
+                                acc("create", s["physical_created"]) // g, acc("release", s["physical_released"]) // g)),
         "oversize_allocations": _stat(0, 0, 0, 0),
         "oversize_segments": _stat(0, 0, 0, 0),
         "num_alloc_retries": acc("reclaims", s["reclaims"]),
@@ -169,7 +171,7 @@ def _mark_baseline(device):
     c = s["calls"]
     _state["baseline"][int(device)] = {
         "allocs": s["allocs"], "frees": s["frees"], "ooms": s["ooms"], "reclaims": s["reclaims"],
-        "create": c["create"], "release": c["release"], "map": c["map"], "unmap": c["unmap"],
+        "create": s["physical_created"], "release": s["physical_released"], "map": c["map"], "unmap": c["unmap"],
         "event_sync": c["event_sync"]}
 
 

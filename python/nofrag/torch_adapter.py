@@ -18,7 +18,9 @@ that already built it (packaging calls build_adapter) is reused.
 import ctypes
 import hashlib
 import os
+import shutil
 import sys
+import tempfile
 
 from . import _lib
 
@@ -116,16 +118,20 @@ def build_adapter(out_dir=None, verbose=False):
     out = os.path.join(out_dir or cache_dir(), tag)
     os.makedirs(out, exist_ok=True)
     so = os.path.join(out, "nofrag_adapter.so")
-    if os.path.exists(so):
+    if os.path.exists(so):  # only ever a finished build: it is renamed into place (below)
         return so, ""
     libdir = os.path.dirname(libpath)
-    log = os.path.join(out, "build.log")
+    # Each process builds in its own directory and renames the result into
+    # place: under torchrun every rank may build at once, and none may load
+    # (or keep, after a killed build) a half-written nofrag_adapter.so.
+    work = tempfile.mkdtemp(prefix=".build-", dir=out)
+    log = os.path.join(work, "build.log")
     common = dict(name="nofrag_adapter", sources=[os.path.join(src, f) for f in _COMPILED],
                   # Hidden visibility: only the extern "C" entry points (marked default) are exported, so
                   # the adapter's copies of inline/template code (c10, std, CUDA headers) can never
                   # interpose on another library's (see install()).
                   extra_cflags=["-O2", "-fvisibility=hidden", "-fvisibility-inlines-hidden"],
-                  is_python_module=False, build_directory=out, verbose=True)
+                  is_python_module=False, build_directory=work, verbose=True)
     ld = [f"-L{libdir}", f"-l:{os.path.basename(libpath)}", f"-Wl,-rpath,{libdir}"]
     attempts = [dict(extra_include_paths=[inc, src], extra_ldflags=ld, with_cuda=True)]
     rt = _pip_cuda_runtime()
@@ -158,18 +164,24 @@ def build_adapter(out_dir=None, verbose=False):
     finally:
         os.close(old_out)
         os.close(old_err)
-    if built is None:
-        return None, f"compiling the adapter failed ({'; '.join(errors)}); log: {log}"
-    path = built if isinstance(built, str) and os.path.exists(built) else os.path.join(out, "nofrag_adapter.so")
-    if not os.path.exists(path):
-        return None, f"the adapter was built but {path} is missing; log: {log}"
-    if path != so:
-        try:
-            os.replace(path, so)
-            path = so
-        except OSError:
-            pass
-    return path, ""
+    keep = os.path.join(out, "build.log")
+    try:
+        os.replace(log, keep)  # the latest build's log, whole
+        log = keep
+    except OSError:
+        pass
+    path = built if isinstance(built, str) and os.path.exists(built) else os.path.join(work, "nofrag_adapter.so")
+    try:
+        if built is None:
+            return None, f"compiling the adapter failed ({'; '.join(errors)}); log: {log}"
+        if not os.path.exists(path):
+            return None, f"the adapter was built but {path} is missing; log: {log}"
+        os.replace(path, so)  # atomic: another rank sees no file or a whole one
+        return so, ""
+    except OSError as e:
+        return None, f"the adapter was built but could not be moved to {so}: {e}; log: {log}"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def install(out_dir=None):

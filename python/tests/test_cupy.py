@@ -106,9 +106,42 @@ class TestCupy(unittest.TestCase):
         self.assertIn("device:3", pool.config())
 
     def test_device_id_follows_config(self):
+        # A configuration naming a device keeps nofrag there: memory handed to
+        # CuPy while another device is current would be the wrong device's.
+        self.state["device"] = 2
         self.nfc.enable(backend="host", device=2, limit="64MiB")
         mp = self.state["allocator"](MiB)
         self.assertEqual(mp.mem.device_id, 2)
+        self.state["device"] = 0
+        with self.assertRaises(RuntimeError) as cm:
+            self.state["allocator"](MiB)
+        self.assertIn("device 0", str(cm.exception))
+        self.assertEqual(list(self.nfc.pools()), [2])
+
+    def test_each_device_gets_its_own_pool(self):
+        # CuPy's allocator is process-wide; a pool serves one device. Under
+        # cupy.cuda.Device(1) the memory must be device 1's, from its own pool.
+        first = self.nfc.enable(backend="host", limit="64MiB")
+        a = self.state["allocator"](MiB)
+        self.state["device"] = 1
+        b = self.state["allocator"](2 * MiB)
+        self.assertEqual((a.mem.device_id, b.mem.device_id), (0, 1))
+        pools = self.nfc.pools()
+        self.assertEqual(sorted(pools), [0, 1])
+        self.assertIs(pools[0], first)
+        self.assertIs(self.nfc.pool(), first)
+        self.assertIs(self.nfc.pool(1), pools[1])
+        self.assertIsNot(pools[1], first)
+        self.assertEqual(pools[1].stats()["live"], 2 * MiB)
+        self.assertEqual(first.stats()["live"], MiB)
+        self.assertIn("limit:67108864", pools[1].config())  # the same configuration
+        z = self.state["allocator"](0)
+        self.assertEqual(z.mem.device_id, 1)
+        del a, b
+        gc.collect()
+        self.assertEqual((first.stats()["live"], pools[1].stats()["live"]), (0, 0))
+        self.nfc.disable()
+        self.assertEqual(self.nfc.pools(), {})
 
     def test_oom_is_cupys_error(self):
         os.environ.setdefault("NOFRAG_QUIET_OOM", "1")

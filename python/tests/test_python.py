@@ -225,6 +225,61 @@ class TestPluginOnHost(unittest.TestCase):
         self.assertTrue(p, _lib.last_error())
         lib.nf_torch_free(p, 200 * MiB, 0, None)
 
+    def test_fraction_zero_refuses_every_request(self):
+        # PyTorch's allocator with fraction 0 fails every request that needs
+        # new memory; a limit of 0 would mean "the whole device" to nofrag,
+        # so the plug-in refuses every request.
+        lib = self.lib
+        lib.nf_torch_set_fraction(0.25, 0)
+        self.assertEqual(lib.nf_torch_last_status(), 0)
+        lib.nf_torch_set_fraction(0.0, 0)
+        self.assertEqual(lib.nf_torch_last_status(), 0)
+        self.assertEqual(lib.nf_torch_get_fraction(0), 0.0)
+        self.assertEqual(nofrag.stats(0)["limit"], 256 * MiB)  # kept meanwhile
+        self.assertIsNone(lib.nf_torch_alloc(1 * MiB, 0, None))
+        self.assertEqual(lib.nf_torch_last_status(), _lib.NF_ERR_OOM)
+        self.assertIn("CUDA out of memory (nofrag)", nofrag.last_error())
+        self.assertIn("memory fraction 0", nofrag.last_error())
+        lib.nf_torch_set_fraction(1e-9, 0)  # below one granule: refused as well
+        self.assertIsNone(lib.nf_torch_alloc(512, 0, None))
+        lib.nf_torch_set_fraction(0.5, 0)
+        p = lib.nf_torch_alloc(1 * MiB, 0, None)
+        self.assertTrue(p, _lib.last_error())
+        self.assertEqual(lib.nf_torch_last_status(), 0)
+        self.assertEqual(nofrag.stats(0)["limit"], 512 * MiB)
+        lib.nf_torch_free(p, 1 * MiB, 0, None)
+        lib.nf_torch_set_fraction(1.5, 0)
+        self.assertEqual(lib.nf_torch_last_status(), _lib.NF_ERR_INVALID)
+        self.assertAlmostEqual(lib.nf_torch_get_fraction(0), 0.5)
+
+    def test_failures_report_their_status(self):
+        # The C++ adapter raises OutOfMemoryError only for NF_ERR_OOM, and
+        # raises (not logs) a failed record_stream or free: it reads these.
+        lib = self.lib
+        p = lib.nf_torch_alloc(1 * MiB, 0, None)
+        self.assertTrue(p, _lib.last_error())
+        lib.nf_torch_record_stream(p, 9)
+        self.assertEqual(lib.nf_torch_last_status(), 0)
+        lib.nf_torch_record_stream(p + 512, 9)  # interior: not a live block
+        self.assertEqual(lib.nf_torch_last_status(), _lib.NF_ERR_INVALID)
+        self.assertEqual(lib.nf_torch_free_any(p), 0, nofrag.last_error())
+        self.assertEqual(lib.nf_torch_last_status(), 0)
+        self.assertEqual(lib.nf_torch_free_any(p), -1)  # double free
+        self.assertEqual(lib.nf_torch_last_status(), _lib.NF_ERR_INVALID)
+        # 64 distinct streams is the pool's bound: the 65th is refused, and it
+        # is not an out-of-memory error.
+        ptrs = [lib.nf_torch_alloc(512, 0, s) for s in range(1, 64)]
+        self.assertTrue(all(ptrs), _lib.last_error())
+        self.assertIsNone(lib.nf_torch_alloc(512, 0, 1000))
+        st = lib.nf_torch_last_status()
+        self.assertNotIn(st, (0, _lib.NF_ERR_OOM))
+        self.assertIn("not out of memory", nofrag.last_error())
+        q = lib.nf_torch_alloc(512, 0, None)
+        lib.nf_torch_record_stream(q, 1001)
+        self.assertEqual(lib.nf_torch_last_status(), st)
+        for x in ptrs + [q]:
+            lib.nf_torch_free_any(x)
+
     def test_reset_trims_and_peaks(self):
         lib = self.lib
         ps = [lib.nf_torch_alloc(4 * MiB, 0, None) for _ in range(4)]
@@ -254,6 +309,31 @@ class TestPluginOnHost(unittest.TestCase):
         lib.nf_torch_free(p, 5 * MiB + 3, 0, None)
         nft._mark_baseline(0)
         self.assertEqual(nft.flat_stats(0)["allocation.all.allocated"], 0)
+
+    def test_reserved_allocated_minus_freed_is_current(self):
+        # PyTorch's invariant current == allocated - freed, with units (one
+        # create call for many granules) and spill (host granules, which are
+        # not device memory) in play.
+        lib = self.lib
+        lib.nf_torch_shutdown()
+        nofrag.configure(HOST_CONF + ",units:4,spill:host,spill_limit:64MiB")
+        ps = [lib.nf_torch_alloc(24 * MiB, 0, None) for _ in range(3)]  # 72 MiB: past the limit, spilled
+        self.assertTrue(all(ps), _lib.last_error())
+        s = nofrag.stats(0)
+        self.assertGreater(s["units_made"], 0)
+        self.assertGreater(s["spilled"], 0)
+        for p in ps[:2]:
+            lib.nf_torch_free(p, 24 * MiB, 0, None)
+        lib.nf_torch_reset()  # empty_cache: granules and units go back
+        for size in (3 * MiB, 10 * MiB):
+            lib.nf_torch_free(lib.nf_torch_alloc(size, 0, None), size, 0, None)
+        s = nofrag.stats(0)
+        f = nft.flat_stats(0)
+        self.assertGreater(f["reserved_bytes.all.freed"], 0)
+        self.assertEqual(f["reserved_bytes.all.current"], s["physical"])
+        self.assertEqual(f["reserved_bytes.all.allocated"] - f["reserved_bytes.all.freed"], s["physical"])
+        self.assertEqual(f["segment.all.allocated"] - f["segment.all.freed"], s["physical"] // (2 * MiB))
+        lib.nf_torch_free(ps[2], 24 * MiB, 0, None)
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch not installed")

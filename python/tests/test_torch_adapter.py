@@ -92,6 +92,50 @@ class AdapterLoading(unittest.TestCase):
         self.assertIn("-fvisibility=hidden", seen.get("extra_cflags", []))
         self.assertIn("-fvisibility-inlines-hidden", seen.get("extra_cflags", []))
 
+    @unittest.skipIf(HAVE_TORCH, "torch is importable here: the fakes would shadow it")
+    def test_build_lands_whole_or_not_at_all(self):
+        # Ranks of one job may build at once: each builds in its own
+        # directory and renames the finished library into place, so the cache
+        # never holds a half-written nofrag_adapter.so, even after a failure.
+        dirs, fail = [], [True]
+
+        def load(**kw):
+            dirs.append(kw["build_directory"])
+            out = os.path.join(kw["build_directory"], "nofrag_adapter.so")
+            with open(out, "wb") as f:
+                f.write(b"partial")  # what a killed or failed link leaves
+            print("compiler output", flush=True)
+            if fail[0]:
+                raise RuntimeError("fake link error")
+            return out
+        cpp = types.ModuleType("torch.utils.cpp_extension")
+        cpp.load = load
+        torch = types.ModuleType("torch")
+        torch.__version__ = "2.11.0+fake"
+        torch.version = types.SimpleNamespace(cuda="13.0")
+        utils = types.ModuleType("torch.utils")
+        utils.cpp_extension = cpp
+        torch.utils = utils
+        d = tempfile.mkdtemp(prefix="nofrag-fake-build-")
+        self.addCleanup(shutil.rmtree, d, True)
+        with mock.patch.dict(sys.modules, {"torch": torch, "torch.utils": utils, "torch.utils.cpp_extension": cpp}):
+            path, why = torch_adapter.build_adapter(out_dir=d)
+            self.assertIsNone(path)
+            self.assertIn("fake link error", why)
+            (tag,) = os.listdir(d)
+            self.assertEqual(sorted(os.listdir(os.path.join(d, tag))), ["build.log"])  # no library, no work dir
+            with open(os.path.join(d, tag, "build.log")) as f:
+                self.assertIn("compiler output", f.read())
+            fail[0] = False
+            path, why = torch_adapter.build_adapter(out_dir=d)
+            self.assertEqual(path, os.path.join(d, tag, "nofrag_adapter.so"), why)
+            self.assertEqual(sorted(os.listdir(os.path.join(d, tag))), ["build.log", "nofrag_adapter.so"])
+            self.assertNotEqual(dirs[0], dirs[1])  # a directory of its own each time
+            self.assertTrue(all(os.path.dirname(x) == os.path.join(d, tag) for x in dirs))
+            n = len(dirs)
+            self.assertEqual(torch_adapter.build_adapter(out_dir=d), (path, ""))  # cached: no build
+            self.assertEqual(len(dirs), n)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -49,6 +49,9 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
   nf_status_t st = be->ops->granularity(be, NF_TIER_DEVICE, &bg);
   if (st != NF_OK) return nf__error(st, "nofrag: backend granularity: %s", be->err);
   uint64_t g = cfg->granule ? cfg->granule : bg;
+  if (cfg->units > NF_UNITS_MAX) // a struct filled by hand skips nf_config_parse's bound
+    return nf__error(NF_ERR_CONFIG, "nofrag: units %llu: at most %d granules a unit", (unsigned long long)cfg->units,
+                     NF_UNITS_MAX);
   if (!bg || (g & (g - 1)) || g % bg)
     return nf__error(NF_ERR_CONFIG, "nofrag: granule %llu B is not a power-of-two multiple of the backend's %zu B",
                      (unsigned long long)g, bg);
@@ -139,6 +142,10 @@ nf_status_t nf_trim(nf_pool_t *p) {
   nf_status_t st = p->tier.poll ? p->tier.poll(p, true) : NF_OK;
   if (st == NF_OK) st = nf__pending_poll(p, true);
   if (st == NF_OK) nf__unmap_cached(p, UINT64_MAX, true, NULL, 0, 0, -1, &st);
+  // Parked views are extra mappings, not memory to retain: they go even
+  // where `retain` keeps every granule (granules_release evicts only when
+  // it has granules to give back).
+  if (st == NF_OK && p->vw_count) nf__view_evict(p, UINT64_MAX, true, &st);
   if (st == NF_OK) st = nf__granules_release(p, p->cfg.retain >> p->gshift);
   if (st == NF_OK) nf__host_granules_release(p, p->cfg.spill_reserve >> p->gshift);
   p->host_sweep = false;

@@ -309,7 +309,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
   }
   if (tok_eq(k, "units")) {
     int n = 0;
-    if ((st = parse_int(v, "units", 1024, &n, err, errlen)) != NF_OK) return st;
+    if ((st = parse_int(v, "units", NF_UNITS_MAX, &n, err, errlen)) != NF_OK) return st;
     c->units = (uint64_t)n;
     return NF_OK;
   }

@@ -223,6 +223,7 @@ struct nf_pool_s {
 
   nf_granule_t *gran;
   uint64_t gran_cap, gran_created; // created = physical granules existing
+  uint64_t gran_made, gran_gone;    // device granules ever created / released (units: their granules)
   int32_t gran_free;               // unmapped physical granules
   int32_t gran_unused;             // unused slots in gran[]
   uint64_t gran_free_count, gran_mapped;
@@ -321,6 +322,11 @@ struct nf_pool_s {
 // core. A record on X after `need` covers the block's work on X. The block's
 // tick may come from another stream's later free (merged blocks keep the
 // latest tick), so X's own newest free bounds it: X's work on it is no later.
+// need 0: X never freed a block, so none of its work is on freed memory (a
+// conservative mark -- views_on -- names it all the same; record_stream'd
+// blocks wait on the pending list): nothing to wait for. Otherwise a stream
+// that only ever allocates would pin such ranges for good, since nothing
+// records an event on it (streams_settle skips it).
 static inline uint64_t nf__need_tick(const nf_stream_rec_t *r, uint64_t tick) {
   return tick < r->last_free ? tick : r->last_free;
 }
@@ -328,7 +334,8 @@ static inline uint64_t nf__need_tick(const nf_stream_rec_t *r, uint64_t tick) {
 static inline bool nf__block_retired(const nf_pool_t *p, const nf_block_t *b) {
   for (uint64_t m = b->smask; m; m &= m - 1) {
     const nf_stream_rec_t *r = &p->streams[__builtin_ctzll(m)];
-    if (r->done_tick <= nf__need_tick(r, b->tick)) return false;
+    uint64_t need = nf__need_tick(r, b->tick);
+    if (need && r->done_tick <= need) return false;
   }
   return true;
 }
@@ -337,7 +344,7 @@ static inline bool nf__block_usable(const nf_pool_t *p, const nf_block_t *b, uin
   for (uint64_t m = b->smask & ~(1ull << s); m; m &= m - 1) {
     uint32_t x = (uint32_t)__builtin_ctzll(m);
     uint64_t need = nf__need_tick(&p->streams[x], b->tick);
-    if (p->streams[x].done_tick <= need && p->waited[s][x] <= need) return false;
+    if (need && p->streams[x].done_tick <= need && p->waited[s][x] <= need) return false;
   }
   return true;
 }

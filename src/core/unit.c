@@ -55,7 +55,7 @@ static void loose_push(nf_pool_t *p, uint32_t head) {
 // backend failures leave nothing behind but, where the rollback's release
 // fails too, a LOOSE unit.
 static nf_status_t unit_new(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint64_t n) {
-  uint32_t ix[1024];
+  uint32_t ix[NF_UNITS_MAX];
   if (!slots_take(p, ix, n)) return NF_ERR_NOMEM;
   nf_handle_t h;
   nf_status_t st = NF_BE(p, mem_create, create, NF_TIER_DEVICE, n << p->gshift, &h);
@@ -77,6 +77,7 @@ static nf_status_t unit_new(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint64_t n)
                                     .prev_free = j + 1 < n ? (int32_t)ix[j + 1] : -1};
   p->gran[ix[0]].un = (uint32_t)n;
   p->gran_created += n;
+  p->gran_made += n;
   if (st != NF_OK) { // not mapped, not released
     loose_push(p, ix[0]);
     return st;
@@ -137,6 +138,7 @@ static nf_status_t unit_release(nf_pool_t *p, uint32_t head) {
     nf__gran_slot_put(p, (uint32_t)i);
   }
   p->gran_created -= n;
+  p->gran_gone += n;
   return NF_OK;
 }
 

@@ -11,6 +11,7 @@
 // unit splits the unit first (replay: closer bounds gave no better figures).
 #define NF_UNIT_MARGIN 4
 #define NF_UNIT_NEAR 3
+#define NF_UNITS_MAX 1024 // granules in a unit (config `units`; unit_new's slot array)
 
 uint64_t nf__units_make(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t k, uint64_t *mine);
 // The unit granule i belongs to: its first virtual granule *u0 (at its

@@ -145,6 +145,7 @@ static nf_status_t granules_create(nf_pool_t *p, nf_tier_t tier, uint64_t n) {
     nf_status_t st = gran_new(p, tier);
     if (st != NF_OK) return st;
     ++*created;
+    p->gran_made += !h;
     nf__peak(peak, *created << p->gshift);
   }
   return NF_OK;
@@ -170,6 +171,7 @@ static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep)
     nf__gran_unlink(p, i);
     nf__gran_slot_put(p, i);
     --*created;
+    p->gran_gone += tier == NF_TIER_DEVICE;
   }
   return NF_OK;
 }

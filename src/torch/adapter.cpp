@@ -11,6 +11,7 @@ namespace nfa {
 void NofragAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
   TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "nofrag: memory fraction ", fraction, " out of range 0..1");
   nf_torch_set_fraction(fraction, device);
+  if (nf_torch_last_status() != NF_OK) throw_error(std::string("nofrag: set_per_process_memory_fraction: ") + nf_torch_last_error());
 }
 
 cda::DeviceStats NofragAllocator::getDeviceStats(c10::DeviceIndex device) {
@@ -36,12 +37,15 @@ cda::DeviceStats NofragAllocator::getDeviceStats(c10::DeviceIndex device) {
   set(out.allocated_bytes, s.live_rounded, s.live_rounded_peak, acc(c[0], b.bytes_alloc), acc(c[1], b.bytes_freed));
   set(out.requested_bytes, s.live, s.live_peak, acc(c[0], b.bytes_alloc), acc(c[1], b.bytes_freed));
   set(out.active_bytes, s.live_rounded, s.live_rounded_peak, acc(c[0], b.bytes_alloc), acc(c[1], b.bytes_freed));
-  set(out.reserved_bytes, s.physical, s.physical_peak, acc(s.calls.create, b.create) * (int64_t)gr,
-      acc(s.calls.release, b.release) * (int64_t)gr);
+  // Granules, not driver calls: a unit is one call for many granules, and
+  // host (spill) granules are not device memory.
+  set(out.reserved_bytes, s.physical, s.physical_peak, acc(s.physical_created, b.create),
+      acc(s.physical_released, b.release));
   set(out.inactive_split_bytes, s.cached, s.cached, 0, 0);
   set(out.allocation, s.live_blocks, s.live_blocks, acc(s.allocs, b.allocs), acc(s.frees, b.frees));
   set(out.active, s.live_blocks, s.live_blocks, acc(s.allocs, b.allocs), acc(s.frees, b.frees));
-  set(out.segment, s.physical / gr, s.physical_peak / gr, acc(s.calls.create, b.create), acc(s.calls.release, b.release));
+  set(out.segment, s.physical / gr, s.physical_peak / gr, acc(s.physical_created, b.create) / (int64_t)gr,
+      acc(s.physical_released, b.release) / (int64_t)gr);
   out.num_alloc_retries = acc(s.reclaims, b.reclaims);
   out.num_ooms = acc(s.ooms, b.ooms);
   out.num_sync_all_streams = acc(s.calls.event_sync, b.event_sync);
@@ -57,7 +61,7 @@ void NofragAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
   if (nf_torch_stats(device, &s) != 0) return;
   nf_torch_counters(device, c, 5);
   std::lock_guard<std::mutex> g(stats_mu_);
-  base_[device] = Base{c[0], c[1], s.allocs, s.frees, s.calls.create, s.calls.release, s.reclaims,
+  base_[device] = Base{c[0], c[1], s.allocs, s.frees, s.physical_created, s.physical_released, s.reclaims,
                        s.ooms, s.calls.event_sync, s.calls.map, s.calls.unmap};
 }
 
@@ -84,18 +88,12 @@ void NofragAllocator::emptyCache(MempoolId_t mempool_id) {
     nf_torch_reset();
     return;
   }
-  // A released pool was trimmed and handed back already (release_now).
-  std::lock_guard<std::mutex> g(routes_mu_);
-  auto it = keys_.find(mempool_id);
-  if (it == keys_.end()) return;
-  for (int d = 0; d < kMaxDev; d++) {
-    nf_pool_t* p = nf_torch_pool_get(d, 0);
-    if (!p || !nf_private_use_count(p, it->second)) continue;
-    // Warn, never throw: MemPool's destructor calls this (a throw there terminates).
-    if (nf_private_trim(p, it->second) != NF_OK)
-      fprintf(stderr, "nofrag: emptyCache of pool (%llu, %llu): %s\n", (unsigned long long)mempool_id.first,
-              (unsigned long long)mempool_id.second, lib_error());
-  }
+  // One pool: nothing to do. PyTorch's allocator frees a pool's blocks here
+  // only once its use count is 0, and release_now has trimmed and handed
+  // back such a pool already. While a user remains -- a CUDA graph captured
+  // into a MemPool outlives it: ~MemPool calls releasePool, then this --
+  // the pool's free ranges are addresses its graph replays write to, and
+  // unmapping them would fault the next replay.
 }
 
 void NofragAllocator::beginAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id, std::function<bool(cudaStream_t)> filter) {
@@ -156,7 +154,12 @@ void NofragAllocator::releasePool(c10::DeviceIndex device, MempoolId_t mempool_i
 }
 
 void NofragAllocator::createOrIncrefPool(c10::DeviceIndex device, MempoolId_t mempool_id, std::shared_ptr<cca::CUDAAllocator> allocator) {
-  (void)allocator; // nofrag serves every pool itself
+  // nofrag serves every pool itself: a MemPool meant for another allocator
+  // (e.g. ncclMemAlloc for NCCL buffer registration) would silently get
+  // nofrag memory instead, so it is refused where it is made.
+  if (allocator && allocator.get() != this)
+    throw_error("nofrag: torch.cuda.MemPool(allocator=...) is not supported while nofrag is PyTorch's allocator (the "
+          "pool's allocations would come from nofrag, not from that allocator); create the MemPool without one");
   nf_pool_t* p = pool(device);
   std::lock_guard<std::mutex> g(routes_mu_);
   check(nf_private_incref(p, key_of(mempool_id)), "createOrIncrefPool");

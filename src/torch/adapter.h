@@ -156,12 +156,13 @@ class NofragAllocator final : public Pluggable {
     return r;
   }
 
-  void free_ptr(void* ptr) {
-    if (!ptr) return;
+  // False: not a live block of any pool (logged; nf_torch_last_error).
+  bool free_ptr(void* ptr) {
+    if (!ptr) return true;
     if (tracing_.load(std::memory_order_acquire)) trace_free(ptr);
     if (nexported_.load(std::memory_order_acquire) != 0) ipc_forget(ptr);
     RelaxedCapture g(captures_.load(std::memory_order_acquire) != 0);
-    nf_torch_free_any(ptr);
+    return nf_torch_free_any(ptr) >= 0;
   }
 
   c10::DataPtr allocate(size_t size) override {
@@ -178,7 +179,11 @@ class NofragAllocator final : public Pluggable {
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
     return alloc(nbytes, c10::cuda::current_device(), stream);
   }
-  void raw_delete(void* ptr) override { free_ptr(ptr); }
+  // As PyTorch's allocator: a pointer that is not a live block raises here
+  // (the DataPtr deleter, which must not throw, only logs).
+  void raw_delete(void* ptr) override {
+    if (!free_ptr(ptr)) throw_error(std::string("nofrag: raw_delete: ") + nf_torch_last_error());
+  }
 
   void init(int device_count) override {
     nf_torch_init(device_count);
@@ -189,6 +194,9 @@ class NofragAllocator final : public Pluggable {
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
     if (!ptr.get()) return;
     nf_torch_record_stream(ptr.get(), (void*)stream.stream());
+    // A dropped record would let the block be reused while `stream` still
+    // uses it: raise rather than corrupt (e.g. a pool's 64-stream bound).
+    if (nf_torch_last_status() != NF_OK) throw_error(std::string("nofrag: record_stream: ") + nf_torch_last_error());
   }
 
   std::string name() override { return "nofrag"; }
@@ -293,7 +301,7 @@ class NofragAllocator final : public Pluggable {
 
  private:
   struct Base {
-    uint64_t bytes_alloc, bytes_freed, allocs, frees, create, release, reclaims, ooms, event_sync, map, unmap;
+    uint64_t bytes_alloc, bytes_freed, allocs, frees, create, release, reclaims, ooms, event_sync, map, unmap; // create/release: bytes
   };
 
   struct Walk {
@@ -351,6 +359,11 @@ class NofragAllocator final : public Pluggable {
     TORCH_CHECK(st == NF_OK, "nofrag: ", what, ": ", lib_error());
   }
 
+  // A c10::Error (RuntimeError in Python) built from a std::string only (see oom()).
+  [[noreturn]] static void throw_error(std::string msg) {
+    throw c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, std::move(msg));
+  }
+
   nf_pool_t* pool(c10::DeviceIndex device) {
     nf_pool_t* p = nf_torch_pool_get(device, 1);
     TORCH_CHECK(p, "nofrag: no pool for device ", (int)device, ": ", nf_torch_last_error());
@@ -394,9 +407,12 @@ class NofragAllocator final : public Pluggable {
   // back (PyTorch's allocator frees a released pool's blocks at
   // emptyCache(pool), which MemPool's destructor calls right after) and hand
   // the rest (live blocks) to the general pool.
+  // Serialized (release_mu_): two threads dropping a pool's last two users
+  // at once would each see the other's use and neither wait nor trim.
   void release_now(c10::DeviceIndex device, uint64_t key) {
     nf_pool_t* p = nf_torch_pool_get(device, 0);
     if (!p) return;
+    std::lock_guard<std::mutex> g(release_mu_);
     if (nf_private_use_count(p, key) == 1) {
       c10::cuda::CUDAGuard on(device); // the pool's device, not the caller's current one
       if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
@@ -454,7 +470,7 @@ class NofragAllocator final : public Pluggable {
   static int device_of(void* ptr, size_t* n);
 
  private:
-  std::mutex routes_mu_, stats_mu_, obs_mu_, hist_mu_, ipc_mu_;
+  std::mutex routes_mu_, stats_mu_, obs_mu_, hist_mu_, ipc_mu_, release_mu_;
   // A block's export (ipc_mu_): made once, closed when the block is freed;
   // sharing the same block again returns the same handle (no new fds).
   struct Exported {

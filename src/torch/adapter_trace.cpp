@@ -11,6 +11,9 @@ void NofragAllocator::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observe
 
 void NofragAllocator::oom(c10::DeviceIndex dev, size_t size, cudaStream_t stream, MempoolId_t pool_id) {
   std::string why = nf_torch_last_error();
+  // Only out of memory is torch.OutOfMemoryError: code that catches it to
+  // retry smaller must not retry a driver failure or the 64-stream bound.
+  if (nf_torch_last_status() != NF_ERR_OOM) throw_error(std::move(why));
   std::string report = nf_last_oom_report();
   nf_stats_t s;
   nf_torch_stats(dev, &s);

@@ -46,6 +46,8 @@ typedef struct {
   _Atomic(nf_pool_t *) pool; // read lock-free on every alloc
   nf_backend_t *be;          // owned
   double fraction;           // last set_per_process_memory_fraction (0 = none)
+  bool set;                  // a fraction was set (else get_fraction answers 1.0)
+  atomic_int refuse;         // that fraction leaves less than one granule: every request fails (as PyTorch's)
   atomic_uint_fast64_t bytes_alloc, bytes_freed, allocs, frees, ooms;
 } nft_dev_t;
 
@@ -57,6 +59,7 @@ static int g_device_count = -1;   // from init_fn
 static char g_err[512];           // last plug-in error (any thread), under g_mu
 static _Thread_local char t_err[512]; // nf_torch_last_error's copy of g_err
 static _Thread_local char t_own[512]; // this thread's own last plug-in error ("" : none yet)
+static _Thread_local int t_status;    // nf_torch_last_status: this thread's last hook call
 
 typedef void (*nft_throw_fn)(const char *func, const char *file, uint32_t line, const char *msg);
 static _Atomic(nft_throw_fn) g_throw;
@@ -177,11 +180,17 @@ static nf_pool_t *torch_pool_get(int device, int create) {
 
 // Raise into PyTorch (see the header comment) or return NULL. Called with no
 // lock held and nothing to clean up.
-static void *nft_fail_alloc(size_t size, int device, const char *why) {
+// Only NF_ERR_OOM reads as PyTorch's "CUDA out of memory": code that catches
+// an OOM to retry smaller (cuDNN workspaces, batch-size finders) must not
+// retry a driver failure or a bad configuration.
+static void *nft_fail_alloc(size_t size, int device, nf_status_t st, const char *why) {
   char msg[1200], b[32];
+  t_status = st;
   nf__fmt_bytes(b, sizeof b, size);
-  snprintf(msg, sizeof msg, "CUDA out of memory (nofrag). Tried to allocate %s on device %d: %s", b, device,
-           why);
+  if (st == NF_ERR_OOM)
+    snprintf(msg, sizeof msg, "CUDA out of memory (nofrag). Tried to allocate %s on device %d: %s", b, device, why);
+  else
+    snprintf(msg, sizeof msg, "nofrag: allocating %s on device %d failed (not out of memory): %s", b, device, why);
   nft_error("%s", msg);
   nft_throw_fn thrower = atomic_load(&g_throw);
   if (atomic_load(&g_throw_enabled) && thrower) thrower("nf_torch_alloc", __FILE__, (uint32_t)__LINE__, msg);
@@ -223,7 +232,14 @@ static void *alloc_impl(size_t size, int device, void *stream, uint64_t id) {
     pthread_mutex_lock(&g_mu);
     snprintf(why, sizeof why, "%s", g_err);
     pthread_mutex_unlock(&g_mu);
-    return nft_fail_alloc(size, device, why);
+    return nft_fail_alloc(size, device, device < 0 || device >= NFT_MAX_DEVICES ? NF_ERR_INVALID : NF_ERR_BACKEND, why);
+  }
+  if (atomic_load_explicit(&devs[device].refuse, memory_order_relaxed) && size) {
+    atomic_fetch_add_explicit(&devs[device].ooms, 1, memory_order_relaxed);
+    char why[160];
+    snprintf(why, sizeof why, "the memory fraction %g leaves less than one granule (set_per_process_memory_fraction)",
+             nf_torch_get_fraction(device));
+    return nft_fail_alloc(size, device, NF_ERR_OOM, why);
   }
   void *p = id ? nf_alloc_private(pool, id, size, (nf_stream_t)stream) : nf_alloc(pool, size, (nf_stream_t)stream);
   if (p && tl_host_min && size >= tl_host_min &&
@@ -231,6 +247,7 @@ static void *alloc_impl(size_t size, int device, void *stream, uint64_t id) {
     nf_offload_wait(pool); // best effort: on failure the block stays on the device
   if (p) {
     count_alloc(&devs[device], size);
+    t_status = NF_OK;
     return p;
   }
   if (size == 0) return NULL; // PyTorch expects NULL for empty storages
@@ -250,7 +267,7 @@ static void *alloc_impl(size_t size, int device, void *stream, uint64_t id) {
   nf__fmt_bytes(ph, sizeof ph, st.physical);
   snprintf(why, sizeof why, "%s: %s (live %s, physical %s, limit %s)%s", nf_status_str(ls), cause, lv, ph,
            lim, hint);
-  return nft_fail_alloc(size, device, why);
+  return nft_fail_alloc(size, device, ls, why);
 }
 
 NF_API void *nf_torch_alloc(size_t size, int device, void *stream) { return alloc_impl(size, device, stream, 0); }
@@ -301,12 +318,15 @@ NF_API int nf_torch_free_any(void *ptr) {
     nf_status_t st = nf_free_ex(pool, ptr, &n, NF_FREE_PROBE);
     if (st == NF_ERR_FOREIGN) continue;
     if (st != NF_OK) {
+      t_status = st;
       nft_error("free of %p on device %d failed: %s: %s", ptr, i, nf_status_str(st), nf_last_error());
       return -1;
     }
     count_free(&devs[i], n);
+    t_status = NF_OK;
     return i;
   }
+  t_status = NF_ERR_INVALID;
   nft_error("free of %p: not a live block of any nofrag pool", ptr);
   return -1;
 }
@@ -350,7 +370,12 @@ NF_API void nf_torch_reset(void) {
 
 // set_per_process_memory_fraction: limit = fraction x the device's total
 // memory, as PyTorch's allocator computes it (cudaMemGetInfo's total).
+// A fraction that leaves less than one granule (0 among them) makes every
+// request fail (PyTorch's allocator fails those that need new memory);
+// nf_set_limit(0) would instead mean "the whole device". The pool keeps its
+// limit meanwhile.
 NF_API void nf_torch_set_fraction(double fraction, int device) {
+  t_status = NF_ERR_INVALID;
   if (!(fraction >= 0.0 && fraction <= 1.0)) {
     nft_error("memory fraction %g out of range 0..1", fraction);
     return;
@@ -361,41 +386,53 @@ NF_API void nf_torch_set_fraction(double fraction, int device) {
   uint64_t total = 0, avail = 0;
   nf_status_t st = be->ops->capacity(be, NF_TIER_DEVICE, &total, &avail);
   if (st != NF_OK) {
+    t_status = st;
     nft_error("set_per_process_memory_fraction: capacity: %s", be->err);
     return;
   }
   uint64_t limit = (uint64_t)(fraction * (double)total);
-  st = nf_set_limit(pool, limit);
-  if (st != NF_OK) {
+  nf_stats_t s;
+  nf_stats_get(pool, &s);
+  bool refuse = limit < s.granule;
+  if (!refuse && (st = nf_set_limit(pool, limit)) != NF_OK) {
+    t_status = st;
     nft_error("set_per_process_memory_fraction(%g) on device %d: %s: %s", fraction, device, nf_status_str(st),
               nf_last_error());
     return;
   }
   pthread_mutex_lock(&g_mu);
   devs[device].fraction = fraction;
+  devs[device].set = true;
+  atomic_store(&devs[device].refuse, refuse);
   pthread_mutex_unlock(&g_mu);
+  t_status = NF_OK;
 }
 
 NF_API double nf_torch_get_fraction(int device) {
   if (device < 0 || device >= NFT_MAX_DEVICES) return 0.0;
   pthread_mutex_lock(&g_mu);
-  double f = devs[device].fraction;
+  double f = devs[device].set ? devs[device].fraction : 1.0;
   pthread_mutex_unlock(&g_mu);
-  return f > 0.0 ? f : 1.0;
+  return f;
 }
 
 // Tensor.record_stream: the block must not be reused before `stream`'s work
 // queued up to its free completes. The hook carries no device: find the
 // pool that owns the pointer.
 NF_API void nf_torch_record_stream(void *ptr, void *stream) {
+  t_status = NF_OK;
   if (!ptr) return;
   for (int i = 0; i < NFT_MAX_DEVICES; i++) {
     nf_pool_t *pool = torch_pool_get(i, 0);
     if (!pool || nf_block_size(pool, ptr) == 0) continue;
     nf_status_t st = nf_record_stream(pool, ptr, (nf_stream_t)stream);
-    if (st != NF_OK) nft_error("record_stream(%p): %s: %s", ptr, nf_status_str(st), nf_last_error());
+    if (st != NF_OK) {
+      t_status = st;
+      nft_error("record_stream(%p): %s: %s", ptr, nf_status_str(st), nf_last_error());
+    }
     return;
   }
+  t_status = NF_ERR_INVALID;
   nft_error("record_stream(%p): not a live nofrag block", ptr);
 }
 
@@ -492,11 +529,15 @@ NF_API void nf_torch_shutdown(void) {
     if (d->be) nf_backend_destroy(d->be);
     d->be = NULL;
     d->fraction = 0.0;
+    d->set = false;
+    atomic_store(&d->refuse, 0);
   }
   atomic_store(&g_pools, 0);
   pthread_mutex_unlock(&g_mu);
   for (int i = 0; i < NFT_MAX_DEVICES; i++) nf_torch_reset_counters(i);
 }
+
+NF_API int nf_torch_last_status(void) { return t_status; }
 
 // The calling thread's own last error first: an OOM message must not be
 // another thread's failure that landed in between (g_err is process-wide).
@@ -544,7 +585,7 @@ NF_API size_t nf_stats_offset(const char *field) {
       F(calls.event_sync), F(calls.stream_wait), F(calls.copy), F(backend_calls), F(fragmentation),
       F(spilled), F(spilled_peak), F(offloaded), F(offloaded_disk), F(host_physical), F(host_physical_peak),
       F(spills), F(offloads), F(prefetches), F(views), F(view_reuses), F(view_moves), F(view_evictions),
-      F(units), F(units_made), F(units_unmapped), F(unit_splits),
+      F(units), F(units_made), F(units_unmapped), F(unit_splits), F(physical_created), F(physical_released),
 #undef F
   };
   if (!field) return (size_t)-1;

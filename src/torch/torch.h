@@ -34,7 +34,8 @@ NF_API int nf_torch_device_count(void);
 NF_API void nf_torch_reset(void);
 
 //! set_per_process_memory_fraction: limit = fraction x the device's total
-//! memory, as PyTorch's allocator computes it (cudaMemGetInfo's total).
+//! memory, as PyTorch's allocator computes it (cudaMemGetInfo's total). A
+//! fraction leaving less than one granule (0 too) fails every request.
 NF_API void nf_torch_set_fraction(double fraction, int device);
 
 NF_API double nf_torch_get_fraction(int device);
@@ -70,6 +71,12 @@ NF_API int nf_torch_config_string(int device, char *buf, size_t len);
 NF_API void nf_torch_shutdown(void);
 
 NF_API const char *nf_torch_last_error(void);
+
+//! This thread's status from its last hook call that reports one (alloc,
+//! free_any, record_stream, set_fraction): NF_OK, or why it failed
+//! (NF_ERR_OOM only for out of memory). The hooks keep PyTorch's void
+//! signatures; the C++ adapter raises from this.
+NF_API int nf_torch_last_status(void);
 
 //! Let Python hand over the thrower when the dlopen look-up did not find it
 //! (fn NULL: keep the current one). Returns 1 when a thrower is installed.
