@@ -374,10 +374,12 @@ NF_API nf_status_t nf_offload(nf_pool_t *pool, void *ptr, nf_stream_t stream, nf
 //! found as for nf_alloc (stitching; spill is not used). NF_ERR_OOM leaves the
 //! block offloaded and intact. A block whose offload copy has not completed yet
 //! never left the device: the copy is dropped without a host wait (its stream
-//! then counts as a record_stream stream of the block). A block that is not
-//! offloaded but has spilled granules: they move to the device (the host waits
-//! for the block's streams first, since such a block may be in use); else NF_OK,
-//! no-op. A copy back queued on a stream other than the block's own counts as
+//! then counts as a record_stream stream of the block, and `stream` waits on
+//! it on the GPU, so that work queued on `stream` sees the data). A block that is not
+//! offloaded but has spilled granules: those wholly inside it move to the device
+//! (the host waits for the block's streams first, since such a block may be in
+//! use); a spilled edge granule, which may hold a neighbour's bytes too, stays
+//! on the host (nf_block_tiers counts it there); else NF_OK, no-op. A copy back queued on a stream other than the block's own counts as
 //! a record_stream stream of the block: freeing it on its own stream does not
 //! let its memory be reused or unmapped before the copy has landed.
 //! A failing backend: an error, and the block stays offloaded, intact (where
@@ -396,9 +398,10 @@ NF_API nf_status_t nf_prefetch(nf_pool_t *pool, void *ptr, nf_stream_t stream);
 NF_API nf_status_t nf_offload_wait(nf_pool_t *pool);
 
 //! Where a live block's bytes are: bytes[NF_TIER_DEVICE], bytes[NF_TIER_HOST],
-//! bytes[NF_TIER_DISK] (edge granules shared with neighbours count as device;
-//! spilled granules as host, like offloaded ones: nf_prefetch moves both;
-//! detached host bytes count as host).
+//! bytes[NF_TIER_DISK], by where each granule is (an edge granule shared with a
+//! neighbour counts where it is: device, or host if it was spilled; offloaded
+//! and spilled granules count as host, detached host bytes too). nf_prefetch
+//! brings back all but spilled edge granules.
 //! NF_ERR_INVALID if `ptr` is not a live block.
 NF_API nf_status_t nf_block_tiers(nf_pool_t *pool, const void *ptr, uint64_t bytes[3]);
 

@@ -590,6 +590,45 @@ static void test_host_granule_oom_message(void **state) {
   }
 }
 
+// A disk offload whose copy out was queued and whose wait then failed: the
+// copy may still read the block, so a retry (on another stream) must not
+// unmap the range under it. Each call of the first offload fails in turn;
+// the host backend counts an unmap under a copy in flight as a violation.
+static void test_disk_offload_failed_wait_drains(void **state) {
+  (void)state;
+  int failed_waits = 0;
+  for (int k = 1; k <= 12; k++) {
+    nf_backend_t *host = nft_host(1024 * G, G), *be;
+    assert_int_equal(nf_backend_fault_create(&be, host, 0, 0, 1), NF_OK);
+    nf_pool_t *p = nft_pool_on(be, "limit:1MiB,views:0");
+    assert_non_null(p);
+    nf_backend_host_set_manual_events(host, 1);
+    nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+    void *b = nf_alloc(p, 4 * G, A);
+    assert_non_null(b);
+    nft_fill(b, 4 * G, 40 + k);
+    uint64_t base, failed;
+    nf_backend_fault_counts(be, &base, &failed);
+    nf_backend_fault_set(be, base + k, 0);
+    nf_status_t r = nf_offload(p, b, B, NF_TIER_DISK);
+    if (r != NF_OK) {
+      assert_true(nf_last_error()[0] != '\0');
+      failed_waits += strstr(nf_last_error(), "waiting for the copy failed") != NULL;
+    }
+    nf_backend_fault_set(be, 0, 0);
+    if (r != NF_OK) assert_int_equal(nf_offload(p, b, A, NF_TIER_DISK), NF_OK); // the retry
+    nf_backend_host_complete_events(host);
+    assert_int_equal(nf_prefetch(p, b, A), NF_OK);
+    assert_int_equal(nf_backend_host_violations(host), 0);
+    assert_true(nft_check(b, 4 * G, 40 + k));
+    assert_int_equal(nf_free(p, b), NF_OK);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be); // and host, which it owns
+  }
+  assert_true(failed_waits >= 2); // the event record and the event sync after the copy
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   if (getenv("NF_FILTER")) cmocka_set_test_filter(getenv("NF_FILTER"));
@@ -599,6 +638,7 @@ int main(void) {
       cmocka_unit_test(test_window_without_access),
       cmocka_unit_test(test_disk_short_write),         cmocka_unit_test(test_finish_failure_deferred),
       cmocka_unit_test(test_poll_failure_returned),    cmocka_unit_test(test_host_granule_oom_message),
+      cmocka_unit_test(test_disk_offload_failed_wait_drains),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

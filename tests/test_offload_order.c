@@ -420,9 +420,39 @@ static void test_failed_prefetch_waits_for_its_copy(void **state) {
   }
 }
 
+// A prefetch that finds the offload's copy still in flight cancels it (the
+// block never left the device); work queued on the prefetch's stream must
+// still see the data, i.e. run after the work that wrote it (the copy is in
+// flight because that work may still be running). Running only S's queue
+// shows it: without the ordering, S's check runs before A's fill.
+static void test_cancelled_offload_orders_the_prefetch_stream(void **state) {
+  (void)state;
+  nf_tier_t tiers[] = {NF_TIER_HOST, NF_TIER_HOST_DETACHED};
+  for (int t = 0; t < 2; t++) {
+    lz_t *l = lz_create(1024 * G);
+    nf_pool_t *p = nft_pool_on(&l->be, "limit:1MiB");
+    nf_stream_t A = (nf_stream_t)0x11, S = (nf_stream_t)0x22;
+    void *b = nf_alloc(p, 4 * G, A);
+    assert_non_null(b);
+    lz_fill(l, A, b, 4 * G, 9);                      // queued on A, not run
+    assert_int_equal(nf_offload(p, b, A, tiers[t]), NF_OK); // its copy queued behind the fill
+    assert_int_equal(nf_prefetch(p, b, S), NF_OK);   // cancels the offload
+    lz_check(l, S, b, 4 * G, 9);
+    lz_flush(l, S, UINT64_MAX);                      // S first (and what it waits for)
+    if (l->corrupt || l->failed_ops) fail_msg("tier %d: %s", (int)tiers[t], l->what);
+    assert_int_equal(nf_free(p, b), NF_OK);
+    lz_sync_all(l);
+    if (l->corrupt || l->unmapped_busy || l->failed_ops) fail_msg("tier %d: %s", (int)tiers[t], l->what);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_pool_destroy(p);
+    nf_backend_destroy(&l->be);
+  }
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_lazy_random),
+                                     cmocka_unit_test(test_cancelled_offload_orders_the_prefetch_stream),
                                      cmocka_unit_test(test_failed_prefetch_waits_for_its_copy)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

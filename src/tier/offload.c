@@ -218,6 +218,21 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   if (st != NF_OK || !nf__owned(p, b, &g0, &g1)) goto out;
   if (b->where) o = nf__offl_find(p, b, &link);
   if (o && o->x) { // still copying out: the block never left the device (not counted: nothing moved)
+    // The copy is in flight because the work it follows may still run:
+    // stream s must see the block's data after that work (nf_prefetch's
+    // promise). The copy's stream was ordered after every stream of the
+    // block, so one record there, after the copy, covers them all (no host
+    // wait). On failure nothing is cancelled.
+    uint32_t c = o->x->s;
+    if (c != s) {
+      st = nf__stream_record(p, c);
+      if (st == NF_OK)
+        st = NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, nf__stream_event(&p->streams[c]));
+      if (st != NF_OK) {
+        st = nf__error(st, "nofrag: prefetch: ordering after the offload's copy failed: %s", p->be->err);
+        goto out;
+      }
+    }
     offload_cancel(b, o);
   } else if (b->where == NF_TIER_DISK) {
     if ((st = nf__prefetch_disk(p, b, o, s, g0, g1)) != NF_OK) goto out;

@@ -39,7 +39,10 @@ static nf_status_t file_io(nf_pool_t *p, bool out, char *buf, uint64_t n, uint64
   return NF_OK;
 }
 
-static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, uint64_t len, uint32_t s) {
+// *undrained (out): a copy was queued and could not be waited for: it may
+// still read the block (the caller makes the block's free wait for s).
+static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, uint64_t len, uint32_t s,
+                           bool *undrained) {
   uint64_t chunk = len < BOUNCE_MAX ? len : BOUNCE_MAX;
   char *buf = malloc(chunk);
   if (!buf) return nf__error(NF_ERR_NOMEM, "nofrag: offload: out of host memory for a bounce buffer");
@@ -50,9 +53,13 @@ static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, u
     if (out) {
       p->st.calls.copy++;
       st = p->be->ops->copy(p->be, (uintptr_t)buf, va + k, n, r->handle);
-      if (st == NF_OK && (st = nf__stream_record(p, s)) == NF_OK)
-        st = NF_BE(p, event_sync, event_sync, nf__stream_event(r));
       if (st != NF_OK) { nf__error(st, "nofrag: offload to disk: copy failed: %s", p->be->err); break; }
+      if ((st = nf__stream_record(p, s)) == NF_OK) st = NF_BE(p, event_sync, event_sync, nf__stream_event(r));
+      if (st != NF_OK) {
+        nf__error(st, "nofrag: offload to disk: waiting for the copy failed: %s", p->be->err);
+        if (!nf__xfer_drain(p, s)) *undrained = true; // (keeps this error)
+        break;
+      }
       st = file_io(p, true, buf, n, off + k);
     } else if ((st = file_io(p, false, buf, n, off + k)) == NF_OK) {
       p->st.calls.copy++;
@@ -71,10 +78,15 @@ nf_status_t nf__offload_disk(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g
   nf_offl_t *o = calloc(1, sizeof *o);
   if (!o) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
   nf_status_t st = disk_open(p);
+  bool undrained = false;
   if (st == NF_OK) st = nf__order_block(p, b, s);
-  if (st == NF_OK) st = disk_io(p, true, p->disk_end, c->base + (g0 << p->gshift), len, s);
+  if (st == NF_OK) st = disk_io(p, true, p->disk_end, c->base + (g0 << p->gshift), len, s, &undrained);
   if (st == NF_OK) st = nf__unmap_run(p, c, g0, g1); // one mapping run: the block owns it whole
-  if (st != NF_OK) { free(o); return st; }
+  if (st != NF_OK) {
+    if (undrained) nf__prefetched_on(b, s); // a later unmap or free waits for that copy too (as the host tiers)
+    free(o);
+    return st;
+  }
   o->b = b;
   o->n = g1 - g0;
   o->off = p->disk_end;
@@ -103,15 +115,15 @@ nf_status_t nf__prefetch_disk(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_
   p->away_granules -= o->n;
   nf_status_t st = nf__map_range(p, c, g0, g1, o->n << p->gshift, false);
   if (st == NF_ERR_OOM) nf__prefetch_oom(p, o->n);
-  bool io = st == NF_OK;
-  if (io) st = disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s);
+  bool io = st == NF_OK, unused = false; // (the prefetch path handles its own undrained copies, below)
+  if (io) st = disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s, &unused);
   // Copies into the range that cannot be waited for may still be writing it,
   // which then cannot be unmapped: the whole range is read and queued again
   // instead (the file keeps the data), and the prefetch completes in stream
   // order. Each way is tried 3 times (both failing 3 times: the unmap below
   // goes ahead under them, the one case left).
   for (int t = 0; t < 3 && st != NF_OK && io && !nf__xfer_drain(p, s); t++)
-    if (disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s) == NF_OK) st = NF_OK;
+    if (disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s, &unused) == NF_OK) st = NF_OK;
   if (st != NF_OK) {
     // The range must be unmapped again (map_range's own rollback may have
     // left granules behind on a failing backend), once the chunks already

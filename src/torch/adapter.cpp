@@ -107,7 +107,11 @@ void NofragAllocator::beginAllocateToPool(c10::DeviceIndex device, MempoolId_t m
   Route r{mempool_id, key, device, std::move(filter), false, {}};
   cudaStream_t cur = c10::cuda::getCurrentCUDAStream(device).stream();
   if (is_capturing(cur) || !r.filter(cur)) { // a capture (see the header comment)
-    check(nf_private_begin(p, key, (nf_stream_t)cur), "beginAllocateToPool");
+    if (nf_private_begin(p, key, (nf_stream_t)cur) != NF_OK) {
+      std::string why = lib_error();
+      nf_private_release(p, key); // the use taken above
+      throw_error("nofrag: beginAllocateToPool: " + why);
+    }
     r.capture = true;
     r.streams.push_back(cur);
     captures_.fetch_add(1);
@@ -181,15 +185,40 @@ bool NofragAllocator::checkPoolLiveAllocations(c10::DeviceIndex device, MempoolI
   return true;
 }
 
+namespace {
+// Live blocks' allocation streams, from the pool's walk (a C callback: no
+// exception may leave it).
+struct StreamsOf {
+  std::unordered_map<uintptr_t, cudaStream_t> m;
+  bool failed = false;
+  static void cb(void* ctx, const nf_torch_seg_t*, const nf_torch_blk_t* b) {
+    auto* s = static_cast<StreamsOf*>(ctx);
+    if (!b || b->state != 1 || s->failed) return;
+    try {
+      s->m.emplace(b->addr, (cudaStream_t)b->stream);
+    } catch (...) {
+      s->failed = true;
+    }
+  }
+};
+} // namespace
+
+// Each live block keeps its allocation stream, as PyTorch's checkpoint does:
+// a block re-created on another stream would be reused there, once freed,
+// without being ordered after the stream that really used it.
 std::shared_ptr<cca::AllocatorState> NofragAllocator::getCheckpointState(c10::DeviceIndex device, MempoolId_t id) {
   auto st = std::make_shared<PoolState>();
   st->id = id;
   st->device = device;
   nf_pool_t* p = nf_torch_pool_get(device, 0);
+  StreamsOf streams;
+  if (p) nf_torch_walk(p, &StreamsOf::cb, &streams);
+  TORCH_CHECK(!streams.failed, "nofrag: getCheckpointState: out of host memory");
   cudaStream_t cur = c10::cuda::getCurrentCUDAStream(device).stream();
   for (void* q : live_of(device, id)) {
     st->live.emplace_back(q, p ? nf_block_size(p, q) : 0);
-    st->streams.push_back(cur);
+    auto it = streams.m.find((uintptr_t)q);
+    st->streams.push_back(it != streams.m.end() ? it->second : cur);
   }
   return st;
 }

@@ -77,7 +77,8 @@ cca::SnapshotInfo NofragAllocator::snapshot(MempoolId_t mempool, bool include_tr
   }
   if (include_traces) {
     auto conv = clock_.makeConverter();
-    out.device_traces.resize(traces_.size());
+    // One list per device, as PyTorch's (readers index it by device).
+    out.device_traces.resize(std::max<size_t>(traces_.size(), (size_t)std::max<int>(0, c10::cuda::device_count())));
     for (size_t d = 0; d < traces_.size(); d++)
       for (const auto& te : traces_[d]) {
         out.device_traces[d].push_back(te);
