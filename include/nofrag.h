@@ -366,6 +366,8 @@ typedef struct nf_stats_s {
 //! While a stream is being captured (nf_private_begin), nf_offload,
 //! nf_prefetch and nf_offload_wait fail with NF_ERR_INVALID and change
 //! nothing: they make event calls and copies, which a capture forbids.
+//! A block exported with nf_ipc_export (CUDA IPC) stays on the device until it
+//! is freed: another process maps its memory (NF_ERR_INVALID, nothing changes).
 NF_API nf_status_t nf_offload(nf_pool_t *pool, void *ptr, nf_stream_t stream, nf_tier_t tier);
 
 //! Bring an offloaded block back to device memory at the same address; the

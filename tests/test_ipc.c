@@ -123,8 +123,52 @@ static void test_errors(void **state) {
   nf_backend_destroy(be);
 }
 
+// A shared block's device memory is mapped by the importer: offloading it
+// would move the exporter's bytes away from what the importer sees, so it is
+// refused (nothing changes); a block made later at the same place is not shared.
+static void test_shared_block_stays(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool_new(&be);
+  size_t n = 8 * G;
+  void *b = nf_alloc(p, n, NULL);
+  assert_non_null(b);
+  nft_fill(b, n, 21);
+  char h[512];
+  int fds[16];
+  size_t nfds = 0;
+  uint64_t off;
+  assert_int_equal(nf_ipc_export(p, b, h, sizeof h, fds, 16, &nfds, &off), NF_OK);
+  void *base;
+  nf_ipc_map_t *m;
+  assert_int_equal(nf_ipc_import(be, h, &base, &m), NF_OK);
+  nf_tier_t tiers[] = {NF_TIER_HOST, NF_TIER_HOST_DETACHED, NF_TIER_DISK};
+  for (int t = 0; t < 3; t++) {
+    assert_int_equal(nf_offload(p, b, NULL, tiers[t]), NF_ERR_INVALID);
+    assert_non_null(strstr(nf_last_error(), "shared with another process"));
+  }
+  uint64_t bytes[3];
+  assert_int_equal(nf_block_tiers(p, b, bytes), NF_OK);
+  assert_int_equal(bytes[NF_TIER_HOST] + bytes[NF_TIER_DISK], 0);
+  assert_true(nft_check(b, n, 21));
+  assert_true(nft_check((char *)base + off, n, 21)); // the importer's view is the same memory
+  nf_ipc_close(m);
+  for (size_t i = 0; i < nfds; i++) close(fds[i]);
+  assert_int_equal(nf_free(p, b), NF_OK);
+  void *c = nf_alloc(p, n, NULL);
+  assert_non_null(c);
+  assert_int_equal(nf_offload(p, c, NULL, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  assert_int_equal(nf_prefetch(p, c, NULL), NF_OK);
+  assert_int_equal(nf_free(p, c), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_shared_block_stays),
       cmocka_unit_test(test_share_with_child),
       cmocka_unit_test(test_errors),
   };

@@ -387,6 +387,20 @@ static void test_lazy_random(void **state) {
   if (s) lz_random(s, confs[s % 3]);
 }
 
+// A lazy GPU, a pool on it and a 4-granule block on stream LZ_A, filled with
+// `tag` and offloaded to `tier` on LZ_A: the fill and the copy are queued, not run.
+#define LZ_A ((nf_stream_t)0x11)
+static nf_pool_t *lz_offloaded(lz_t **l, void **b, nf_tier_t tier, uint64_t tag) {
+  *l = lz_create(1024 * G);
+  nf_pool_t *p = nft_pool_on(&(*l)->be, "limit:1MiB");
+  assert_non_null(p);
+  *b = nf_alloc(p, 4 * G, LZ_A);
+  assert_non_null(*b);
+  lz_fill(*l, LZ_A, *b, 4 * G, tag);
+  assert_int_equal(nf_offload(p, *b, LZ_A, tier), NF_OK);
+  return p;
+}
+
 // A prefetch that fails after its copy was queued (the event record after it
 // fails) must wait for that copy before it unmaps or remaps the block's
 // range, even when the next record fails once more (before the fix the
@@ -395,13 +409,10 @@ static void test_failed_prefetch_waits_for_its_copy(void **state) {
   (void)state;
   nf_tier_t tiers[] = {NF_TIER_HOST_DETACHED, NF_TIER_HOST};
   for (int t = 0; t < 2; t++) {
-    lz_t *l = lz_create(1024 * G);
-    nf_pool_t *p = nft_pool_on(&l->be, "limit:1MiB");
-    nf_stream_t A = (nf_stream_t)0x11, S = (nf_stream_t)0x22;
-    void *b = nf_alloc(p, 4 * G, A);
-    assert_non_null(b);
-    lz_fill(l, A, b, 4 * G, 5);
-    assert_int_equal(nf_offload(p, b, A, tiers[t]), NF_OK);
+    lz_t *l;
+    void *b;
+    nf_pool_t *p = lz_offloaded(&l, &b, tiers[t], 5);
+    nf_stream_t A = LZ_A, S = (nf_stream_t)0x22;
     lz_sync_all(l);
     assert_int_equal(nf_offload_wait(p), NF_OK);
     l->fail_records = 2;
@@ -429,13 +440,10 @@ static void test_cancelled_offload_orders_the_prefetch_stream(void **state) {
   (void)state;
   nf_tier_t tiers[] = {NF_TIER_HOST, NF_TIER_HOST_DETACHED};
   for (int t = 0; t < 2; t++) {
-    lz_t *l = lz_create(1024 * G);
-    nf_pool_t *p = nft_pool_on(&l->be, "limit:1MiB");
-    nf_stream_t A = (nf_stream_t)0x11, S = (nf_stream_t)0x22;
-    void *b = nf_alloc(p, 4 * G, A);
-    assert_non_null(b);
-    lz_fill(l, A, b, 4 * G, 9);                      // queued on A, not run
-    assert_int_equal(nf_offload(p, b, A, tiers[t]), NF_OK); // its copy queued behind the fill
+    lz_t *l;
+    void *b;
+    nf_pool_t *p = lz_offloaded(&l, &b, tiers[t], 9); // the fill and the copy behind it queued, not run
+    nf_stream_t S = (nf_stream_t)0x22;
     assert_int_equal(nf_prefetch(p, b, S), NF_OK);   // cancels the offload
     lz_check(l, S, b, 4 * G, 9);
     lz_flush(l, S, UINT64_MAX);                      // S first (and what it waits for)

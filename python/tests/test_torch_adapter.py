@@ -20,6 +20,19 @@ from nofrag import torch_adapter  # noqa: E402
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
+
+def fake_torch(load):
+    """sys.modules patched with a minimal torch whose cpp_extension.load is `load`."""
+    cpp = types.ModuleType("torch.utils.cpp_extension")
+    cpp.load = load
+    torch = types.ModuleType("torch")
+    torch.__version__ = "2.11.0+fake"
+    torch.version = types.SimpleNamespace(cuda="13.0")
+    utils = types.ModuleType("torch.utils")
+    utils.cpp_extension = cpp
+    torch.utils = utils
+    return mock.patch.dict(sys.modules, {"torch": torch, "torch.utils": utils, "torch.utils.cpp_extension": cpp})
+
 class AdapterWithoutTorch(unittest.TestCase):
     def test_sources_found(self):
         src = torch_adapter._source_dir()
@@ -75,16 +88,8 @@ class AdapterLoading(unittest.TestCase):
         def load(**kw):
             seen.update(kw)
             raise RuntimeError("fake compiler")
-        cpp = types.ModuleType("torch.utils.cpp_extension")
-        cpp.load = load
-        torch = types.ModuleType("torch")
-        torch.__version__ = "2.11.0+fake"
-        torch.version = types.SimpleNamespace(cuda="13.0")
-        utils = types.ModuleType("torch.utils")
-        utils.cpp_extension = cpp
-        torch.utils = utils
         d = tempfile.mkdtemp(prefix="nofrag-fake-build-")
-        with mock.patch.dict(sys.modules, {"torch": torch, "torch.utils": utils, "torch.utils.cpp_extension": cpp}):
+        with fake_torch(load):
             path, why = torch_adapter.build_adapter(out_dir=d)
         shutil.rmtree(d, ignore_errors=True)
         self.assertIsNone(path)
@@ -108,17 +113,9 @@ class AdapterLoading(unittest.TestCase):
             if fail[0]:
                 raise RuntimeError("fake link error")
             return out
-        cpp = types.ModuleType("torch.utils.cpp_extension")
-        cpp.load = load
-        torch = types.ModuleType("torch")
-        torch.__version__ = "2.11.0+fake"
-        torch.version = types.SimpleNamespace(cuda="13.0")
-        utils = types.ModuleType("torch.utils")
-        utils.cpp_extension = cpp
-        torch.utils = utils
         d = tempfile.mkdtemp(prefix="nofrag-fake-build-")
         self.addCleanup(shutil.rmtree, d, True)
-        with mock.patch.dict(sys.modules, {"torch": torch, "torch.utils": utils, "torch.utils.cpp_extension": cpp}):
+        with fake_torch(load):
             path, why = torch_adapter.build_adapter(out_dir=d)
             self.assertIsNone(path)
             self.assertIn("fake link error", why)

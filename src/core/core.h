@@ -59,6 +59,7 @@ struct nf_block_s {
   uint8_t where;             // live: NF_TIER_* its owned granules were nf_offload'ed to (0: device)
   uint8_t parked;            // free, parked un-coalesced in a bin (fprev/fnext: the bin's list)
   uint8_t memo;              // its last allocation was where placement puts it (see nf_pool_t.fx)
+  uint8_t shared;            // live: exported by nf_ipc_export (its granules must stay where they are)
   uint64_t fx;               // p->fx after its allocation / its park
 };
 

@@ -171,6 +171,7 @@ static inline void *alloc_done(nf_pool_t *p, nf_block_t *b, size_t size, uint64_
   b->stream = (uint16_t)s;
   b->req = size;
   b->extra = 0;
+  b->shared = 0;
   b->fx = ++p->fx;
   p->st.live += size;
   p->st.live_rounded += rsize;

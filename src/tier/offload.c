@@ -184,6 +184,11 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
     goto out;
   }
   if (!nf__owned(p, b, &g0, &g1)) goto out; // under a granule: nothing it owns alone
+  if (b->shared) { // another process maps these granules (nf_ipc_export): they must not move
+    st = nf__error(NF_ERR_INVALID, "nofrag: nf_offload of %p: the block is shared with another process "
+                   "(nf_ipc_export; CUDA IPC), which maps its device memory: it stays on the device until freed", ptr);
+    goto out;
+  }
   // Mapping units (units:N) are unmapped only whole: the detached and disk
   // tiers unmap the owned range in one run (a unit inside goes back to the
   // backend whole; the prefetch maps single granules), the host tier swaps a

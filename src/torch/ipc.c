@@ -83,7 +83,10 @@ NF_API nf_status_t nf_ipc_export(nf_pool_t *p, const void *ptr, char *buf, size_
                 : snprintf(at, room, " %d:%llu", fd, (unsigned long long)off);
   }
   if (st == NF_OK && (size_t)n >= len) st = nf__error(NF_ERR_INVALID, "nofrag: IPC: handle buffer of %zu B too small", len);
-  if (st == NF_OK) *offset = b->addr - (c->base + (g0 << p->gshift));
+  if (st == NF_OK) {
+    *offset = b->addr - (c->base + (g0 << p->gshift));
+    b->shared = 1; // nf_offload refuses it from now on: the importer maps these granules
+  }
   nf__pool_unlock(p);
   if (st != NF_OK) {
     for (size_t i = 0; i < *nfds; i++) close(fds[i]);

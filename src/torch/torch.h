@@ -138,7 +138,8 @@ NF_API int nf_torch_walk(nf_pool_t *pool, nf_torch_walk_fn fn, void *ctx);
 //! ptr's offset in what the importer maps. Import (another process): map the
 //! handle's memory with backend be; *base is the start of that mapping
 //! (add the exporter's offset); nf_ipc_close unmaps it. The importer needs
-//! ptrace access to the exporter (pidfd_getfd); a refusal says so.
+//! ptrace access to the exporter (pidfd_getfd); a refusal says so. An
+//! exported block is never offloaded (nf_offload refuses it until it is freed).
 typedef struct nf_ipc_map_s nf_ipc_map_t;
 NF_API nf_status_t nf_ipc_export(nf_pool_t *p, const void *ptr, char *buf, size_t len, int *fds, size_t max_fds,
                                  size_t *nfds, uint64_t *offset);
