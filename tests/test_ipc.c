@@ -166,8 +166,61 @@ static void test_shared_block_stays(void **state) {
   nf_backend_destroy(be);
 }
 
+// As on CUDA, host memory cannot be shared: a block that spill put partly
+// in host memory is refused with a clear error (the CPU test would pass where
+// the GPU fails otherwise); an import's extent must lie in the shared memory;
+// the fault backend forwards (and counts) export and import.
+static void test_ipc_refusals(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 64ull << 20, G, "limit:1MiB,spill:host,spill_limit:4MiB");
+  assert_non_null(p);
+  void *a = nf_alloc(p, 12 * G, NULL), *b = nf_alloc(p, 8 * G, NULL); // b: past the limit, spilled
+  assert_true(a && b);
+  char h[512];
+  int fds[16];
+  size_t nfds = 5;
+  uint64_t off;
+  assert_int_equal(nf_ipc_export(p, b, h, sizeof h, fds, 16, &nfds, &off), NF_ERR_UNSUPPORTED);
+  assert_non_null(strstr(nf_last_error(), "host memory (spill)"));
+  assert_int_equal(nfds, 0);
+  assert_int_equal(nf_ipc_export(p, a, h, sizeof h, fds, 16, &nfds, &off), NF_OK);
+  nf_handle_t x;
+  assert_int_equal(be->ops->mem_import(be, fds[0], 1ull << 40, G, &x), NF_ERR_INVALID); // past the end
+  assert_int_equal(be->ops->mem_import(be, fds[0], G / 2, G, &x), NF_ERR_INVALID);      // not a granule
+  for (size_t i = 0; i < nfds; i++) close(fds[i]);
+  nf_free(p, a);
+  nf_free(p, b);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+
+  nf_backend_t *inner = nft_host(64ull << 20, G), *fbe;
+  assert_int_equal(nf_backend_fault_create(&fbe, inner, 0, 0, 1), NF_OK);
+  p = nft_pool_on(fbe, NULL);
+  assert_non_null(p);
+  a = nf_alloc(p, 3 * G, NULL);
+  assert_non_null(a);
+  uint64_t calls, failed;
+  nf_backend_fault_counts(fbe, &calls, &failed);
+  nf_backend_fault_set(fbe, calls + 2, 0); // the second export fails
+  assert_int_equal(nf_ipc_export(p, a, h, sizeof h, fds, 16, &nfds, &off), NF_ERR_BACKEND);
+  assert_int_equal(nfds, 0); // the first fd was closed again
+  nf_backend_fault_set(fbe, 0, 0);
+  assert_int_equal(nf_ipc_export(p, a, h, sizeof h, fds, 16, &nfds, &off), NF_OK);
+  void *base;
+  nf_ipc_map_t *m;
+  assert_int_equal(nf_ipc_import(fbe, h, &base, &m), NF_OK);
+  nf_ipc_close(m);
+  for (size_t i = 0; i < nfds; i++) close(fds[i]);
+  nf_free(p, a);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(fbe);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ipc_refusals),
       cmocka_unit_test(test_shared_block_stays),
       cmocka_unit_test(test_share_with_child),
       cmocka_unit_test(test_errors),

@@ -160,8 +160,40 @@ static void test_threads_hot_pair(void **state) {
   nf_backend_destroy(be);
 }
 
+// The hot pair while another thread moves the limit (nf_set_limit): the
+// allocation's "larger than the whole limit" test reads the limit under the
+// pool lock, where nf_set_limit writes it (TSan once saw the read outside).
+// Every request (1 KiB) fits every limit set here, so none may fail.
+static _Atomic int limit_stop;
+static void *limit_mover(void *arg) {
+  (void)arg;
+  for (uint64_t k = 0; !limit_stop; k++)
+    if (nf_set_limit(pool, (k & 1 ? 48ull : 64ull) << 20) != NF_OK) errors++;
+  return NULL;
+}
+
+static void test_threads_set_limit(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  pool = nft_pool(&be, 1ull << 30, G, "limit:64MiB");
+  assert_non_null(pool);
+  errors = 0;
+  limit_stop = 0;
+  pthread_t t[THREADS], m;
+  pthread_create(&m, NULL, limit_mover, NULL);
+  for (uintptr_t i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, pair_worker, (void *)i);
+  for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
+  limit_stop = 1;
+  pthread_join(m, NULL);
+  assert_int_equal(errors, 0);
+  assert_int_equal(nf_pool_check(pool), NF_OK);
+  nf_pool_destroy(pool);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_stress),
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_set_limit),
+                                     cmocka_unit_test(test_threads_stress),
                                      cmocka_unit_test(test_threads_spill_offload),
                                      cmocka_unit_test(test_threads_units),
                                      cmocka_unit_test(test_threads_hot_pair)};

@@ -418,9 +418,44 @@ static void test_unit_size_bounded(void **state) {
   nf_backend_destroy(be);
 }
 
+// Near the limit a block placed over part of a free unit splits it (unmaps
+// it) -- but not in a private pool with users: its free ranges are a captured
+// graph's temporaries, which its replays write to (nofrag.h: only
+// nf_private_trim unmaps them). Here the graph's freed temporary holds units;
+// a later allocation from the same pool, near the limit, must leave them.
+static void test_private_units_stay(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "units:16,limit:4MiB,views:0"); // 64 granules
+  assert_non_null(p);
+  nf_stream_t s = (nf_stream_t)1;
+  uint64_t id = 7;
+  assert_int_equal(nf_private_incref(p, id), NF_OK);
+  assert_int_equal(nf_private_begin(p, id, s), NF_OK); // a capture
+  void *a = nf_alloc(p, 40 * G, s), *b = nf_alloc(p, 20 * G, s);
+  assert_true(a && b);
+  assert_int_equal(nf_free(p, a), NF_OK); // the graph's temporary
+  nf_private_end(p, id);
+  nf_stats_t s0 = nft_stats_of(p);
+  assert_true(s0.units > 0);
+  void *c = nf_alloc_private(p, id, 18 * G, s); // over part of a's units, within an eighth of the limit
+  assert_non_null(c);
+  nf_free(p, c);
+  nf_stats_t s1 = nft_stats_of(p);
+  assert_int_equal(s1.unit_splits, s0.unit_splits);
+  assert_int_equal(s1.units_unmapped, s0.units_unmapped);
+  nft_fill(a, 40 * G, 3); // "replay": the temporary's range is still mapped (else this faults)
+  assert_true(nft_check(a, 40 * G, 3));
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_private_release(p, id), NF_OK);
+  nf_free(p, b);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_unit_size_bounded),
+      cmocka_unit_test(test_unit_size_bounded), cmocka_unit_test(test_private_units_stay),
       cmocka_unit_test(test_growth_makes_units), cmocka_unit_test(test_split_near_the_limit),
       cmocka_unit_test(test_offload_ipc_whole), cmocka_unit_test(test_stranded_units_at_the_limit),
       cmocka_unit_test(test_random_patterns),

@@ -10,8 +10,11 @@
 // Contexts: PyTorch (and the runtime API in general) works in the device's
 // primary context, so every op makes that context current on the calling
 // thread when it is not already (a thread that never touched CUDA has none).
-// A different non-primary context that a caller had current is restored
-// afterwards, so we never leave foreign threads in a surprising state.
+// Whatever the caller had current -- another context, or none -- is restored
+// afterwards, so we never leave foreign threads in a surprising state (a
+// thread left with device 1's context would report device 1 as its current
+// device). The one exception is creation, which binds the primary context
+// on a thread that has none, for plain C programs' own driver calls.
 //
 // Thread safety: the driver entry points are thread-safe; this file's only
 // shared state is the function table (filled once under pthread_once) and a
@@ -227,20 +230,24 @@ static nf_status_t cu_fail(nf_backend_t *be, CUresult r, const char *call) {
   return nf__backend_fail(be, st, "%s: %s: %s", call, cu_name(r), cu_str(r));
 }
 
-// Make the primary context current; returns the context to restore (NULL
-// when nothing needs restoring). See the header comment for why.
+// Make the primary context current; returns the context to restore
+// (CTX_KEEP: ours was current already). A thread that had none gets none
+// back: the runtime adopts a current context, so leaving ours would change
+// that thread's current device (cudaGetDevice, torch.cuda.current_device)
+// to this pool's. See the header comment.
+#define CTX_KEEP ((CUcontext)(uintptr_t)1)
 static CUresult ctx_enter(cuda_be_t *c, CUcontext *restore) {
   CUcontext cur = NULL;
-  *restore = NULL;
+  *restore = CTX_KEEP;
   CUresult r = cu.CtxGetCurrent(&cur);
   if (r != CUDA_SUCCESS) return r;
   if (cur == c->ctx) return CUDA_SUCCESS;
   r = cu.CtxSetCurrent(c->ctx);
-  if (r == CUDA_SUCCESS) *restore = cur; // NULL when the thread had none: leave ours current
+  if (r == CUDA_SUCCESS) *restore = cur; // NULL: unbind again afterwards
   return r;
 }
 static void ctx_leave(CUcontext restore) {
-  if (restore) (void)cu.CtxSetCurrent(restore);
+  if (restore != CTX_KEEP) (void)cu.CtxSetCurrent(restore);
 }
 
 // Run one driver call with the primary context current. `what` is the call

@@ -130,6 +130,19 @@ static nf_status_t f_add_peer(nf_backend_t *be, int device) {
   FORWARD(be, add_peer, device);
 }
 
+// IPC (optional ops): counted and injected like the rest, so that IPC's
+// failure paths can be tested too.
+static nf_status_t f_mem_export(nf_backend_t *be, nf_handle_t h, int *fd, uint64_t *off) {
+  nf_backend_t *in = fb(be)->inner;
+  if (!in->ops->mem_export) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "the %s backend cannot export memory", in->ops->name);
+  FORWARD(be, mem_export, h, fd, off);
+}
+static nf_status_t f_mem_import(nf_backend_t *be, int fd, uint64_t off, size_t size, nf_handle_t *out) {
+  nf_backend_t *in = fb(be)->inner;
+  if (!in->ops->mem_import) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "the %s backend cannot import memory", in->ops->name);
+  FORWARD(be, mem_import, fd, off, size, out);
+}
+
 static void f_destroy(nf_backend_t *be) {
   fault_backend *f = fb(be);
   nf_backend_destroy(f->inner);
@@ -156,6 +169,8 @@ static const nf_backend_ops_t fault_ops = {
     .event_sync = f_event_sync,
     .stream_wait = f_stream_wait,
     .add_peer = f_add_peer,
+    .mem_export = f_mem_export,
+    .mem_import = f_mem_import,
     .map_room = f_map_room,
     .destroy = f_destroy,
 };

@@ -173,6 +173,10 @@ static nf_status_t unit_dissolve(nf_pool_t *p, nf_block_t *b, uint64_t u0, uint6
 
 nf_status_t nf__units_fit(nf_pool_t *p, nf_block_t *b, bool *unmapped) {
   nf_chunk_t *c = b->chunk;
+  // A private pool's free memory is never unmapped while it has users (a
+  // captured graph's replays write to it; nofrag.h): its units stay, as
+  // far from the limit, and follow the normal rules once it is handed back.
+  if (c->priv) return NF_OK;
   uint64_t s0 = (b->addr - c->base) >> p->gshift, s1 = (b->addr + b->size - c->base + p->granule - 1) >> p->gshift;
   uint64_t o0 = 0, o1 = 0;
   // Far from the limit a stranded granule costs nothing: leave the unit.

@@ -188,18 +188,21 @@ static inline void *alloc_done(nf_pool_t *p, nf_block_t *b, size_t size, uint64_
 }
 
 // Larger than the limit, and spill (up to spill_limit more) cannot serve it.
+// Under the lock (nf__lock, taken by alloc_entry: the limit is read there,
+// as nf_set_limit writes it), which it drops.
 static NF_NOINLINE void *alloc_too_large(nf_pool_t *p, size_t size, nf_stream_t stream) {
+  if (p->hot) nf__hot_settle(p); // as nf__pool_lock: the report walks the blocks
   char req[32], lim[32];
   nf__fmt_bytes(req, sizeof req, size);
   nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);
-  nf__pool_lock(p);
+  bool spill = p->cfg.spill;
   p->st.ooms++;
   bool print = p->obs.oom && p->obs.oom(p, size, stream, true);
   nf__pub_full(p);
   nf__pool_unlock(p);
   if (print) p->obs.oom_print();
   nf__error(NF_ERR_OOM, "nofrag: out of memory: tried to allocate %s (%llu B), more than the whole limit %s%s",
-            req, (unsigned long long)size, lim, p->cfg.spill ? " plus spill_limit" : "");
+            req, (unsigned long long)size, lim, spill ? " plus spill_limit" : "");
   return NULL;
 }
 
@@ -214,11 +217,12 @@ static inline void *alloc_entry(nf_pool_t *p, size_t size, nf_stream_t stream, b
                                 uintptr_t at) {
   if (NF_UNLIKELY(!p)) { nf__error(NF_ERR_INVALID, "nofrag: nf_alloc: NULL pool"); return NULL; }
   if (NF_UNLIKELY(!size)) { nf__error_clear(); return NULL; }
+  nf__lock(&p->lock_); // not nf__pool_lock: the hot block is taken or parked right here
+  // The limit under the lock: nf_set_limit changes it (and may roll it back).
   if (NF_UNLIKELY((uint64_t)size > p->cfg.limit) &&
       (!p->cfg.spill || (uint64_t)size - p->cfg.limit > p->max_host_granules << p->gshift))
     return alloc_too_large(p, size, stream);
   uint64_t rsize = ((uint64_t)size + NF_ALIGN - 1) & ~(NF_ALIGN - 1);
-  nf__lock(&p->lock_); // not nf__pool_lock: the hot block is taken or parked right here
   nf_block_t *b = p->hot;
   if (b) {
     // The hot pair: the block the last free left un-parked, of this size

@@ -193,6 +193,13 @@ class NofragAllocator final : public Pluggable {
 
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
     if (!ptr.get()) return;
+    // The pool's events live in its device's context, and CUDA records an
+    // event only on a stream of the same context; another device's default
+    // stream (handle 0) would even pass for this device's. Refused, loudly.
+    if (ptr.device().index() != stream.device_index())
+      throw_error("nofrag: record_stream of a block on cuda:" + std::to_string((int)ptr.device().index()) +
+                  " with a stream of cuda:" + std::to_string((int)stream.device_index()) +
+                  " is not supported (make that stream wait on one of the block's device, or synchronize)");
     nf_torch_record_stream(ptr.get(), (void*)stream.stream());
     // A dropped record would let the block be reused while `stream` still
     // uses it: raise rather than corrupt (e.g. a pool's 64-stream bound).

@@ -63,8 +63,13 @@ NF_API nf_status_t nf_ipc_export(nf_pool_t *p, const void *ptr, char *buf, size_
     uint64_t u0, un;
     if (nf__unit_of(p, c->phys[g0], &u0, &un)) g0 = u0;
     if (nf__unit_of(p, c->phys[g1 - 1], &u0, &un)) g1 = u0 + un;
-    for (uint64_t g = g0; g < g1; g += nf__unit_of(p, c->phys[g], &u0, &un) ? un : 1) items++;
-    if (items > max_fds) st = nf__error(NF_ERR_INVALID, "nofrag: IPC: block of %llu mappings, room for %zu fds",
+    for (uint64_t g = g0; g < g1; g += nf__unit_of(p, c->phys[g], &u0, &un) ? un : 1) {
+      items++;
+      if (st == NF_OK && p->gran[c->phys[g]].tier != NF_TIER_DEVICE) // spill put it in host memory
+        st = nf__error(NF_ERR_UNSUPPORTED, "nofrag: IPC: block %p lies partly in host memory (spill), which CUDA "
+                       "cannot share; nf_prefetch it first", ptr);
+    }
+    if (st == NF_OK && items > max_fds) st = nf__error(NF_ERR_INVALID, "nofrag: IPC: block of %llu mappings, room for %zu fds",
                                         (unsigned long long)items, max_fds);
   }
   int n = st == NF_OK ? snprintf(buf, len, "%s %ld %llu %llu", NF_IPC_MAGIC, (long)getpid(),

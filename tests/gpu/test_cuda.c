@@ -17,6 +17,8 @@
 // that section alone; "units": the units section, test_cuda_units.c, alone).
 #include "cuda_test.h"
 
+#include <pthread.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -449,6 +451,42 @@ static void test_pool_views(nf_backend_t *be) {
 }
 
 // Destroy gives everything back: the driver's free memory returns to its level.
+// A thread with no CUDA context that makes the pool call the driver (growth)
+// must have none afterwards: the runtime adopts a current context, so one
+// left behind would change that thread's current device to the pool's.
+typedef struct { nf_pool_t *pool; void *before, *after; int ok; } foreign_t;
+static void *foreign_thread(void *arg) {
+  foreign_t *f = arg;
+  cuCtxGetCurrent(&f->before);
+  void *x = nf_alloc(f->pool, 64u << 20, NULL); // new granules: driver calls
+  f->ok = x != NULL && nf_free(f->pool, x) == NF_OK;
+  cuCtxGetCurrent(&f->after);
+  return NULL;
+}
+static void test_pool_foreign_thread(nf_backend_t *be) {
+  printf("-- pool: driver calls from a thread with no context leave it with none\n");
+  nf_pool_t *pool = NULL;
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  CHECK(nf_pool_create(&pool, be, &cfg) == NF_OK, "pool: %s", nf_last_error());
+  if (!pool) return;
+  foreign_t f = {.pool = pool};
+  pthread_t t;
+  pthread_create(&t, NULL, foreign_thread, &f);
+  pthread_join(t, NULL);
+  CHECK(f.ok, "alloc/free on the foreign thread: %s", nf_last_error());
+  CHECK(f.before == NULL, "a new thread already had a context");
+  CHECK(f.after == NULL, "the thread was left with a context (%p)", f.after);
+  void *mine = NULL;
+  DRV(cuCtxGetCurrent(&mine));
+  void *x = nf_alloc(pool, 64u << 20, NULL); // this thread's context stays its own
+  void *now = NULL;
+  DRV(cuCtxGetCurrent(&now));
+  CHECK(x && now == mine, "the calling thread's context changed");
+  nf_free(pool, x);
+  nf_pool_destroy(pool);
+}
+
 static void test_pool_destroy_returns_memory(nf_backend_t *be) {
   printf("-- pool: destroy returns device memory\n");
   uint64_t t, f0, f1, f2;
@@ -498,6 +536,7 @@ int main(int argc, char **argv) {
       test_pool_steady_and_streams(be);
       test_pool_views(be);
       test_pool_destroy_returns_memory(be);
+      test_pool_foreign_thread(be);
       test_pool_peers(be);
       test_pool_units(be);
       test_pool_spill_offload(be);
