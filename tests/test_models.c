@@ -384,6 +384,107 @@ static void test_expandable(void **state) {
   assert_int_equal(r.peak_reserved, 80 * MiB);
 }
 
+// One request larger than an expandable segment (9/8 of the device, 157.97
+// GiB of address space): PyTorch's map fails and it raises OOM. The model
+// walked past the segment's last block (b[-1]) before.
+static void test_expandable_oversized(void **state) {
+  (void)state;
+  syn_t s;
+  syn_init(&s);
+  syn_alloc(&s, 0, (uint64_t)157 << 30, 0); // fits a segment
+  nf__model_result r = syn_run(&s, NF_MODEL_EXPANDABLE, 0);
+  assert_int_equal(r.status, NF_OK);
+  assert_int_equal(r.segments_peak, 1);
+  syn_init(&s);
+  syn_alloc(&s, 0, (uint64_t)158 << 30, 0);
+  syn_free(&s, 0);
+  r = syn_run(&s, NF_MODEL_EXPANDABLE, 0);
+  assert_int_equal(r.status, NF_ERR_OOM);
+  assert_int_equal(r.fail_event, 1);
+  assert_int_equal(r.ops_done, 0);
+  assert_int_equal(r.peak_reserved, 0);
+  // Behind a small block of the same stream and pool: the same OOM.
+  syn_init(&s);
+  syn_alloc(&s, 0, 30 * MiB, 0);
+  syn_alloc(&s, 1, (uint64_t)158 << 30, 0);
+  r = syn_run(&s, NF_MODEL_EXPANDABLE, 0);
+  assert_int_equal(r.status, NF_ERR_OOM);
+  assert_int_equal(r.fail_event, 2);
+}
+
+// Absurd sizes are OOMs, never wrapped arithmetic: a request near 2^64
+// rounded to a tiny block (peak reserved "0 B", exit 0), and one above the
+// 1 PiB bound is refused as well; the bisection then fails instead of
+// answering 0 B. An upper bound given below peak live is no bound.
+static void test_models_absurd_sizes(void **state) {
+  (void)state;
+  static const uint64_t sizes[] = {18446744073709551000ull, UINT64_MAX, ((uint64_t)1 << 50) + 1};
+  char err[256];
+  nf__model_bisect b;
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    for (int k = 0; k < NF_MODEL_NKINDS; k++) {
+      syn_t s;
+      syn_init(&s);
+      syn_alloc(&s, 0, sizes[i], 0);
+      syn_free(&s, 0);
+      nf__model_result r = syn_run(&s, k, 0);
+      if (r.status != NF_ERR_OOM) fail_msg("%s, %llu B: status %d, peak reserved %llu", nf__model_name(k),
+                                           (unsigned long long)sizes[i], r.status, (unsigned long long)r.peak_reserved);
+      assert_int_equal(r.fail_event, 1);
+      assert_int_equal(r.peak_reserved, 0);
+      r = syn_run(&s, k, 40 * MiB);
+      assert_int_equal(r.status, NF_ERR_OOM);
+      err[0] = 0;
+      assert_int_not_equal(nf__model_min_capacity(k, &s.o, 0, 0, &b, err, sizeof err), NF_OK);
+      assert_int_equal(b.min_capacity, 0);
+      assert_true(err[0] != 0);
+    }
+  }
+  // 1 PiB itself is served (rounded to 2 MiB already).
+  syn_t s;
+  syn_init(&s);
+  syn_alloc(&s, 0, (uint64_t)1 << 50, 0);
+  nf__model_result r = syn_run(&s, NF_MODEL_NATIVE, 0);
+  assert_int_equal(r.status, NF_OK);
+  assert_int_equal(r.peak_reserved, (uint64_t)1 << 50);
+  // upper (2 MiB) below peak live (30 MiB): the search starts above peak live.
+  syn_init(&s);
+  syn_alloc(&s, 0, 30 * MiB, 0);
+  assert_int_equal(nf__model_min_capacity(NF_MODEL_NATIVE, &s.o, 0, 2 * MiB, &b, err, sizeof err), NF_OK);
+  assert_int_equal(b.min_capacity, 30 * MiB);
+  assert_true(b.lower < b.upper);
+  assert_true(b.lower < b.min_capacity && b.min_capacity <= 30 * MiB);
+}
+
+// Size-0 allocations: PyTorch's allocate(0) returns nullptr without a
+// segment, and the nofrag replay skips them; the models reserved a 2 MiB
+// segment for them (a 512 B block) before.
+static void test_models_zero_size(void **state) {
+  (void)state;
+  for (int k = 0; k < NF_MODEL_NKINDS; k++) {
+    syn_t s;
+    syn_init(&s);
+    syn_alloc(&s, 0, 0, 0);
+    syn_alloc(&s, 1, 0, 1);
+    syn_free(&s, 0);
+    nf__model_result r = syn_run(&s, k, 0);
+    assert_int_equal(r.status, NF_OK);
+    assert_int_equal(r.ops_done, 3);
+    assert_int_equal(r.peak_reserved, 0);
+    assert_int_equal(r.peak_allocated, 0);
+    assert_int_equal(r.device_allocs, 0);
+    assert_int_equal(r.segments_peak, 0);
+    syn_alloc(&s, 0, 3 * MiB, 0); // the slot is reused by a real block
+    syn_free(&s, 1);
+    syn_free(&s, 0);
+    r = syn_run(&s, k, 0);
+    assert_int_equal(r.status, NF_OK);
+    assert_int_equal(r.peak_reserved, 20 * MiB);
+    assert_int_equal(r.peak_allocated, 3 * MiB);
+    assert_int_equal(r.allocated_end, 0);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_native_large_segments), cmocka_unit_test(test_native_small_pool),
@@ -392,7 +493,8 @@ int main(void) {
       cmocka_unit_test(test_shared_gpt2),           cmocka_unit_test(test_shared_vit),
       cmocka_unit_test(test_shared_llama),          cmocka_unit_test(test_hooks),
       cmocka_unit_test(test_recorded_llama_ga4),   cmocka_unit_test(test_native_address_order),
-      cmocka_unit_test(test_native_torch_limits),
+      cmocka_unit_test(test_native_torch_limits),   cmocka_unit_test(test_expandable_oversized),
+      cmocka_unit_test(test_models_absurd_sizes),   cmocka_unit_test(test_models_zero_size),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -396,6 +396,71 @@ static void test_cli(void **state) {
   free(out);
 }
 
+// The allocator models and the CLI on inputs at the edges (audit): one
+// request larger than an expandable segment crashed the expandable model
+// (b[-1]); a request near 2^64 wrapped the native model's rounding (peak
+// reserved 0 B, exit 0, min capacity 0 B); a model's JSON printed
+// "native_peak_reserved":0 for a trace without segment events; and
+// --min-capacity with spill:host answered the bisection's lower bound.
+static void test_cli_model_edges(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  char path[64], args[512];
+  const char big[] = "alloc 4096 169651208192 0 0\n"; // 158 GiB
+  nft_write_tmp(path, sizeof path, "edge", big, sizeof big - 1, 0);
+  snprintf(args, sizeof args, "replay %s --allocator expandable", path);
+  cli_expect(args, 1, "expandable: out of memory: 169651208192 B requested", NULL);
+  unlink(path);
+
+  const char huge[] = "alloc 1 18446744073709551000 0 0\nfree_completed 1 18446744073709551000 0 0\n";
+  nft_write_tmp(path, sizeof path, "edge", huge, sizeof huge - 1, 0);
+  static char out[1 << 16];
+  for (int k = 0; k < 2; k++) {
+    snprintf(args, sizeof args, "replay %s --allocator %s --min-capacity", path, k ? "expandable" : "native");
+    int rc = nft_run_cli(args, out, sizeof out);
+    if (rc != 1 || !strstr(out, "out of memory: 18446744073709551000 B requested") || strstr(out, "min capacity   "))
+      fail_msg("%s: exit %d:\n%s", args, rc, out);
+  }
+  unlink(path);
+
+  const char small[] = "alloc 1 10485760 0 0\nalloc 2 10485760 0 1\nfree_completed 1 10485760 0 2\n";
+  nft_write_tmp(path, sizeof path, "edge", small, sizeof small - 1, 0);
+  snprintf(args, sizeof args, "replay %s --allocator native --json", path);
+  cli_expect(args, 0, "\"native_peak_reserved\":null,\"device_allocs\":", NULL);
+  snprintf(args, sizeof args, "replay %s --allocator all --json", path);
+  cli_expect(args, 0, "\"allocator\":\"expandable\",", "\"native_peak_reserved\":null,\"device_allocs\":");
+  snprintf(args, sizeof args, "replay %s --allocator all --json | grep -c '\"native_peak_reserved\":0'", path);
+  cli_expect(args, 1, "0", NULL); // grep: no match
+
+  // spill:host completes under any limit: no minimum capacity to bisect.
+  static const char *const spill[] = {"--min-capacity --conf spill:host", "--conf limit:64MiB,spill:host --min-capacity",
+                                      "--allocator all --min-capacity --conf spill:host --json"};
+  for (size_t i = 0; i < sizeof spill / sizeof *spill; i++) {
+    snprintf(args, sizeof args, "replay %s %s", path, spill[i]);
+    int rc = nft_run_cli(args, out, sizeof out);
+    if (rc != 2 || !strstr(out, "nofrag: --min-capacity with spill:host is meaningless") || strstr(out, "peak"))
+      fail_msg("%s: exit %d:\n%s", spill[i], rc, out);
+  }
+  snprintf(args, sizeof args, "replay %s --conf spill:host --limit 12MiB", path); // spill alone still runs
+  cli_expect(args, 0, "allocations spilled", NULL);
+  // The library refuses it too.
+  nf_trace_t t;
+  nf__trace_ops o;
+  assert_true(load_ops(path, &t, &o));
+  nf__replay_opts ro;
+  nf__replay_opts_default(&ro);
+  ro.cfg.spill = 1;
+  nf__replay_bisect b;
+  char err[256] = "";
+  assert_int_equal(nf__replay_min_capacity(&o, &ro, 0, &b, err, sizeof err), NF_ERR_INVALID);
+  assert_non_null(strstr(err, "spill"));
+  assert_int_equal(b.min_capacity, 0);
+  nf__trace_ops_free(&o);
+  nf__trace_free(&t);
+  unlink(path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_min_capacity_synthetic),
@@ -406,6 +471,7 @@ int main(void) {
       cmocka_unit_test(test_cli_subcommand_help),
       cmocka_unit_test(test_cli), cmocka_unit_test(test_cli_bad_input),
       cmocka_unit_test(test_cli_bisect_progress),
+      cmocka_unit_test(test_cli_model_edges),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -212,10 +212,14 @@ static void test_hotspots_pickle(void **state) {
       if (*p == ',') p++;
       const char *key = ++p;
       while (*p && *p != '"') p += p[0] == '\\' ? 2 : 1;
+      const char *end = p; // "FILE:LINE (FUNCTION)", or "FILE:LINE" for a site without a function
+      if (end[-1] == ')')
+        for (const char *q = key; q + 1 < p; q++)
+          if (q[0] == ' ' && q[1] == '(') { end = q; break; }
       const char *colon = key;
-      for (const char *q = key; q < p; q++) if (*q == ':') colon = q;
-      assert_true(colon > key && colon + 1 < p); // FILE:LINE
-      for (const char *q = colon + 1; q < p; q++) assert_true(*q >= '0' && *q <= '9');
+      for (const char *q = key; q < end; q++) if (*q == ':') colon = q;
+      assert_true(colon > key && colon + 1 < end); // FILE:LINE
+      for (const char *q = colon + 1; q < end; q++) assert_true(*q >= '0' && *q <= '9');
       assert_int_equal(p[1], ':');
       sum += strtoull(p + 2, (char **)&p, 10);
       sites++;
@@ -248,11 +252,150 @@ static void test_hotspots_pickle(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+// A run stopped early (OOM under --limit) has a smaller peak live than the
+// trace: every ratio, in the text summary and table, --json and --html, is
+// over the trace's peak live (40 MiB here), and says so. The nofrag JSON and
+// summary divided by the run's partial peak (20 MiB: 1.2 for 0.6), the HTML
+// rows too.
+static void test_ratio_denominator(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char t[] = "alloc 1 10485760 0 0\nalloc 2 10485760 0 1\nalloc 3 20971520 0 2\n"
+                   "free_completed 1 10485760 0 3\nfree_completed 2 10485760 0 4\nfree_completed 3 20971520 0 5\n";
+  char path[64], cmd[2048], dir[] = "/tmp/nf-ratio-XXXXXX";
+  nft_write_tmp(path, sizeof path, "ratio", t, sizeof t - 1, 0);
+  assert_non_null(mkdtemp(dir));
+  snprintf(cmd, sizeof cmd, "'%s' replay %s --allocator all --limit 24MiB --min-capacity --json --html %s/r.html "
+           "2>/dev/null", cli, path, dir);
+  char *js = slurp(cmd);
+  assert_int_equal(num_after(js, "trace_peak_live"), 41943040);
+  assert_int_equal(num_after(js, "peak_live"), 20971520); // the nofrag run's own, partial
+  assert_non_null(strstr(js, "\"peak_physical_ratio\":0.600000")); // 24 MiB / 40 MiB
+  assert_non_null(strstr(js, "\"peak_mapped_ratio\":0.500000"));
+  assert_non_null(strstr(js, "\"peak_reserved_ratio\":0.500000")); // the models: 20 MiB / 40 MiB
+  free(js);
+  snprintf(cmd, sizeof cmd, "'%s' replay %s --allocator all --limit 24MiB --min-capacity 2>/dev/null", cli, path);
+  char *txt = slurp(cmd);
+  assert_non_null(strstr(txt, "peak physical         25165824 B (24.000 MiB, 0.6000 x live)"));
+  assert_non_null(strstr(txt, "of the calls done; the trace's 41943040 B is the ratios' denominator"));
+  assert_non_null(strstr(txt, "nofrag            20971520       25165824    0.6000       41943040    1.0000"));
+  assert_non_null(strstr(txt, "(ratios: / the trace's peak live 41943040, a run that stopped shows the peak live"));
+  free(txt);
+  snprintf(cmd, sizeof cmd, "cat %s/r.html", dir);
+  char *page = slurp(cmd);
+  assert_non_null(strstr(page, "\"trace_peak_live\":41943040,\"rows\":"));
+  assert_non_null(strstr(page, "(r.peak_reserved/TL)"));
+  assert_null(strstr(page, "/r.peak_live"));
+  free(page);
+  if (system("command -v chromium >/dev/null 2>&1") == 0) {
+    snprintf(cmd, sizeof cmd, "HOME=%s timeout 120 chromium --headless --no-sandbox --disable-gpu "
+             "--disable-background-networking --user-data-dir=%s/chromium --dump-dom file://%s/r.html 2>/dev/null",
+             dir, dir, dir);
+    char *dom = slurp(cmd);
+    // nofrag's row: reserved / trace peak live 0.6000, min capacity / trace peak live 1.0000.
+    if (!strstr(dom, "<td>nofrag</td><td>0.020 GiB</td><td>0.023 GiB</td><td>0.6000</td><td>1.0000</td>"))
+      fail_msg("nofrag row: %.3000s", dom);
+    assert_non_null(strstr(dom, "reserved / trace peak live"));
+    assert_non_null(strstr(dom, "Ratios are over the trace's peak live, 0.039 GiB (41943040 B)."));
+    free(dom);
+  }
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, path);
+  assert_int_equal(system(cmd), 0);
+}
+
+// Two functions on one source line (a comprehension inside forward) are two
+// sites: "all" had the key "model.py:10" twice, so a JSON parser kept one
+// and the sum of "all" fell short of "unused".
+static void test_hotspots_same_line(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char t[] = "alloc 4 100 0 0\n" // no stack: "<no stack>:0", no function
+                   "alloc 1 1000 0 0\n#site\tmodel.py:10\tforward\n"
+                   "alloc 2 3000 0 1\n#site\tmodel.py:10\t<listcomp>\n"
+                   "alloc 3 5000000 0 2\n#site\tmodel.py:20\tforward\n";
+  char path[64], cmd[1024];
+  nft_write_tmp(path, sizeof path, "sites", t, sizeof t - 1, 0);
+  snprintf(cmd, sizeof cmd, "'%s' replay %s --allocator native --hotspots --json 2>/dev/null", cli, path);
+  char *js = slurp(cmd);
+  const char *all = strstr(js, "\"all\":{");
+  if (!all) fail_msg("no \"all\" in %s", js);
+  assert_non_null(strstr(all, "\"model.py:10 (forward)\":"));
+  assert_non_null(strstr(all, "\"model.py:10 (\\u003clistcomp\\u003e)\":"));
+  assert_non_null(strstr(all, "\"model.py:20 (forward)\":"));
+  assert_null(strstr(all, "\"model.py:10\":"));
+  assert_non_null(strstr(all, "\"\\u003cno stack\\u003e:0\":"));
+  // Unique keys summing to "unused".
+  uint64_t sum = 0;
+  size_t n = 0;
+  const char *keys[8];
+  size_t lens[8];
+  for (const char *p = all + 7; *p == '"';) {
+    const char *k = ++p;
+    while (*p != '"') p++;
+    for (size_t i = 0; i < n; i++)
+      if (lens[i] == (size_t)(p - k) && memcmp(keys[i], k, lens[i]) == 0) fail_msg("duplicate key %.*s", (int)lens[i], k);
+    assert_true(n < 8);
+    keys[n] = k;
+    lens[n++] = (size_t)(p - k);
+    sum += strtoull(p + 2, (char **)&p, 10);
+    if (*p == ',') p++;
+  }
+  assert_int_equal(n, 4);
+  assert_int_equal(sum, num_after(js, "unused"));
+  free(js);
+  unlink(path);
+}
+
+// A malformed trace whose segment_free names another size than its
+// segment_alloc: the table and --json trust the recorded size (20 MiB
+// peak), and so must the chart of recorded segments (it subtracted 2 MiB
+// and peaked at 38 MiB).
+static void test_html_segment_sizes(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char t[] = "segment_alloc 1000 20971520 0 0\nalloc 1000 10485760 0 0\nfree_completed 1000 10485760 0 0\n"
+                   "segment_free 1000 2097152 0 0\nsegment_alloc 5000 20971520 0 0\nalloc 5000 10485760 0 0\n"
+                   "free_completed 5000 10485760 0 0\nsegment_alloc 9000 4194304 0 0\n"; // the last after every op
+  char path[64], cmd[1024], dir[] = "/tmp/nf-seg-XXXXXX";
+  nft_write_tmp(path, sizeof path, "seg", t, sizeof t - 1, 0);
+  assert_non_null(mkdtemp(dir));
+  snprintf(cmd, sizeof cmd, "'%s' replay %s --json --html %s/s.html 2>/dev/null", cli, path, dir);
+  char *js = slurp(cmd);
+  assert_int_equal(num_after(js, "native_peak_reserved"), 25165824);
+  free(js);
+  snprintf(cmd, sizeof cmd, "cat %s/s.html", dir);
+  char *page = slurp(cmd);
+  const char *rec = strstr(page, "{\"name\":\"PyTorch native, recorded in the trace\"");
+  if (!rec) fail_msg("no recorded series: %.2000s", page);
+  assert_int_equal(num_after(rec, "peak_reserved"), 25165824);
+  const char *res = strstr(rec, "\"reserved\":[");
+  assert_non_null(res);
+  uint64_t top = 0;
+  for (const char *p = res + 12; *p && *p != ']'; p++) {
+    uint64_t v = strtoull(p, (char **)&p, 10);
+    if (v > top) top = v;
+  }
+  assert_int_equal(top, 25165824); // the polyline reaches the marked peak
+  // The summary row of the recorded segments agrees.
+  const char *row = strstr(page, "{\"name\":\"PyTorch native (recorded)\"");
+  assert_non_null(row);
+  assert_int_equal(num_after(row, "peak_reserved"), 25165824);
+  free(page);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, path);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sample_hook),
       cmocka_unit_test(test_html_page),
       cmocka_unit_test(test_hotspots_pickle),
+      cmocka_unit_test(test_ratio_denominator),
+      cmocka_unit_test(test_hotspots_same_line),
+      cmocka_unit_test(test_html_segment_sizes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

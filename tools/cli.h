@@ -120,9 +120,12 @@ void nfc_hotspots_json(FILE *f, const nfc_hotspots *h, const nfc_sites *sites);
 // The "top" array's elements ({site, func, bytes}), shared by --json and --html.
 void nfc_hotspots_top_json(FILE *f, const nfc_hotspots *h, const nfc_sites *sites);
 
-// Write the self-contained page (hot: n_hot hotspot tables, may be 0).
+// Write the self-contained page (hot: n_hot hotspot tables, may be 0). The
+// table's ratios are over `trace_peak_live` (as in the text table and --json),
+// whatever peak live a row that stopped early shows.
 // Returns 0, or -1 with errno set.
-int nfc_html_write(const char *path, const char *trace, const nfc_html_series *series, size_t n_series,
+int nfc_html_write(const char *path, const char *trace, uint64_t trace_peak_live, const nfc_html_series *series,
+                   size_t n_series,
                   const nfc_html_row *rows, size_t n_rows, const nfc_hotspots *hot, size_t n_hot,
                   const nfc_sites *sites);
 

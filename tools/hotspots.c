@@ -160,13 +160,19 @@ void nfc_hotspots_json(FILE *f, const nfc_hotspots *h, const nfc_sites *sites) {
   fprintf(f, "{\"peak_op\":%zu,\"reserved\":%" PRIu64 ",\"live\":%" PRIu64 ",\"unused\":%" PRIu64
           ",\"attributed\":%" PRIu64 ",\"top\":[", h->peak_op, h->reserved, h->live, h->unused, h->attributed);
   nfc_hotspots_top_json(f, h, sites);
-  // Every site with bytes, so that a reader can check the sum.
+  // Every site with bytes, so that a reader can check the sum. Sites are
+  // (FILE:LINE, function) pairs: one line can hold two functions (a lambda,
+  // a comprehension), so the key names both, "FILE:LINE (FUNCTION)", else
+  // duplicate keys made a JSON parser keep one and lose the others' bytes.
   fputs("],\"all\":{", f);
   const char *sep = "";
   for (size_t s = 0; s < h->n_sites; s++) {
     if (!h->by_site[s]) continue;
     fputs(sep, f);
-    nfc_json_str(f, sites->site[s]);
+    char key[NF_TRACE_MAX_LINE + 8]; // site and function come from one '#site' line of at most that
+    if (sites->func[s][0]) snprintf(key, sizeof key, "%s (%s)", sites->site[s], sites->func[s]);
+    else snprintf(key, sizeof key, "%s", sites->site[s]);
+    nfc_json_str(f, key);
     fprintf(f, ":%" PRIu64, h->by_site[s]);
     sep = ",";
   }

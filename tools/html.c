@@ -53,25 +53,34 @@ int nfc_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t 
   // `every`-th op, so the x axis matches the replay's.
   // Each point is the maximum over its interval, so short spikes (the live
   // peak) stay visible however long the trace.
+  // Segment sizes as nf__trace_ops_build counts them (a segment_free
+  // counts the size recorded at its segment_alloc, and sums saturate), so
+  // the chart's peak is the table's and --json's native peak reserved;
+  // segment events after the last op still count.
+  uint64_t *segsz = nf__trace_segment_sizes(t);
+  if (!segsz) return -1;
   size_t k = 0, done = 0;
   uint64_t live = 0, seg = 0, peak = 0, peak_x = 0, max_live = 0, max_seg = 0;
-  for (size_t e = 0; e < t->n_events && k < ops->n_ops; e++) {
+  for (size_t e = 0; e < t->n_events; e++) {
     const nf_trace_event_t *ev = &t->events[e];
-    if (ev->action == NF_TRACE_SEGMENT_ALLOC) seg += ev->size;
-    else if (ev->action == NF_TRACE_SEGMENT_FREE) seg = seg >= ev->size ? seg - ev->size : 0;
+    if (ev->action == NF_TRACE_SEGMENT_ALLOC) seg = segsz[e] > UINT64_MAX - seg ? UINT64_MAX : seg + segsz[e];
+    else if (ev->action == NF_TRACE_SEGMENT_FREE) seg = seg >= segsz[e] ? seg - segsz[e] : 0;
     if (seg > peak) { peak = seg; peak_x = done; } // ops done when it was reached
     if (seg > max_seg) max_seg = seg;
-    if (ops->ops[k].event != e) continue;
+    if (k >= ops->n_ops || ops->ops[k].event != e) continue;
     if (ops->ops[k].kind == NF_TRACE_OP_ALLOC) live += ops->ops[k].size;
     else live = live >= ops->ops[k].size ? live - ops->ops[k].size : 0;
     done = ++k;
     if (live > max_live) max_live = live;
     if (done % every == 0 || done == ops->n_ops) {
-      if (push(out, done, max_live, max_seg) != 0) return -1;
+      if (push(out, done, max_live, max_seg) != 0) { free(segsz); return -1; }
       max_live = live;
       max_seg = seg;
     }
   }
+  free(segsz);
+  // Segment events after the last op belong to the last point's interval.
+  if (out->n && max_seg > out->reserved[out->n - 1]) out->reserved[out->n - 1] = max_seg;
   out->peak_reserved = peak;
   out->peak_x = peak_x;
   return 0;
@@ -109,11 +118,16 @@ static const char page_script[] =
     "function gib(b){return (b/GiB).toFixed(3)+' GiB';}\n"
     "document.getElementById('trace').textContent=DATA.trace;\n"
     "const tb=document.getElementById('summary');\n"
-    "tb.insertRow().innerHTML='<th>allocator</th><th>peak live</th><th>peak reserved</th><th>reserved / live</th>"
-    "<th>min capacity / live</th><th>replay s</th><th>status</th>';\n"
+    // Ratios over the trace's peak live, as the text table and --json: a
+    // row that stopped early has a smaller peak live of its own.
+    "const TL=Math.max(1,DATA.trace_peak_live);\n"
+    "tb.insertRow().innerHTML='<th>allocator</th><th>peak live</th><th>peak reserved</th>"
+    "<th>reserved / trace peak live</th><th>min capacity / trace peak live</th><th>replay s</th><th>status</th>';\n"
     "for(const r of DATA.rows){const tr=tb.insertRow();for(const v of [r.name,gib(r.peak_live),gib(r.peak_reserved),"
-    "(r.peak_reserved/r.peak_live).toFixed(4),r.min_capacity?(r.min_capacity/r.peak_live).toFixed(4):'',"
+    "(r.peak_reserved/TL).toFixed(4),r.min_capacity?(r.min_capacity/TL).toFixed(4):'',"
     "r.seconds.toFixed(3),r.status])tr.insertCell().textContent=v;}\n"
+    "const cap=document.createElement('p');cap.id='ratio-note';cap.textContent='Ratios are over the trace\\'s peak live, '"
+    "+gib(DATA.trace_peak_live)+' ('+DATA.trace_peak_live+' B).';tb.after(cap);\n"
     "let drawn=0;const W=960,H=300,L=70,R=20,T=16,B=36;\n"
     // One y-scale for every chart: the allocators' difference is seen, not
     // read off differing axis labels.
@@ -152,7 +166,8 @@ static const char page_script[] =
     "(100*r.bytes/Math.max(1,hs.unused)).toFixed(1)+' %'])tr.insertCell().textContent=v;}}\n"
     "document.body.setAttribute('data-drawn',String(drawn));\n";
 
-int nfc_html_write(const char *path, const char *trace, const nfc_html_series *series, size_t n_series,
+int nfc_html_write(const char *path, const char *trace, uint64_t trace_peak_live, const nfc_html_series *series,
+                   size_t n_series,
                   const nfc_html_row *rows, size_t n_rows, const nfc_hotspots *hot, size_t n_hot,
                   const nfc_sites *sites) {
   FILE *f = fopen(path, "w");
@@ -160,7 +175,7 @@ int nfc_html_write(const char *path, const char *trace, const nfc_html_series *s
   fputs(page_head, f);
   fputs("const DATA={\"trace\":", f);
   nfc_json_str(f, trace);
-  fputs(",\"rows\":[", f);
+  fprintf(f, ",\"trace_peak_live\":%" PRIu64 ",\"rows\":[", trace_peak_live);
   for (size_t i = 0; i < n_rows; i++) {
     const nfc_html_row *r = &rows[i];
     fprintf(f, "%s{\"name\":", i ? "," : "");

@@ -41,6 +41,7 @@ static const char usage[] =
     "                    --granule override it\n"
     "  --min-capacity    bisect the smallest limit, in whole granules, under which the whole\n"
     "                    trace completes; prints min_capacity and min_capacity / peak live\n"
+    "                    (not with spill:host, under which every limit completes)\n"
     "  --allocator NAME  nofrag (default), native (a model of PyTorch's caching allocator with\n"
     "                    default settings), expandable (the same with expandable_segments:True)\n"
     "                    or all (the three, then a side-by-side table). The models take --limit\n"
@@ -163,6 +164,14 @@ static int cmd_replay(int argc, char **argv) {
     return 2;
   }
 
+  // With spill a limit never stops the replay (host granules take the
+  // excess), so there is no smallest limit to bisect: the answer was the
+  // bisection's lower bound, not a measured minimum.
+  if (cli.min_capacity && cli.run_nofrag && ro.cfg.spill) {
+    fprintf(stderr, "nofrag: --min-capacity with spill:host is meaningless: with spill the trace completes under "
+            "any limit (the excess goes to host memory); drop one of them\n");
+    return 2;
+  }
   if (cli.hotspots && !cli.run_model[0] && !cli.run_model[1]) {
     fprintf(stderr, "nofrag: --hotspots needs --allocator native, expandable or all (the models' segments)\n");
     return 2;
@@ -324,7 +333,11 @@ static int cmd_replay(int argc, char **argv) {
              capc[1], mr[k].device_allocs + mr[k].device_frees, mr[k].seconds);
     }
 #undef CAPCOLS
-    printf("(nofrag: peak physical; models: PyTorch's reserved bytes; ");
+    // Every ratio, here as in --json and --html, is over the trace's peak
+    // live; a run that stopped early shows its own (smaller) peak live.
+    int stopped = r->status != NF_OK || mr[0].status != NF_OK || mr[1].status != NF_OK;
+    printf("(ratios: / the trace's peak live %" PRIu64 "%s; nofrag: peak physical; models: PyTorch's reserved "
+           "bytes; ", ops.peak_live, stopped ? ", a run that stopped shows the peak live of its calls done" : "");
     if (ops.n_segment_alloc) printf("trace's native peak reserved %" PRIu64 ")\n", ops.native_peak_reserved);
     else printf("the trace has no segment events: no recorded native peak)\n");
   }
@@ -350,7 +363,7 @@ static int cmd_replay(int argc, char **argv) {
       if (nfc_html_trace_series(&t, &ops, nfc_html_every(ops.n_ops), &hs[1 + NF_MODEL_NKINDS]) == 0)
         shown[ns++] = hs[1 + NF_MODEL_NKINDS];
     }
-    if (nfc_html_write(cli.html, cli.trace, shown, ns, rows, nr, hot, n_hot, &sites) != 0) {
+    if (nfc_html_write(cli.html, cli.trace, ops.peak_live, shown, ns, rows, nr, hot, n_hot, &sites) != 0) {
       fprintf(stderr, "nofrag: --html %s: %s\n", cli.html, strerror(errno));
       rc = 2;
     } else if (!cli.json) {

@@ -31,7 +31,7 @@ void nfc_print_json(const nfc_cli *cli, const nf__trace_ops *ops, const nf__repl
   printf(",\"trace_peak_live\":%" PRIu64 ",\"peak_live\":%" PRIu64 ",\"peak_live_rounded\":%" PRIu64
          ",\"peak_mapped\":%" PRIu64 ",\"peak_physical\":%" PRIu64 ",\"peak_mapped_ratio\":%.6f"
          ",\"peak_physical_ratio\":%.6f", ops->peak_live, s->live_peak, s->live_rounded_peak, s->mapped_peak,
-         s->physical_peak, nfc_ratio(s->mapped_peak, s->live_peak), nfc_ratio(s->physical_peak, s->live_peak));
+         s->physical_peak, nfc_ratio(s->mapped_peak, ops->peak_live), nfc_ratio(s->physical_peak, ops->peak_live));
   if (ops->n_segment_alloc) // null: the trace recorded no segments (not "0 bytes")
     printf(",\"native_peak_reserved\":%" PRIu64 ",\"native_peak_ratio\":%.6f", ops->native_peak_reserved,
            nfc_ratio(ops->native_peak_reserved, ops->peak_live));
@@ -79,11 +79,14 @@ void nfc_print_model_json(const nf__trace_ops *ops, const nf__model_result *r, c
   printf(",\"status\":\"%s\",\"error\":", r->status == NF_OK ? "ok" : r->status == NF_ERR_OOM ? "oom" : "error");
   if (r->error[0]) nfc_json_str(stdout, r->error); else printf("null");
   printf(",\"ops_done\":%zu,\"peak_live\":%" PRIu64 ",\"peak_allocated\":%" PRIu64 ",\"peak_reserved\":%" PRIu64
-         ",\"peak_reserved_ratio\":%.6f,\"native_peak_reserved\":%" PRIu64 ",\"device_allocs\":%" PRIu64
-         ",\"device_frees\":%" PRIu64 ",\"alloc_retries\":%" PRIu64 ",\"ooms\":%" PRIu64 ",\"segments_peak\":%zu"
-         ",\"replay_seconds\":%.6f", r->ops_done, r->peak_requested, r->peak_allocated, r->peak_reserved,
-         nfc_ratio(r->peak_reserved, ops->peak_live), ops->native_peak_reserved, r->device_allocs, r->device_frees,
-         r->alloc_retries, r->ooms, r->segments_peak, r->seconds);
+         ",\"peak_reserved_ratio\":%.6f", r->ops_done, r->peak_requested, r->peak_allocated, r->peak_reserved,
+         nfc_ratio(r->peak_reserved, ops->peak_live));
+  // null, as in the nofrag object: no segment events recorded, not "0 bytes".
+  if (ops->n_segment_alloc) printf(",\"native_peak_reserved\":%" PRIu64, ops->native_peak_reserved);
+  else printf(",\"native_peak_reserved\":null");
+  printf(",\"device_allocs\":%" PRIu64 ",\"device_frees\":%" PRIu64 ",\"alloc_retries\":%" PRIu64 ",\"ooms\":%" PRIu64
+         ",\"segments_peak\":%zu,\"replay_seconds\":%.6f", r->device_allocs, r->device_frees, r->alloc_retries,
+         r->ooms, r->segments_peak, r->seconds);
   if (bisected)
     printf(",\"min_capacity\":%" PRIu64 ",\"min_capacity_ratio\":%.6f,\"min_capacity_probes\":%u"
            ",\"min_capacity_seconds\":%.3f", b->min_capacity, nfc_ratio(b->min_capacity, ops->peak_live), b->probes,
@@ -135,13 +138,16 @@ void nfc_print_text(const nfc_cli *cli, const nf__trace_ops *ops, const nf__repl
   }
   printf("\n");
   nf__fmt_bytes(h1, sizeof h1, s->live_peak);
-  printf("peak live             %" PRIu64 " B (%s)\n", s->live_peak, h1);
+  printf("peak live             %" PRIu64 " B (%s)", s->live_peak, h1);
+  if (s->live_peak != ops->peak_live) // stopped early: "x live" below is still over the trace's
+    printf(" of the calls done; the trace's %" PRIu64 " B is the ratios' denominator", ops->peak_live);
+  printf("\n");
   nf__fmt_bytes(h1, sizeof h1, s->mapped_peak);
   printf("peak mapped           %" PRIu64 " B (%s, %.4f x live)\n", s->mapped_peak, h1,
-         nfc_ratio(s->mapped_peak, s->live_peak));
+         nfc_ratio(s->mapped_peak, ops->peak_live));
   nf__fmt_bytes(h1, sizeof h1, s->physical_peak);
   printf("peak physical         %" PRIu64 " B (%s, %.4f x live)\n", s->physical_peak, h1,
-         nfc_ratio(s->physical_peak, s->live_peak));
+         nfc_ratio(s->physical_peak, ops->peak_live));
   nf__fmt_bytes(h1, sizeof h1, ops->native_peak_reserved);
   if (ops->n_segment_alloc)
     printf("native peak reserved  %" PRIu64 " B (%s, %.4f x live; PyTorch's segments in the trace)\n",

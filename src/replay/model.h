@@ -105,6 +105,10 @@ nf_status_t nf__model_min_capacity(int kind, const nf__trace_ops *ops, uint64_t 
 #define NF_M_MIN_LARGE ((uint64_t)10 << 20)    // kMinLargeAlloc: below it, 20 MiB segments
 #define NF_M_LARGE_BUFFER ((uint64_t)20 << 20) // kLargeBuffer: 20 MiB segments / large pages
 #define NF_M_ROUND_LARGE ((uint64_t)2 << 20)   // kRoundLarge: larger segments rounded to 2 MiB
+// Not PyTorch's: the largest request a model serves, the project's bound for
+// sizes (1 PiB, as NF_CONFIG_MAX_BYTES). No device holds more, and below it
+// the rounding cannot wrap: a larger request is an OOM.
+#define NF_M_MAX_REQUEST ((uint64_t)1 << 50)
 
 typedef struct nf__mblock_s {
   uint64_t addr, size;

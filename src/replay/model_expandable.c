@@ -15,11 +15,23 @@
 
 static int allocatable(const nf__model *m, int32_t id) { return id >= 0 && !m->b[id].allocated; }
 
+// ExpandableSegment: segment_size_ is the page, max_handles_ =
+// ceil(totalGlobalMem * 9/8 / page) pages of address space.
+static uint64_t segment_bytes(int pool) {
+  uint64_t page = pool ? NF_M_SMALL_BUFFER : NF_M_LARGE_BUFFER;
+  uint64_t want = NF_MODEL_DEVICE_BYTES + NF_MODEL_DEVICE_BYTES / 8;
+  return (want + page - 1) / page * page;
+}
+
 // find_expandable_block: the lowest-address unmapped block of this stream's
 // pool (pool->unmapped is ordered by (stream, ptr)), extended backwards by a
 // free block just before it, whose run of free and unmapped blocks holds
-// `size`; else a new segment reserving 1 1/8 of the device's memory.
+// `size`; else a new segment reserving 1 1/8 of the device's memory. A
+// request larger than a whole segment fits nowhere: PyTorch's map of it
+// fails (more than the device) and it raises OOM, so -1 here, not a segment
+// too small for the caller to walk past its end.
 static int32_t find_expandable_block(nf__model *m, int pool, uint64_t stream, uint64_t size) {
+  if (size > segment_bytes(pool)) return -1;
   nf__mvec *u = &m->unmapped[pool];
   for (size_t i = 0; i < u->n && m->b[u->v[i]].stream <= stream; i++) {
     int32_t c = u->v[i];
@@ -36,13 +48,9 @@ static int32_t find_expandable_block(nf__model *m, int pool, uint64_t stream, ui
     m->segs = s;
     m->capsegs = cap;
   }
-  // ExpandableSegment: segment_size_ is the page, max_handles_ =
-  // ceil(totalGlobalMem * 9/8 / page) pages of address space.
-  uint64_t page = pool ? NF_M_SMALL_BUFFER : NF_M_LARGE_BUFFER;
-  uint64_t want = NF_MODEL_DEVICE_BYTES + NF_MODEL_DEVICE_BYTES / 8;
   nf__mseg *sg = &m->segs[m->nsegs];
-  sg->page = page;
-  sg->size = (want + page - 1) / page * page;
+  sg->page = pool ? NF_M_SMALL_BUFFER : NF_M_LARGE_BUFFER;
+  sg->size = segment_bytes(pool);
   sg->base = m->next_addr;
   sg->live = 1;
   m->next_addr += sg->size;
@@ -111,6 +119,7 @@ int32_t nf__mx_try_allocate(nf__model *m, int pool, uint64_t stream, uint64_t si
   }
   while (m->b[c].size < size) {
     int32_t n = m->b[c].next;
+    if (n < 0) return -1; // ran off the segment: cannot happen after the check above, but never read b[-1]
     uint64_t rem = size - m->b[c].size;
     if ((c = map_block(m, n, rem < m->b[n].size ? rem : m->b[n].size)) < 0) return -1;
   }

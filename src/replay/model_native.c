@@ -73,8 +73,13 @@ static int32_t get_free_block(nf__model *m, int pool, uint64_t stream, uint64_t 
 // (gpt2: peak allocated and min capacity differed from PyTorch 2.11 on the
 // H200; with descending ones every probe matches it).
 static int32_t alloc_block(nf__model *m, int pool, uint64_t stream, uint64_t size, uint64_t alloc_size) {
-  if (m->limit && m->reserved + alloc_size > m->limit) return -1;
+  // reserved + alloc_size > limit, without the sum wrapping (expandable
+  // pages may leave reserved above the limit).
+  if (m->limit && (m->reserved >= m->limit || alloc_size > m->limit - m->reserved)) return -1;
   if (m->expandable) return nf__mx_try_allocate(m, pool, stream, size);
+  // The address range handed out downwards (2^62 B) runs out only after
+  // exabytes of cudaMalloc: an OOM rather than a wrapped address.
+  if (alloc_size > m->malloc_top) return -1;
   int32_t id = nf__m_new_block(m);
   if (id < 0) return -1;
   nf__mblock *b = &m->b[id];
@@ -130,6 +135,11 @@ static int should_split(const nf__model *m, const nf__mblock *b, uint64_t size) 
 // should_split (alloc_found_block): the front is handed out, the rest
 // stays in the pool.
 static int32_t model_malloc(nf__model *m, uint64_t req, uint64_t stream) {
+  if (req > NF_M_MAX_REQUEST) { // no block holds it and alloc_block would fail: free the cache, OOM
+    release_cached_blocks(m);
+    m->res->alloc_retries++;
+    return -1;
+  }
   uint64_t size = round_size(req);
   int pool = size <= NF_M_SMALL_SIZE; // get_pool
   int32_t id = get_free_block(m, pool, stream, size);
@@ -226,7 +236,9 @@ nf_status_t nf__model_run_hooked(int kind, const nf__trace_ops *ops, uint64_t li
     const nf__trace_op *op = &ops->ops[i];
     m.cur_op = i;
     m.cur_event = op->event;
-    if (op->kind == NF_TRACE_OP_ALLOC) {
+    if (op->kind == NF_TRACE_OP_ALLOC && op->size == 0) {
+      slot[op->slot] = -1; // allocate(0) returns nullptr without touching the cache (as the replay skips it)
+    } else if (op->kind == NF_TRACE_OP_ALLOC) {
       uint64_t stream = op->stream < ops->n_streams ? ops->streams[op->stream] : op->stream;
       int32_t id = model_malloc(&m, op->size, stream);
       if (id < 0) {
@@ -248,7 +260,7 @@ nf_status_t nf__model_run_hooked(int kind, const nf__trace_ops *ops, uint64_t li
       m.b[id].event = op->event;
       m.requested += op->size;
       if (m.requested > out->peak_requested) out->peak_requested = m.requested;
-    } else {
+    } else if (slot[op->slot] >= 0) { // a size-0 alloc's free has nothing to free
       int32_t id = slot[op->slot];
       m.requested -= m.b[id].requested;
       model_free(&m, id);
@@ -289,13 +301,26 @@ nf_status_t nf__model_min_capacity(int kind, const nf__trace_ops *ops, uint64_t 
   }
   // Invariant: `lo` granules fail, `hi` granules complete. Under peak live
   // nothing can complete (reserved >= allocated >= live).
-  uint64_t hi = (upper + granule - 1) / granule, lo = ops->peak_live ? (ops->peak_live - 1) / granule : 0;
-  if (hi == 0) hi = 1;
+  // Limits stay under 2^63 B (no granule count times granule wraps); an
+  // upper bound below peak live (given by a caller) is no bound: start above.
+  const uint64_t max_hi = ((uint64_t)1 << 63) / granule;
+  uint64_t hi = upper / granule + (upper % granule != 0), lo = ops->peak_live ? (ops->peak_live - 1) / granule : 0;
+  if (hi <= lo) hi = lo + 1;
+  if (hi > max_hi) {
+    snprintf(err, errlen, "peak live %llu B is beyond any limit the model can probe", (unsigned long long)ops->peak_live);
+    st = NF_ERR_OOM;
+    goto done;
+  }
   out->lower = lo * granule;
   out->upper = hi * granule;
   out->probes++;
   st = nf__model_run(kind, ops, hi * granule, &out->at_min);
   while (st == NF_ERR_OOM) { // a model need not be monotone: widen until it completes
+    if (hi > max_hi / 2) {
+      snprintf(err, errlen, "no limit up to %llu B completes: %s", (unsigned long long)(hi * granule),
+               out->at_min.error);
+      goto done;
+    }
     lo = hi;
     hi *= 2;
     out->probes++;

@@ -212,6 +212,10 @@ static void announce(const nf__replay_opts *o, unsigned k, unsigned n, uint64_t 
 nf_status_t nf__replay_min_capacity(const nf__trace_ops *ops, const nf__replay_opts *opts, uint64_t upper,
                                     nf__replay_bisect *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
+  if (opts->cfg.spill) { // every limit completes with spill: no minimum to find (the CLI refuses it first)
+    snprintf(err, errlen, "min capacity is meaningless with spill:host: the trace completes under any limit");
+    return NF_ERR_INVALID;
+  }
   nf__replay_opts o = *opts;
   uint64_t g = o.granule ? o.granule : o.cfg.granule ? o.cfg.granule : NF_REPLAY_GRANULE;
   o.granule = g;

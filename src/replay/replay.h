@@ -71,6 +71,7 @@ typedef struct nf__replay_bisect_s {
 // `upper` bytes (typically the physical peak of an unlimited replay; 0 = run
 // one to find it). Probes use `opts` with cfg.limit replaced. A probe that
 // fails other than by OOM aborts with its status and message in `err`.
+// With cfg.spill on, NF_ERR_INVALID: every limit completes, no minimum exists.
 nf_status_t nf__replay_min_capacity(const nf__trace_ops *ops, const nf__replay_opts *opts, uint64_t upper,
                                     nf__replay_bisect *out, char *err, size_t errlen);
 

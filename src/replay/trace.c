@@ -465,3 +465,29 @@ out:
   free(free_slots);
   return st;
 }
+
+// The chart of recorded segments (--html) must sum what nf__trace_ops_build
+// sums: a segment_free counts the size recorded at its segment_alloc (a
+// malformed trace may give another), through the same address map.
+uint64_t *nf__trace_segment_sizes(const nf_trace_t *t) {
+  uint64_t *sz = malloc((t->n_events ? t->n_events : 1) * sizeof *sz);
+  map_t segs = {0};
+  if (!sz) return NULL;
+  for (size_t k = 0; k < t->n_events; k++) {
+    const nf_trace_event_t *ev = &t->events[k];
+    sz[k] = ev->size;
+    if (ev->action == NF_TRACE_SEGMENT_ALLOC) {
+      if (!map_find(&segs, ev->addr) && map_put(&segs, ev->addr, ev->size) != 0) {
+        map_free(&segs);
+        free(sz);
+        return NULL;
+      }
+    } else if (ev->action == NF_TRACE_SEGMENT_FREE) {
+      map_entry_t *e = map_find(&segs, ev->addr);
+      sz[k] = e ? e->val : 0; // unknown: nf__trace_ops_build refuses the trace
+      if (e) map_del(&segs, e);
+    }
+  }
+  map_free(&segs);
+  return sz;
+}

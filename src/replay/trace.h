@@ -98,6 +98,10 @@ typedef struct nf__trace_ops_s {
 // and leave `ops` empty.
 nf_status_t nf__trace_ops_build(nf__trace_ops *ops, const nf_trace_t *t, char *err, size_t errlen);
 void nf__trace_ops_free(nf__trace_ops *ops);
+// Per event of `t`: its SIZE, except that a segment_free gets the size its
+// segment_alloc recorded (as nf__trace_ops_build counts it). malloc'ed
+// (free() it), NULL when out of memory.
+uint64_t *nf__trace_segment_sizes(const nf_trace_t *t);
 
 
 // ---------------------------------------------------------------- RMM CSV logs
