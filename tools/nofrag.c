@@ -237,8 +237,12 @@ static int cmd_replay(int argc, char **argv) {
     if (cli.min_capacity) {
       // The main run's physical peak is an upper bound only if it was unlimited.
       uint64_t upper = (st == NF_OK && !ro.cfg.limit) ? r->stats.physical_peak : 0;
-      if (!cli.json) fprintf(stderr, "nofrag: bisecting the limit between %" PRIu64 " and %" PRIu64 " granules...\n",
-                             (ops.peak_live + r->granule - 1) / r->granule, (upper + r->granule - 1) / r->granule);
+      uint64_t from = (ops.peak_live + r->granule - 1) / r->granule;
+      if (!cli.json && upper)
+        fprintf(stderr, "nofrag: bisecting the limit between %" PRIu64 " and %" PRIu64 " granules...\n", from,
+                (upper + r->granule - 1) / r->granule);
+      else if (!cli.json) // no unlimited run yet: the bisection finds its upper bound first
+        fprintf(stderr, "nofrag: bisecting the limit from %" PRIu64 " granules up (upper bound not known yet)...\n", from);
       nf__replay_opts ro_bis = ro; // each probe's progress, no timeline
       nfc_watch wb = {.hs = NULL};
       nfc_progress_start(&wb.prog, "bisecting", ops.n_ops);
