@@ -17,10 +17,14 @@
 // armed, the library's calls stay unchanged otherwise.
 void *__real_calloc(size_t n, size_t size);
 void *__wrap_calloc(size_t n, size_t size);
-static int fail_tick_calloc;
+static int fail_tick_calloc, fail_map_calloc;
 void *__wrap_calloc(size_t n, size_t size) {
   if (fail_tick_calloc && size == 8 && n >= 1024) {
     fail_tick_calloc = 0;
+    return NULL;
+  }
+  if (fail_map_calloc && size == 2 * sizeof(void *) && n >= 2048) { // the block map growing (blockmap.c)
+    fail_map_calloc = 0;
     return NULL;
   }
   return __real_calloc(n, size);
@@ -510,8 +514,38 @@ static void test_allocating_only_stream_pins_nothing(void **state) {
   }
 }
 
+// Out of host memory for the block map's growth: the allocation fails before
+// anything is placed or mapped (it used to place the block -- mapping, moving
+// views and forgetting their granules' last users -- and then give it back),
+// so the pool is exactly as before, backend calls included.
+static void test_map_growth_failure_changes_nothing(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB");
+  void *b[512];
+  for (int i = 0; i < 512; i++) assert_non_null(b[i] = nf_alloc(p, G, NULL)); // half the map's 1,024 slots
+  nf_stats_t s0 = stats(p);
+  fail_map_calloc = 1;
+  assert_null(nf_alloc(p, 3 * G, NULL)); // the 513th entry grows the map
+  assert_int_equal(nf_last_status(), NF_ERR_NOMEM);
+  fail_map_calloc = 0;
+  nf_stats_t s1 = stats(p);
+  assert_int_equal(s1.backend_calls, s0.backend_calls);
+  assert_int_equal(s1.mapped, s0.mapped);
+  assert_int_equal(s1.physical, s0.physical);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  void *x = nf_alloc(p, 3 * G, NULL);
+  assert_non_null(x);
+  nf_free(p, x);
+  for (int i = 0; i < 512; i++) nf_free(p, b[i]);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_map_growth_failure_changes_nothing),
       cmocka_unit_test(test_allocating_only_stream_pins_nothing),
       cmocka_unit_test(test_backend_maps_a_granule_twice), cmocka_unit_test(test_steady_state_makes_no_calls),
       cmocka_unit_test(test_random_patterns), cmocka_unit_test(test_busy_view_unmapped_after_its_work),

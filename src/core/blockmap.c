@@ -60,11 +60,15 @@ static nf_status_t map_grow(nf_blockmap_t *m) {
   return NF_OK;
 }
 
+nf_status_t nf__map_reserve(nf_pool_t *p) {
+  nf_blockmap_t *m = &p->map;
+  if (NF_UNLIKELY(!m->slots || (m->count + 1) * 2 > m->mask + 1)) return map_grow(m);
+  return NF_OK;
+}
+
 nf_status_t nf__map_insert(nf_pool_t *p, nf_block_t *b) {
   nf_blockmap_t *m = &p->map;
-  if (NF_UNLIKELY(!m->slots || (m->count + 1) * 2 > m->mask + 1)) {
-    if (map_grow(m) != NF_OK) return NF_ERR_NOMEM;
-  }
+  if (NF_UNLIKELY(nf__map_reserve(p) != NF_OK)) return NF_ERR_NOMEM;
   uint64_t j = slot_of(m, b->addr);
   while (m->slots[j].key) j = (j + 1) & m->mask;
   m->slots[j].key = b->addr;

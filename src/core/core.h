@@ -402,6 +402,9 @@ void nf__core_destroy(nf_pool_t *p); // also destroys an owned backend
 nf_block_t *nf__block_new(nf_pool_t *p);
 void nf__block_delete(nf_pool_t *p, nf_block_t *b);
 nf_status_t nf__map_insert(nf_pool_t *p, nf_block_t *b);
+// Room for one more entry, so that the insert after a placement cannot fail
+// (a failure there would undo a placement that mapped and moved views).
+nf_status_t nf__map_reserve(nf_pool_t *p);
 nf_block_t *nf__map_find(nf_pool_t *p, uintptr_t key);
 void nf__map_remove(nf_pool_t *p, uintptr_t key);
 void nf__blocks_destroy(nf_pool_t *p);

@@ -266,6 +266,12 @@ static NF_NOINLINE void *alloc_locked(nf_pool_t *p, size_t size, uint64_t rsize,
     b->state = NF_BLK_LIVE;
     goto popped;
   }
+  // The placed block's map entry, made room for before anything is placed:
+  // out of host memory then changes nothing.
+  if (NF_UNLIKELY(nf__map_reserve(p) != NF_OK)) {
+    st = nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
+    goto fail;
+  }
   // Any other placement sees the free structure coalesced, as without bins.
   if (NF_UNLIKELY(p->bin_blocks != 0)) nf__bins_flush(p);
   // Spilled granules left in free ranges go before placement looks: new
