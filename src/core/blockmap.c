@@ -66,15 +66,13 @@ nf_status_t nf__map_reserve(nf_pool_t *p) {
   return NF_OK;
 }
 
-nf_status_t nf__map_insert(nf_pool_t *p, nf_block_t *b) {
+void nf__map_insert(nf_pool_t *p, nf_block_t *b) {
   nf_blockmap_t *m = &p->map;
-  if (NF_UNLIKELY(nf__map_reserve(p) != NF_OK)) return NF_ERR_NOMEM;
   uint64_t j = slot_of(m, b->addr);
   while (m->slots[j].key) j = (j + 1) & m->mask;
   m->slots[j].key = b->addr;
   m->slots[j].val = b;
   m->count++;
-  return NF_OK;
 }
 
 nf_block_t *nf__map_find(nf_pool_t *p, uintptr_t key) {

@@ -224,7 +224,7 @@ struct nf_pool_s {
 
   nf_granule_t *gran;
   uint64_t gran_cap, gran_created; // created = physical granules existing
-  uint64_t gran_made, gran_gone;    // device granules ever created / released (units: their granules)
+  uint64_t gran_made;               // device granules ever created (units: their granules); released = made - created
   int32_t gran_free;               // unmapped physical granules
   int32_t gran_unused;             // unused slots in gran[]
   uint64_t gran_free_count, gran_mapped;
@@ -331,12 +331,13 @@ struct nf_pool_s {
 static inline uint64_t nf__need_tick(const nf_stream_rec_t *r, uint64_t tick) {
   return tick < r->last_free ? tick : r->last_free;
 }
+// Stream x's work up to `need` (nf__need_tick) is known complete.
+static inline bool nf__need_done(const nf_stream_rec_t *r, uint64_t need) { return !need || r->done_tick > need; }
 
 static inline bool nf__block_retired(const nf_pool_t *p, const nf_block_t *b) {
   for (uint64_t m = b->smask; m; m &= m - 1) {
     const nf_stream_rec_t *r = &p->streams[__builtin_ctzll(m)];
-    uint64_t need = nf__need_tick(r, b->tick);
-    if (need && r->done_tick <= need) return false;
+    if (!nf__need_done(r, nf__need_tick(r, b->tick))) return false;
   }
   return true;
 }
@@ -345,7 +346,7 @@ static inline bool nf__block_usable(const nf_pool_t *p, const nf_block_t *b, uin
   for (uint64_t m = b->smask & ~(1ull << s); m; m &= m - 1) {
     uint32_t x = (uint32_t)__builtin_ctzll(m);
     uint64_t need = nf__need_tick(&p->streams[x], b->tick);
-    if (need && p->streams[x].done_tick <= need && p->waited[s][x] <= need) return false;
+    if (!nf__need_done(&p->streams[x], need) && p->waited[s][x] <= need) return false;
   }
   return true;
 }
@@ -401,10 +402,11 @@ void nf__core_destroy(nf_pool_t *p); // also destroys an owned backend
 // blockmap.c
 nf_block_t *nf__block_new(nf_pool_t *p);
 void nf__block_delete(nf_pool_t *p, nf_block_t *b);
-nf_status_t nf__map_insert(nf_pool_t *p, nf_block_t *b);
-// Room for one more entry, so that the insert after a placement cannot fail
-// (a failure there would undo a placement that mapped and moved views).
+// Room for one more entry, made before a placement, so that the insert after
+// it cannot fail (a failure there would undo a placement that mapped and
+// moved views); nf__map_insert needs it.
 nf_status_t nf__map_reserve(nf_pool_t *p);
+void nf__map_insert(nf_pool_t *p, nf_block_t *b);
 nf_block_t *nf__map_find(nf_pool_t *p, uintptr_t key);
 void nf__map_remove(nf_pool_t *p, uintptr_t key);
 void nf__blocks_destroy(nf_pool_t *p);

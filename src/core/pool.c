@@ -316,12 +316,7 @@ static NF_NOINLINE void *alloc_locked(nf_pool_t *p, size_t size, uint64_t rsize,
   }
   b->memo = memo;
 placed:
-  if (NF_UNLIKELY(nf__map_insert(p, b) != NF_OK)) {
-    b->state = NF_BLK_FREE;
-    block_release(p, b, false);
-    st = nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
-    goto fail;
-  }
+  nf__map_insert(p, b); // room made above (placement only removes entries: bins flushed)
 popped:
   return alloc_done(p, b, size, rsize, s, stream);
 fail:;

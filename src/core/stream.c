@@ -86,7 +86,7 @@ static nf_status_t ev_cover(nf_pool_t *p, uint32_t x, uint64_t need, uint32_t *h
 // what it needs.
 nf_status_t nf__stream_wait(nf_pool_t *p, uint32_t x, uint64_t need) {
   nf_stream_rec_t *r = &p->streams[x];
-  if (!need || r->done_tick > need) return NF_OK; // need 0: nothing of x's on freed memory (nf__need_tick)
+  if (nf__need_done(r, need)) return NF_OK;
   uint32_t h;
   nf_status_t st = ev_cover(p, x, need, &h);
   if (st != NF_OK) return st;
@@ -135,7 +135,7 @@ nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s) {
     uint32_t x = (uint32_t)__builtin_ctzll(m);
     nf_stream_rec_t *r = &p->streams[x];
     uint64_t need = nf__need_tick(r, b->tick);
-    if (!need || r->done_tick > need || p->waited[s][x] > need) continue;
+    if (nf__need_done(r, need) || p->waited[s][x] > need) continue;
     uint32_t h; // the oldest record covering b: s waits for no more of x than it must
     nf_status_t st = ev_cover(p, x, need, &h);
     if (st != NF_OK) return st;

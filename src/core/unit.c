@@ -138,7 +138,6 @@ static nf_status_t unit_release(nf_pool_t *p, uint32_t head) {
     nf__gran_slot_put(p, (uint32_t)i);
   }
   p->gran_created -= n;
-  p->gran_gone += n;
   return NF_OK;
 }
 

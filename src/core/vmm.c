@@ -171,7 +171,6 @@ static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep)
     nf__gran_unlink(p, i);
     nf__gran_slot_put(p, i);
     --*created;
-    p->gran_gone += tier == NF_TIER_DEVICE;
   }
   return NF_OK;
 }

@@ -45,14 +45,18 @@ void nf__xfer_free(nf_xfer_t *x) {
   free(x);
 }
 
+// Stream s waits (on the GPU) for the work queued on stream x so far: a
+// fresh record on x, not an older one, which the latest work is not behind.
+static nf_status_t wait_on(nf_pool_t *p, uint32_t s, uint32_t x) {
+  nf_status_t st = nf__stream_record(p, x);
+  return st == NF_OK ? NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, nf__stream_event(&p->streams[x])) : st;
+}
+
 // Order stream s after the work of the block's other streams (allocation,
 // record_stream): its copy then starts after all of it. No host wait.
 nf_status_t nf__order_block(nf_pool_t *p, const nf_block_t *b, uint32_t s) {
-  uint64_t m = (b->extra | 1ull << b->stream) & ~(1ull << s);
-  for (; m; m &= m - 1) {
-    uint32_t x = (uint32_t)__builtin_ctzll(m);
-    nf_status_t st = nf__stream_record(p, x);
-    if (st == NF_OK) st = NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, nf__stream_event(&p->streams[x]));
+  for (uint64_t m = (b->extra | 1ull << b->stream) & ~(1ull << s); m; m &= m - 1) {
+    nf_status_t st = wait_on(p, s, (uint32_t)__builtin_ctzll(m));
     if (st != NF_OK) return nf__error(st, "nofrag: offload: ordering streams failed: %s", p->be->err);
   }
   return NF_OK;
@@ -228,15 +232,9 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
     // promise). The copy's stream was ordered after every stream of the
     // block, so one record there, after the copy, covers them all (no host
     // wait). On failure nothing is cancelled.
-    uint32_t c = o->x->s;
-    if (c != s) {
-      st = nf__stream_record(p, c);
-      if (st == NF_OK)
-        st = NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, nf__stream_event(&p->streams[c]));
-      if (st != NF_OK) {
-        st = nf__error(st, "nofrag: prefetch: ordering after the offload's copy failed: %s", p->be->err);
-        goto out;
-      }
+    if (o->x->s != s && (st = wait_on(p, s, o->x->s)) != NF_OK) {
+      st = nf__error(st, "nofrag: prefetch: ordering after the offload's copy failed: %s", p->be->err);
+      goto out;
     }
     offload_cancel(b, o);
   } else if (b->where == NF_TIER_DISK) {

@@ -39,8 +39,8 @@ static nf_status_t file_io(nf_pool_t *p, bool out, char *buf, uint64_t n, uint64
   return NF_OK;
 }
 
-// *undrained (out): a copy was queued and could not be waited for: it may
-// still read the block (the caller makes the block's free wait for s).
+// *undrained (out only): a copy was queued and could not be waited for: it
+// may still read the block (the caller makes the block's free wait for s).
 static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, uint64_t len, uint32_t s,
                            bool *undrained) {
   uint64_t chunk = len < BOUNCE_MAX ? len : BOUNCE_MAX;
@@ -115,15 +115,15 @@ nf_status_t nf__prefetch_disk(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_
   p->away_granules -= o->n;
   nf_status_t st = nf__map_range(p, c, g0, g1, o->n << p->gshift, false);
   if (st == NF_ERR_OOM) nf__prefetch_oom(p, o->n);
-  bool io = st == NF_OK, unused = false; // (the prefetch path handles its own undrained copies, below)
-  if (io) st = disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s, &unused);
+  bool io = st == NF_OK;
+  if (io) st = disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s, NULL);
   // Copies into the range that cannot be waited for may still be writing it,
   // which then cannot be unmapped: the whole range is read and queued again
   // instead (the file keeps the data), and the prefetch completes in stream
   // order. Each way is tried 3 times (both failing 3 times: the unmap below
   // goes ahead under them, the one case left).
   for (int t = 0; t < 3 && st != NF_OK && io && !nf__xfer_drain(p, s); t++)
-    if (disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s, &unused) == NF_OK) st = NF_OK;
+    if (disk_io(p, false, o->off, c->base + (g0 << p->gshift), o->n << p->gshift, s, NULL) == NF_OK) st = NF_OK;
   if (st != NF_OK) {
     // The range must be unmapped again (map_range's own rollback may have
     // left granules behind on a failing backend), once the chunks already

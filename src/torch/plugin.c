@@ -391,9 +391,9 @@ NF_API void nf_torch_set_fraction(double fraction, int device) {
     return;
   }
   uint64_t limit = (uint64_t)(fraction * (double)total);
-  nf_stats_t s;
-  nf_stats_get(pool, &s);
-  bool refuse = limit < s.granule;
+  nf_config_t cfg;
+  nf_pool_config(pool, &cfg);
+  bool refuse = limit < cfg.granule;
   if (!refuse && (st = nf_set_limit(pool, limit)) != NF_OK) {
     t_status = st;
     nft_error("set_per_process_memory_fraction(%g) on device %d: %s: %s", fraction, device, nf_status_str(st),
