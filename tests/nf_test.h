@@ -166,7 +166,7 @@ static inline void nft_usage_is(nf_backend_t *be, uint64_t granules, uint64_t ma
 }
 
 static inline void nft_err_has(nf_backend_t *be, const char *needle) {
-  if (!strstr(be->err, needle)) fail_msg("error \"%s\" lacks \"%s\"", be->err, needle);
+  if (!strstr(nf__backend_err(), needle)) fail_msg("error \"%s\" lacks \"%s\"", nf__backend_err(), needle);
 }
 
 // ------------------------------------------------------------ spy backends
@@ -175,7 +175,7 @@ static inline void nft_err_has(nf_backend_t *be, const char *needle) {
 // forwarders, the test then overrides members. `be` must be the first member
 // of a calloc'ed struct: destroy frees it and the inner backend.
 static inline nf_status_t nft_fwd(nf_backend_t *be, nf_status_t st) {
-  if (st != NF_OK) snprintf(be->err, sizeof be->err, "%s", be->inner->err);
+  (void)be; // the inner op's message is the thread's (nf__backend_err)
   return st;
 }
 #define NFT_IN(be) ((be)->inner)

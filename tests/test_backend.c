@@ -400,7 +400,7 @@ static void test_host_unmap_at_map_bound(void **state) {
   assert_true(m > 0);
   for (int i = 0; i < m; i++) { // the rollback, at the bound
     st = be->ops->unmap(be, va + (uintptr_t)i * G, G);
-    if (st != NF_OK) fail_msg("unmap of granule %d of %d at the bound: %s", i, m, be->err);
+    if (st != NF_OK) fail_msg("unmap of granule %d of %d at the bound: %s", i, m, nf__backend_err());
   }
   nft_usage_is(be, N + 1, 1);
   for (int i = 0; i < N; i++) // still reserved, every granule: no hole another mmap could take

@@ -47,7 +47,7 @@ static void test_fault_fail_at(void **state) {
     if (i == 5) {
       assert_int_equal(st, NF_ERR_BACKEND);
       assert_int_equal(g, 0); // outputs untouched
-      assert_string_equal(f->err, "injected fault in granularity (call 5)");
+      assert_string_equal(nf__backend_err(), "injected fault in granularity (call 5)");
     } else {
       assert_int_equal(st, NF_OK);
       assert_int_equal(g, G);
@@ -170,7 +170,7 @@ static void test_fault_mask(void **state) {
     nf_status_t st = f->ops->granularity(f, NF_TIER_DEVICE, &g);
     assert_int_equal(st, fails ? NF_ERR_BACKEND : NF_OK);
     snprintf(want, sizeof want, "injected fault in granularity (call %llu)", (unsigned long long)i);
-    if (fails) assert_string_equal(f->err, want);
+    if (fails) assert_string_equal(nf__backend_err(), want);
   }
   uint64_t calls, failed;
   nf_backend_fault_counts(f, &calls, &failed);

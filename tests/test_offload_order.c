@@ -171,8 +171,7 @@ static nf_status_t lz_record(nf_backend_t *be, nf_event_t e, nf_stream_t s) {
   lz_t *l = lz(be);
   if (l->fail_records > 0) {
     l->fail_records--;
-    snprintf(be->err, sizeof be->err, "lazy backend: event record fails (test)");
-    return NF_ERR_BACKEND;
+    return nf__backend_fail(be, NF_ERR_BACKEND, "lazy backend: event record fails (test)");
   }
   nf_status_t st = nft_f_evr(be, e, s);
   if (st == NF_OK) {

@@ -3,7 +3,8 @@
 // other threads' fast paths; a second run adds spill, offload and prefetch
 // (another thread's call may finish an offload's remap); a third runs that
 // with mapping units (units:4: growth, splits, whole-unit offload); a fourth
-// passes hot blocks between threads on one stream. Run under TSan in CI.
+// passes hot blocks between threads on one stream; a fifth has two threads
+// fail ops of one shared backend. Run under TSan in CI.
 #include "nf_test.h"
 
 #include <pthread.h>
@@ -191,8 +192,38 @@ static void test_threads_set_limit(void **state) {
   nf_backend_destroy(be);
 }
 
+// Pools sharing one backend run its ops under their own locks: each thread's
+// failed op must leave that thread's message (nf__backend_err), which one
+// backend-wide buffer did not (another thread's failure overwrote it between
+// the op and the read; TSan: a race on it).
+static nf_backend_t *shared_be;
+static void *err_worker(void *arg) {
+  uintptr_t va = ((uintptr_t)arg + 1) << 40; // reserved by no one: every unmap fails
+  char want[64];
+  snprintf(want, sizeof want, "%#lx", (unsigned long)va);
+  for (int k = 0; k < 20000; k++) {
+    if (shared_be->ops->unmap(shared_be, va, G) == NF_OK || !strstr(nf__backend_err(), want)) {
+      errors++;
+      break;
+    }
+  }
+  return NULL;
+}
+
+static void test_threads_backend_errors(void **state) {
+  (void)state;
+  assert_int_equal(nf_backend_host_create(&shared_be, 1ull << 30, G), NF_OK);
+  errors = 0;
+  pthread_t t[2];
+  for (uintptr_t i = 0; i < 2; i++) pthread_create(&t[i], NULL, err_worker, (void *)i);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  assert_int_equal(errors, 0);
+  nf_backend_destroy(shared_be);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_set_limit),
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_backend_errors),
+                                     cmocka_unit_test(test_threads_set_limit),
                                      cmocka_unit_test(test_threads_stress),
                                      cmocka_unit_test(test_threads_spill_offload),
                                      cmocka_unit_test(test_threads_units),

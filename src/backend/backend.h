@@ -12,7 +12,8 @@
 //   stream_wait  cuStreamWaitEvent
 //
 // Every op returns NF_OK or an error status and, on error, writes a message
-// into be->err (via nf__backend_fail). Ops must leave state unchanged on error.
+// (nf__backend_fail) that nf__backend_err() reads. Ops must leave state
+// unchanged on error.
 #ifndef NF_BACKEND_H
 #define NF_BACKEND_H
 
@@ -66,10 +67,16 @@ typedef struct nf_backend_ops_s {
 struct nf_backend_s {
   const nf_backend_ops_t *ops;
   nf_backend_t *inner; // the backend a wrapper (fault injection) forwards to, else NULL
-  char err[256]; // message of the last failed op
 };
 
-// Record an error message on the backend and return `st`.
+// The message of the calling thread's last failed backend op. Per thread, not
+// per backend: pools sharing one backend each run their ops under their own
+// lock, so one backend-wide buffer was written by one pool's failure while
+// another read it for its own message. Read right after the failing call.
+#define NF_BACKEND_ERR_MAX 256
+char *nf__backend_err(void);
+
+// Record the message of a failed op (nf__backend_err) and return `st`.
 nf_status_t nf__backend_fail(nf_backend_t *be, nf_status_t st, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))

@@ -3,13 +3,15 @@
 
 #include <stdarg.h>
 
+static _Thread_local char tl_err[NF_BACKEND_ERR_MAX];
+
+char *nf__backend_err(void) { return tl_err; }
+
 nf_status_t nf__backend_fail(nf_backend_t *be, nf_status_t st, const char *fmt, ...) {
-  // A NULL backend can reach here from a constructor that failed before it
-  // had one; the status still goes back to the caller.
-  if (!be) return st;
+  (void)be; // (NULL from a constructor that failed before it had one)
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(be->err, sizeof be->err, fmt, ap);
+  vsnprintf(tl_err, sizeof tl_err, fmt, ap);
   va_end(ap);
   return st;
 }

@@ -75,24 +75,14 @@ static bool inject(nf_backend_t *be, const char *op, nf_status_t *st) {
   return fail;
 }
 
-// Pass an inner result through, with its message when it is an error.
-static nf_status_t pass(nf_backend_t *be, nf_status_t st) {
-  if (st != NF_OK && st != NF_ERR_NOT_READY) {
-    fault_backend *f = fb(be);
-    pthread_mutex_lock(&f->mu);
-    nf__backend_fail(be, st, "%s", f->inner->err);
-    pthread_mutex_unlock(&f->mu);
-  }
-  return st;
-}
-
-// One wrapper per op: count/inject, else forward to the inner backend.
+// One wrapper per op: count/inject, else forward to the inner backend (whose
+// message, on error, is the thread's already: nf__backend_err).
 #define FORWARD(be, op, ...)                                                                                           \
   do {                                                                                                                 \
     nf_status_t st_;                                                                                                   \
     if (inject(be, #op, &st_)) return st_;                                                                             \
     nf_backend_t *in_ = fb(be)->inner;                                                                                 \
-    return pass(be, in_->ops->op(in_, __VA_ARGS__));                                                                   \
+    return in_->ops->op(in_, __VA_ARGS__);                                                                               \
   } while (0)
 
 static nf_status_t f_granularity(nf_backend_t *be, nf_tier_t tier, size_t *out) { FORWARD(be, granularity, tier, out); }
@@ -122,7 +112,7 @@ static nf_status_t f_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev)
 // A query, not counted (call numbers stay those of the ops that act).
 static nf_status_t f_map_room(nf_backend_t *be, uint64_t n) {
   nf_backend_t *in = fb(be)->inner;
-  return in->ops->map_room ? pass(be, in->ops->map_room(in, n)) : NF_OK;
+  return in->ops->map_room ? in->ops->map_room(in, n) : NF_OK;
 }
 static nf_status_t f_add_peer(nf_backend_t *be, int device) {
   nf_backend_t *in = fb(be)->inner;

@@ -51,7 +51,7 @@ static nf_status_t fail_maps(host_backend *h, nf_backend_t *to, const char *op) 
   const char *what;
   unsigned long long lim = map_bound(h, &what), held = h->n_maps;
   if (!lim) return nf__backend_fail(to, NF_ERR_BACKEND, "host backend: %s: Cannot allocate memory", op);
-  // be->err is 256 bytes: short words, the numbers and the remedy first.
+  // A backend message is NF_BACKEND_ERR_MAX (256) bytes: short words, the numbers and the remedy first.
   return nf__backend_fail(to, NF_ERR_BACKEND,
                           "host backend: %s: out of memory mappings: %llu held (%llu granule runs of %llu B), %s=%llu; use a "
                           "larger granule, fewer views (views:N), or sysctl vm.max_map_count=%llu",

@@ -47,7 +47,7 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
   *out = NULL;
   size_t bg = 0;
   nf_status_t st = be->ops->granularity(be, NF_TIER_DEVICE, &bg);
-  if (st != NF_OK) return nf__error(st, "nofrag: backend granularity: %s", be->err);
+  if (st != NF_OK) return nf__error(st, "nofrag: backend granularity: %s", nf__backend_err());
   uint64_t g = cfg->granule ? cfg->granule : bg;
   if (cfg->units > NF_UNITS_MAX) // a struct filled by hand skips nf_config_parse's bound
     return nf__error(NF_ERR_CONFIG, "nofrag: units %llu: at most %d granules a unit", (unsigned long long)cfg->units,
@@ -57,7 +57,7 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
                      (unsigned long long)g, bg);
   uint64_t total = 0, avail = 0;
   st = be->ops->capacity(be, NF_TIER_DEVICE, &total, &avail);
-  if (st != NF_OK) return nf__error(st, "nofrag: backend capacity: %s", be->err);
+  if (st != NF_OK) return nf__error(st, "nofrag: backend capacity: %s", nf__backend_err());
   nf_pool_t *p = calloc(1, sizeof *p);
   if (!p) return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
   p->be = be;
@@ -177,7 +177,7 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
   uint64_t total = 0, avail = 0;
   if (!limit) {
     nf_status_t st = p->be->ops->capacity(p->be, NF_TIER_DEVICE, &total, &avail);
-    if (st != NF_OK) return nf__error(st, "nofrag: backend capacity: %s", p->be->err);
+    if (st != NF_OK) return nf__error(st, "nofrag: backend capacity: %s", nf__backend_err());
     limit = total;
   }
   if (limit < p->granule)

@@ -21,7 +21,7 @@ static nf_status_t regrant(nf_pool_t *p, nf_chunk_t *c) {
     uint64_t e = g + 1;
     while (e < c->ngran && granted(c, e)) e++;
     nf_status_t st = NF_BE(p, set_access, set_access, c->base + (g << p->gshift), (e - g) << p->gshift);
-    if (st != NF_OK) return nf__error(st, "nofrag: nf_pool_add_peer: set access failed: %s", p->be->err);
+    if (st != NF_OK) return nf__error(st, "nofrag: nf_pool_add_peer: set access failed: %s", nf__backend_err());
     g = e;
   }
   return NF_OK;
@@ -36,7 +36,7 @@ nf_status_t nf_pool_add_peer(nf_pool_t *p, int device) {
     st = nf__error(NF_ERR_UNSUPPORTED, "nofrag: nf_pool_add_peer: the %s backend has no peer devices",
                    p->be->ops->name);
   else if ((st = p->be->ops->add_peer(p->be, device)) != NF_OK)
-    st = nf__error(st, "nofrag: nf_pool_add_peer: %s", p->be->err);
+    st = nf__error(st, "nofrag: nf_pool_add_peer: %s", nf__backend_err());
   // A failed re-grant leaves some ranges granted to the peer: harmless (a
   // permission), and a later call grants the rest.
   for (nf_chunk_t *c = p->chunks; c && st == NF_OK; c = c->next) st = regrant(p, c);

@@ -47,10 +47,10 @@ static nf_status_t record(nf_pool_t *p, uint32_t x, bool quiet) {
   nf_status_t st;
   if (!r->ev[h]) {
     st = NF_BE(p, event_create, event_create, &r->ev[h]);
-    if (st != NF_OK) return quiet ? st : nf__error(st, "nofrag: event create failed: %s", p->be->err);
+    if (st != NF_OK) return quiet ? st : nf__error(st, "nofrag: event create failed: %s", nf__backend_err());
   }
   st = NF_BE(p, event_record, event_record, r->ev[h], r->handle);
-  if (st != NF_OK) return quiet ? st : nf__error(st, "nofrag: event record failed: %s", p->be->err);
+  if (st != NF_OK) return quiet ? st : nf__error(st, "nofrag: event record failed: %s", nf__backend_err());
   r->ev_head = h;
   r->rec_tick = r->ev_tick[h] = ++p->tick;
   return NF_OK;
@@ -92,7 +92,7 @@ nf_status_t nf__stream_wait(nf_pool_t *p, uint32_t x, uint64_t need) {
   if (st != NF_OK) return st;
   p->ev_hot = p->tick + NF_EV_HOT;
   st = NF_BE(p, event_sync, event_sync, r->ev[h]);
-  if (st != NF_OK) return nf__error(st, "nofrag: event synchronize failed: %s", p->be->err);
+  if (st != NF_OK) return nf__error(st, "nofrag: event synchronize failed: %s", nf__backend_err());
   if (r->ev_tick[h] > r->done_tick) r->done_tick = r->ev_tick[h];
   return NF_OK;
 }
@@ -122,7 +122,7 @@ nf_status_t nf__stream_done(nf_pool_t *p, uint32_t x, uint64_t tick, bool blocki
     nf_status_t st = blocking ? NF_BE(p, event_sync, event_sync, nf__stream_event(r)) : NF_BE(p, event_query, event_query, nf__stream_event(r));
     if (st == NF_OK) r->done_tick = r->rec_tick;
     else if (blocking || st != NF_ERR_NOT_READY)
-      return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", p->be->err);
+      return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", nf__backend_err());
   }
   *done = r->done_tick >= tick;
   return NF_OK;
@@ -140,7 +140,7 @@ nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s) {
     nf_status_t st = ev_cover(p, x, need, &h);
     if (st != NF_OK) return st;
     st = NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, r->ev[h]);
-    if (st != NF_OK) return nf__error(st, "nofrag: stream wait failed: %s", p->be->err);
+    if (st != NF_OK) return nf__error(st, "nofrag: stream wait failed: %s", nf__backend_err());
     p->waited[s][x] = r->ev_tick[h];
     p->st.cross_stream_reuses++;
   }
@@ -160,7 +160,7 @@ static nf_status_t streams_settle(nf_pool_t *p, bool blocking) {
     st = blocking ? NF_BE(p, event_sync, event_sync, nf__stream_event(r)) : NF_BE(p, event_query, event_query, nf__stream_event(r));
     if (st == NF_OK) r->done_tick = r->rec_tick;
     else if (blocking || st != NF_ERR_NOT_READY)
-      return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", p->be->err);
+      return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", nf__backend_err());
   }
   return NF_OK;
 }
@@ -201,7 +201,7 @@ nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
       st = blocking ? NF_BE(p, event_sync, event_sync, nf__stream_event(r)) : NF_BE(p, event_query, event_query, nf__stream_event(r));
       if (st == NF_OK) r->done_tick = r->rec_tick;
       else if (blocking || st != NF_ERR_NOT_READY)
-        return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", p->be->err);
+        return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", nf__backend_err());
       done = r->done_tick > b->tick;
     }
     if (!done) continue;

@@ -61,11 +61,11 @@ static nf_status_t unit_new(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint64_t n)
   nf_status_t st = NF_BE(p, mem_create, create, NF_TIER_DEVICE, n << p->gshift, &h);
   if (st != NF_OK) {
     slots_put(p, ix, n);
-    return nf__error(st, "nofrag: creating a %llu-granule unit failed: %s", (unsigned long long)n, p->be->err);
+    return nf__error(st, "nofrag: creating a %llu-granule unit failed: %s", (unsigned long long)n, nf__backend_err());
   }
   st = NF_BE(p, map, map, c->base + (g << p->gshift), n << p->gshift, h);
   if (st != NF_OK) {
-    nf__error(st, "nofrag: mapping a %llu-granule unit failed: %s", (unsigned long long)n, p->be->err);
+    nf__error(st, "nofrag: mapping a %llu-granule unit failed: %s", (unsigned long long)n, nf__backend_err());
     if (NF_BE(p, mem_release, release, h) == NF_OK) {
       slots_put(p, ix, n);
       return st;
@@ -131,7 +131,7 @@ bool nf__unit_cut(const nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, uint64_t
 
 static nf_status_t unit_release(nf_pool_t *p, uint32_t head) {
   nf_status_t st = NF_BE(p, mem_release, release, p->gran[head].handle);
-  if (st != NF_OK) return nf__error(st, "nofrag: releasing a unit failed: %s", p->be->err);
+  if (st != NF_OK) return nf__error(st, "nofrag: releasing a unit failed: %s", nf__backend_err());
   uint64_t n = p->gran[head].un;
   for (int32_t nx, i = (int32_t)head; i >= 0; i = nx) {
     nx = p->gran[i].prev_free;

@@ -271,7 +271,7 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
       uint64_t e = g;
       while (e < g1 && nf__bit(c->stale, e)) e++;
       st = NF_BE(p, unmap, unmap, c->base + (g << p->gshift), (e - g) << p->gshift);
-      if (st != NF_OK) return nf__error(st, "nofrag: views: unmap failed: %s", p->be->err);
+      if (st != NF_OK) return nf__error(st, "nofrag: views: unmap failed: %s", nf__backend_err());
       p->vw_evicted += e - g;
       for (; g < e; g++) unview(p, c, g);
     }
@@ -293,7 +293,7 @@ nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
     st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK && nf__view_evict_all(p)) // the mapping count's bound (host: vm.max_map_count)
       st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
-    if (st != NF_OK) return nf__error(st, "nofrag: map failed: %s", p->be->err); // the granule stays where it was
+    if (st != NF_OK) return nf__error(st, "nofrag: map failed: %s", nf__backend_err()); // the granule stays where it was
     park(p, i);
     own(p, c, g, i, false); // nf__map_range sets access on the run
     p->gran[i].took = 1;
@@ -361,7 +361,7 @@ uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t 
         uint64_t e = g;
         while (e < gi1 && e - g < want - got && nf__bit(c->stale, e)) e++;
         *stp = NF_BE(p, unmap, unmap, c->base + (g << p->gshift), (e - g) << p->gshift);
-        if (*stp != NF_OK) { nf__error(*stp, "nofrag: views: unmap failed: %s", p->be->err); return got; }
+        if (*stp != NF_OK) { nf__error(*stp, "nofrag: views: unmap failed: %s", nf__backend_err()); return got; }
         got += e - g;
         for (; g < e; g++) unview(p, c, g);
       }
@@ -375,11 +375,11 @@ uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t 
 // vm.max_map_count). Unmap every idle parked view, then the caller retries
 // once; true when some went. The failed call's message is kept.
 bool nf__view_evict_all(nf_pool_t *p) {
-  char msg[sizeof p->be->err];
-  memcpy(msg, p->be->err, sizeof msg);
+  char msg[NF_BACKEND_ERR_MAX];
+  memcpy(msg, nf__backend_err(), sizeof msg);
   nf_status_t st;
   uint64_t got = nf__view_evict(p, UINT64_MAX, false, &st);
-  memcpy(p->be->err, msg, sizeof msg);
+  memcpy(nf__backend_err(), msg, sizeof msg);
   return got > 0;
 }
 

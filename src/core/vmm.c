@@ -100,7 +100,7 @@ nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
     free(c->mapped); free(c->phys); free(c);
     nf__block_delete(p, b);
     return nf__error(st, "nofrag: reserving %llu B of address space failed: %s",
-                     (unsigned long long)size, p->be->err);
+                     (unsigned long long)size, nf__backend_err());
   }
   c->size = size;
   c->ngran = ngran;
@@ -124,7 +124,7 @@ static nf_status_t gran_new(nf_pool_t *p, nf_tier_t tier) {
   nf_status_t st = NF_BE(p, mem_create, create, tier, p->granule, &h);
   if (st != NF_OK)
     return nf__error(st, "nofrag: creating a %llu B %s granule failed: %s", (unsigned long long)p->granule,
-                     tier == NF_TIER_HOST ? "host" : "device", p->be->err);
+                     tier == NF_TIER_HOST ? "host" : "device", nf__backend_err());
   p->gran_unused = p->gran[i].next_free;
   p->gran[i].handle = h;
   p->gran[i].tier = (uint8_t)tier;
@@ -167,7 +167,7 @@ static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep)
     st = p->tier.win_unmap ? p->tier.win_unmap(p, i) : NF_OK;
     if (st != NF_OK) return st;
     st = NF_BE(p, mem_release, release, p->gran[i].handle);
-    if (st != NF_OK) return nf__error(st, "nofrag: releasing a granule failed: %s", p->be->err);
+    if (st != NF_OK) return nf__error(st, "nofrag: releasing a granule failed: %s", nf__backend_err());
     nf__gran_unlink(p, i);
     nf__gran_slot_put(p, i);
     --*created;
@@ -190,7 +190,7 @@ nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
     return nf__error(NF_ERR_INVALID, "nofrag: internal: an unmap of granules %llu..%llu would cut a mapping unit",
                      (unsigned long long)g0, (unsigned long long)g1);
   nf_status_t st = NF_BE(p, unmap, unmap, c->base + (g0 << p->gshift), (g1 - g0) << p->gshift);
-  if (st != NF_OK) return nf__error(st, "nofrag: unmap failed: %s", p->be->err);
+  if (st != NF_OK) return nf__error(st, "nofrag: unmap failed: %s", nf__backend_err());
   p->fx++;
   p->gran_mapped -= g1 - g0;
   for (uint64_t g = g0; g < g1; g++) {
@@ -423,7 +423,7 @@ static nf_status_t map_room(nf_pool_t *p, uint64_t k, bool early) {
   uint64_t ours = p->gran_mapped + p->vw_count;
   if (room(p, early ? (k > ours ? k - ours : 0) : k)) return NF_OK;
   if (!early && p->vw_count && nf__view_evict_all(p) && room(p, k)) return NF_OK;
-  return nf__error(NF_ERR_BACKEND, "nofrag: map failed: %s", p->be->err);
+  return nf__error(NF_ERR_BACKEND, "nofrag: map failed: %s", nf__backend_err());
 }
 
 // Set access on every not-ready granule of [g0, g1), once per run.
@@ -433,7 +433,7 @@ nf_status_t nf__set_ready(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
     uint64_t e = g;
     while (e < g1 && !nf__bit(NF_READY(c), e) && nf__bit(c->mapped, e)) e++;
     nf_status_t st = NF_BE(p, set_access, set_access, c->base + (g << p->gshift), (e - g) << p->gshift);
-    if (st != NF_OK) return nf__error(st, "nofrag: set access failed: %s", p->be->err);
+    if (st != NF_OK) return nf__error(st, "nofrag: set access failed: %s", nf__backend_err());
     for (uint64_t x = g; x < e; x++) nf__bit_set(NF_READY(c), x);
     p->fx++;
     g = e;
@@ -467,7 +467,7 @@ nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1,
       st = NF_BE(p, map, map, c->base + (g << p->gshift), p->granule, p->gran[i].handle);
     if (st != NF_OK) {
       nf__gran_push_free(p, i);
-      nf__error(st, "nofrag: map failed: %s", p->be->err);
+      nf__error(st, "nofrag: map failed: %s", nf__backend_err());
       break;
     }
     p->gran[i].state = NF_GR_MAPPED;

@@ -57,7 +57,7 @@ static nf_status_t wait_on(nf_pool_t *p, uint32_t s, uint32_t x) {
 nf_status_t nf__order_block(nf_pool_t *p, const nf_block_t *b, uint32_t s) {
   for (uint64_t m = (b->extra | 1ull << b->stream) & ~(1ull << s); m; m &= m - 1) {
     nf_status_t st = wait_on(p, s, (uint32_t)__builtin_ctzll(m));
-    if (st != NF_OK) return nf__error(st, "nofrag: offload: ordering streams failed: %s", p->be->err);
+    if (st != NF_OK) return nf__error(st, "nofrag: offload: ordering streams failed: %s", nf__backend_err());
   }
   return NF_OK;
 }
@@ -233,7 +233,7 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
     // block, so one record there, after the copy, covers them all (no host
     // wait). On failure nothing is cancelled.
     if (o->x->s != s && (st = wait_on(p, s, o->x->s)) != NF_OK) {
-      st = nf__error(st, "nofrag: prefetch: ordering after the offload's copy failed: %s", p->be->err);
+      st = nf__error(st, "nofrag: prefetch: ordering after the offload's copy failed: %s", nf__backend_err());
       goto out;
     }
     offload_cancel(b, o);

@@ -41,13 +41,13 @@ static nf_status_t win_map(nf_pool_t *p, uint32_t i, uintptr_t *va) {
   }
   nf_status_t st;
   if (!p->win[k] && (st = NF_BE(p, va_reserve, va_reserve, p->granule << WIN_SHIFT, p->granule, &p->win[k])) != NF_OK)
-    return nf__error(st, "nofrag: offload: reserving the host window failed: %s", p->be->err);
+    return nf__error(st, "nofrag: offload: reserving the host window failed: %s", nf__backend_err());
   *va = win_addr(p, i);
   if (p->gran[i].win == 1) return NF_OK;
   if (!p->gran[i].win && (st = NF_BE(p, map, map, *va, p->granule, p->gran[i].handle)) != NF_OK)
-    return nf__error(st, "nofrag: offload: mapping a host granule at the window failed: %s", p->be->err);
+    return nf__error(st, "nofrag: offload: mapping a host granule at the window failed: %s", nf__backend_err());
   if ((st = NF_BE(p, set_access, set_access, *va, p->granule)) != NF_OK) {
-    nf__error(st, "nofrag: offload: set access on the host window failed: %s", p->be->err);
+    nf__error(st, "nofrag: offload: set access on the host window failed: %s", nf__backend_err());
     for (int t = 0; t < 3; t++)
       if (NF_BE(p, unmap, unmap, *va, p->granule) == NF_OK) {
         p->gran[i].win = 0;
@@ -63,7 +63,7 @@ static nf_status_t win_map(nf_pool_t *p, uint32_t i, uintptr_t *va) {
 nf_status_t nf__win_unmap(nf_pool_t *p, uint32_t i) {
   if (!p->gran[i].win) return NF_OK;
   nf_status_t st = NF_BE(p, unmap, unmap, win_addr(p, i), p->granule);
-  if (st != NF_OK) return nf__error(st, "nofrag: unmapping a host granule from the window failed: %s", p->be->err);
+  if (st != NF_OK) return nf__error(st, "nofrag: unmapping a host granule from the window failed: %s", nf__backend_err());
   p->gran[i].win = 0;
   return NF_OK;
 }
@@ -93,7 +93,7 @@ static nf_status_t copy_window(nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, c
     uintptr_t blk = c->base + (g0 + j) * G;
     p->st.calls.copy++;
     st = p->be->ops->copy(p->be, out ? w : blk, out ? blk : w, (e - j) * G, p->streams[s].handle);
-    if (st != NF_OK) return nf__error(st, "nofrag: offload copy failed: %s", p->be->err);
+    if (st != NF_OK) return nf__error(st, "nofrag: offload copy failed: %s", nf__backend_err());
     *queued = true;
   }
   return NF_OK;
@@ -149,7 +149,7 @@ nf_status_t nf__detached_finish(nf_pool_t *p, nf_xfer_t *x) {
     free(o);
     b->where = 0;
     return nf__error(st, "nofrag: offload of %p (detached): finishing it failed (unmap failed: %s); the block is "
-                     "intact, still on the device (not offloaded)", (void *)b->addr, p->be->err);
+                     "intact, still on the device (not offloaded)", (void *)b->addr, nf__backend_err());
   }
   p->away_granules += x->n;
   p->detached_granules += x->n;

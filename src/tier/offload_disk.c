@@ -53,10 +53,10 @@ static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, u
     if (out) {
       p->st.calls.copy++;
       st = p->be->ops->copy(p->be, (uintptr_t)buf, va + k, n, r->handle);
-      if (st != NF_OK) { nf__error(st, "nofrag: offload to disk: copy failed: %s", p->be->err); break; }
+      if (st != NF_OK) { nf__error(st, "nofrag: offload to disk: copy failed: %s", nf__backend_err()); break; }
       if ((st = nf__stream_record(p, s)) == NF_OK) st = NF_BE(p, event_sync, event_sync, nf__stream_event(r));
       if (st != NF_OK) {
-        nf__error(st, "nofrag: offload to disk: waiting for the copy failed: %s", p->be->err);
+        nf__error(st, "nofrag: offload to disk: waiting for the copy failed: %s", nf__backend_err());
         if (!nf__xfer_drain(p, s)) *undrained = true; // (keeps this error)
         break;
       }
@@ -65,7 +65,7 @@ static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, u
       p->st.calls.copy++;
       // Pageable source: the copy has read the buffer when it returns.
       st = p->be->ops->copy(p->be, va + k, (uintptr_t)buf, n, r->handle);
-      if (st != NF_OK) nf__error(st, "nofrag: prefetch from disk: copy failed: %s", p->be->err);
+      if (st != NF_OK) nf__error(st, "nofrag: prefetch from disk: copy failed: %s", nf__backend_err());
     }
   }
   free(buf);

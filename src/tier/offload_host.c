@@ -26,12 +26,12 @@ static void unstage(nf_pool_t *p, uintptr_t stage, uint64_t mapped, uint64_t siz
 static nf_status_t stage_map(nf_pool_t *p, nf_xfer_t *x) {
   uint64_t G = p->granule;
   nf_status_t st = NF_BE(p, va_reserve, va_reserve, x->n * G, G, &x->stage);
-  if (st != NF_OK) return nf__error(st, "nofrag: offload: reserving a staging range failed: %s", p->be->err);
+  if (st != NF_OK) return nf__error(st, "nofrag: offload: reserving a staging range failed: %s", nf__backend_err());
   uint64_t j = 0;
   for (; j < x->n; j++)
     if ((st = NF_BE(p, map, map, x->stage + j * G, G, p->gran[x->hg[j]].handle)) != NF_OK) break;
   if (st == NF_OK && (st = NF_BE(p, set_access, set_access, x->stage, x->n * G)) == NF_OK) return NF_OK;
-  nf__error(st, "nofrag: offload: mapping the staging range failed: %s", p->be->err);
+  nf__error(st, "nofrag: offload: mapping the staging range failed: %s", nf__backend_err());
   unstage(p, x->stage, j * G, x->n * G);
   return st;
 }
@@ -76,7 +76,7 @@ static nf_status_t copy_runs(nf_pool_t *p, const nf_xfer_t *x, const nf_chunk_t 
     p->st.calls.copy++;
     nf_status_t st = p->be->ops->copy(p->be, to_stage ? stg : blk, to_stage ? blk : stg, (e - j) * G,
                                       p->streams[x->s].handle);
-    if (st != NF_OK) return nf__error(st, "nofrag: offload copy failed: %s", p->be->err);
+    if (st != NF_OK) return nf__error(st, "nofrag: offload copy failed: %s", nf__backend_err());
     *queued = j = e;
   }
   return NF_OK;
@@ -94,12 +94,12 @@ static nf_status_t remap_one(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t i
   uint32_t o = c->phys[g];
   *old = UINT32_MAX;
   nf_status_t st = NF_BE(p, unmap, unmap, va, G);
-  if (st != NF_OK) return nf__error(st, "nofrag: remap: unmap failed: %s", p->be->err);
+  if (st != NF_OK) return nf__error(st, "nofrag: remap: unmap failed: %s", nf__backend_err());
   NF_READY(c)[g >> 6] &= ~(1ull << (g & 63));
   p->fx++;
   if ((st = NF_BE(p, map, map, va, G, p->gran[i].handle)) != NF_OK) {
     char msg[300];
-    snprintf(msg, sizeof msg, "%s", p->be->err);
+    snprintf(msg, sizeof msg, "%s", nf__backend_err());
     for (int t = 0; t < 3; t++) // put the old granule back: it still holds the data
       if (NF_BE(p, map, map, va, G, p->gran[o].handle) == NF_OK)
         return nf__error(st, "nofrag: remap: map failed: %s", msg);
@@ -130,7 +130,7 @@ static nf_status_t place(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t i) {
       p->fx++;
       return NF_OK;
     }
-  return nf__error(st, "nofrag: remap: map failed: %s", p->be->err);
+  return nf__error(st, "nofrag: remap: map failed: %s", nf__backend_err());
 }
 
 static bool holds(const nf_chunk_t *c, uint64_t g, uint32_t i) { return nf__bit(c->mapped, g) && c->phys[g] == i; }
@@ -169,7 +169,7 @@ static nf_status_t unit_swap(nf_pool_t *p, nf_chunk_t *c, uint64_t u0, uint64_t 
   for (int t = 0; t < 3; t++)
     if ((st = NF_BE(p, unmap, unmap, va, n * G)) == NF_OK) break;
   if (st != NF_OK) return nf__error(st, "nofrag: remap: unmapping a %llu-granule unit failed: %s",
-                                    (unsigned long long)n, p->be->err);
+                                    (unsigned long long)n, nf__backend_err());
   for (uint64_t g = u0; g < u0 + n; g++) nf__bit_clr(NF_READY(c), g);
   p->fx++;
   for (; k < n; k++) {
@@ -179,7 +179,7 @@ static nf_status_t unit_swap(nf_pool_t *p, nf_chunk_t *c, uint64_t u0, uint64_t 
   }
   char msg[300] = "";
   if (k < n) { // back: the host granules mapped so far off, the unit on again
-    snprintf(msg, sizeof msg, "%s", p->be->err);
+    snprintf(msg, sizeof msg, "%s", nf__backend_err());
     for (j = k; j > 0; j--) {
       nf_status_t su = NF_ERR_BACKEND;
       for (int t = 0; t < 3 && su != NF_OK; t++) su = NF_BE(p, unmap, unmap, va + (j - 1) * G, G);

@@ -80,7 +80,7 @@ NF_API nf_status_t nf_ipc_export(nf_pool_t *p, const void *ptr, char *buf, size_
     uint64_t off = 0;
     if (!nf__unit_of(p, c->phys[g], &u0, &un)) un = 1;
     st = p->be->ops->mem_export(p->be, p->gran[c->phys[g]].handle, &fd, &off);
-    if (st != NF_OK) { nf__error(st, "nofrag: IPC: exporting a granule failed: %s", p->be->err); break; }
+    if (st != NF_OK) { nf__error(st, "nofrag: IPC: exporting a granule failed: %s", nf__backend_err()); break; }
     fds[(*nfds)++] = fd;
     char *at = (size_t)n < len ? buf + n : buf;
     size_t room = (size_t)n < len ? len - (size_t)n : 0;
@@ -176,21 +176,21 @@ NF_API nf_status_t nf_ipc_import(nf_backend_t *be, const char *handle, void **ba
     if (mine < 0) { st = getfd_fail(errno, pid); break; }
     st = be->ops->mem_import(be, mine, off, cnt * gsz, &m->h[i]);
     close(mine); // the handle holds the memory
-    if (st != NF_OK) nf__error(st, "nofrag: IPC: importing a granule failed: %s", be->err);
+    if (st != NF_OK) nf__error(st, "nofrag: IPC: importing a granule failed: %s", nf__backend_err());
     else m->cnt[i] = (uint32_t)cnt;
   }
   if (pidfd >= 0) close(pidfd);
   if (st == NF_OK && (st = be->ops->va_reserve(be, n * gsz, gsz, &m->va)) != NF_OK) {
     m->va = 0;
-    nf__error(st, "nofrag: IPC: reserving %llu B of address space failed: %s", n * gsz, be->err);
+    nf__error(st, "nofrag: IPC: reserving %llu B of address space failed: %s", n * gsz, nf__backend_err());
   }
   for (uint64_t i = 0; st == NF_OK && i < n; i += m->cnt[i]) {
     if ((st = be->ops->map(be, m->va + i * gsz, m->cnt[i] * gsz, m->h[i])) != NF_OK)
-      nf__error(st, "nofrag: IPC: map failed: %s", be->err);
+      nf__error(st, "nofrag: IPC: map failed: %s", nf__backend_err());
     else m->mapped += m->cnt[i];
   }
   if (st == NF_OK && (st = be->ops->set_access(be, m->va, n * gsz)) != NF_OK)
-    nf__error(st, "nofrag: IPC: set access failed: %s", be->err);
+    nf__error(st, "nofrag: IPC: set access failed: %s", nf__backend_err());
   if (st != NF_OK) {
     nf_ipc_close(m);
     return st;

@@ -387,7 +387,7 @@ NF_API void nf_torch_set_fraction(double fraction, int device) {
   nf_status_t st = be->ops->capacity(be, NF_TIER_DEVICE, &total, &avail);
   if (st != NF_OK) {
     t_status = st;
-    nft_error("set_per_process_memory_fraction: capacity: %s", be->err);
+    nft_error("set_per_process_memory_fraction: capacity: %s", nf__backend_err());
     return;
   }
   uint64_t limit = (uint64_t)(fraction * (double)total);

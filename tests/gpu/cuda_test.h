@@ -46,8 +46,8 @@ extern FILE *jout; // the JSON results file
     }                                                                                 \
   } while (0)
 #define DRV(call) CHECK((call) == 0, "driver call %s failed", #call)
-// OKB: a backend op (message in be->err); OKP: a pool/config call (nf_last_error).
-#define OKB(call) do { nf_status_t s_ = (call); CHECK(s_ == NF_OK, "%s -> %s: %s", #call, nf_status_str(s_), be->err); } while (0)
+// OKB: a backend op (message in nf__backend_err()); OKP: a pool/config call (nf_last_error).
+#define OKB(call) do { nf_status_t s_ = (call); CHECK(s_ == NF_OK, "%s -> %s: %s", #call, nf_status_str(s_), nf__backend_err()); } while (0)
 #define OKP(call) do { nf_status_t s_ = (call); CHECK(s_ == NF_OK, "%s -> %s: %s", #call, nf_status_str(s_), nf_last_error()); } while (0)
 
 double now_us(void);

@@ -72,13 +72,13 @@ static void test_backend(nf_backend_t *be) {
 
   // Error path: mapping over a mapped range must fail with the driver's text.
   nf_status_t st = be->ops->map(be, va2, g, h[0]);
-  CHECK(st == NF_ERR_BACKEND && strstr(be->err, "CUDA_ERROR_") != NULL, "double map -> %s '%s'",
-        nf_status_str(st), be->err);
-  printf("   double map error: %s\n", be->err);
+  CHECK(st == NF_ERR_BACKEND && strstr(nf__backend_err(), "CUDA_ERROR_") != NULL, "double map -> %s '%s'",
+        nf_status_str(st), nf__backend_err());
+  printf("   double map error: %s\n", nf__backend_err());
   nf_handle_t huge;
   st = be->ops->mem_create(be, NF_TIER_DEVICE, (size_t)1 << 42, &huge); // 4 TiB
   CHECK(st == NF_ERR_OOM || st == NF_ERR_BACKEND, "4 TiB create -> %s", nf_status_str(st));
-  printf("   4 TiB cuMemCreate: %s: %s\n", nf_status_str(st), be->err);
+  printf("   4 TiB cuMemCreate: %s: %s\n", nf_status_str(st), nf__backend_err());
   if (st == NF_OK) be->ops->mem_release(be, huge);
 
   OKB(be->ops->unmap(be, va2, 4 * g));
@@ -148,7 +148,7 @@ static void test_backend(nf_backend_t *be) {
       printf("   %s x64 granules: set_access one call %.0f us, 64 calls %.0f us; unmap one call %.0f us, "
              "64 calls %.0f us\n", tn, r[0], r[2], r[1], r[3]);
     } else {
-      printf("   %s x64 granules: skipped (%d created: %s)\n", tn, made, be->err);
+      printf("   %s x64 granules: skipped (%d created: %s)\n", tn, made, nf__backend_err());
     }
     fprintf(jout, "%s\"%s\": [%.1f, %.1f, %.1f, %.1f]", tier ? ", " : "", tn, r[0], r[2], r[1], r[3]);
     for (int i = 0; i < made; i++) OKB(be->ops->mem_release(be, hh[i]));
@@ -190,7 +190,7 @@ static void test_backend(nf_backend_t *be) {
     nf_handle_t hh1;
     uintptr_t hv = 0;
     st = be->ops->mem_create(be, NF_TIER_HOST, gh, &hh1);
-    CHECK(st == NF_OK, "host-tier cuMemCreate -> %s: %s", nf_status_str(st), be->err);
+    CHECK(st == NF_OK, "host-tier cuMemCreate -> %s: %s", nf_status_str(st), nf__backend_err());
     if (st == NF_OK) {
       OKB(be->ops->va_reserve(be, gh, gh, &hv));
       OKB(be->ops->map(be, hv, gh, hh1));
