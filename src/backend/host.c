@@ -417,8 +417,19 @@ static nf_status_t set_access_locked(host_backend *h, uintptr_t va, size_t size)
     if (!r->slot[i])
       return nf__backend_fail(&h->base, NF_ERR_INVALID, "host backend: set_access(%#lx, %zu): granule %#lx is not mapped",
                               (unsigned long)va, size, (unsigned long)(r->base + i * h->granule));
-  if (mprotect((void *)va, size, PROT_READ | PROT_WRITE) != 0)
-    return errno == ENOMEM ? nf__host_fail_enomem(h, "set_access: mprotect") : nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: set_access: mprotect: %s", strerror(errno));
+  if (mprotect((void *)va, size, PROT_READ | PROT_WRITE) != 0) {
+    int e = errno;
+    // mprotect goes mapping by mapping: one that failed midway (ENOMEM: a
+    // split past vm.max_map_count) left those before it writable. The granules
+    // that had no access get none back (they were PROT_NONE; a failed op
+    // changes nothing).
+    for (size_t i = i0, j; i < end; i = j) {
+      for (j = i + 1; j < end && !(r->slot[j] & SLOT_ACCESS) == !(r->slot[i] & SLOT_ACCESS);) j++;
+      if (!(r->slot[i] & SLOT_ACCESS)) (void)mprotect((void *)(r->base + i * h->granule), (j - i) * h->granule, PROT_NONE);
+    }
+    return e == ENOMEM ? nf__host_fail_enomem(h, "set_access: mprotect")
+                       : nf__backend_fail(&h->base, NF_ERR_BACKEND, "host backend: set_access: mprotect: %s", strerror(e));
+  }
   for (size_t i = i0; i < end; i++) r->slot[i] |= SLOT_ACCESS;
   return NF_OK;
 }
