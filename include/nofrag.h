@@ -64,7 +64,11 @@ typedef enum nf_tier_e {
 } nf_tier_t;
 
 //! Opaque stream handle (a `CUstream`/`cudaStream_t` on CUDA; any value on the
-//! host backend). NULL is the default stream.
+//! host backend). NULL is the default stream. On CUDA a stream must belong to
+//! the pool's device's primary context (the runtime's, PyTorch's, CuPy's): the
+//! pool records its events on it. Another context's stream (another device's)
+//! is refused, NF_ERR_INVALID, by the first call that passes it. At most 64
+//! distinct streams per pool.
 typedef void *nf_stream_t;
 
 typedef struct nf_pool_s nf_pool_t;

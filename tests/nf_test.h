@@ -165,8 +165,14 @@ static inline void nft_usage_is(nf_backend_t *be, uint64_t granules, uint64_t ma
   assert_int_equal(m, mappings);
 }
 
+// The calling thread's last backend message (be: the backend that failed,
+// for the reader) / last pool error contains `needle`.
 static inline void nft_err_has(nf_backend_t *be, const char *needle) {
+  (void)be;
   if (!strstr(nf__backend_err(), needle)) fail_msg("error \"%s\" lacks \"%s\"", nf__backend_err(), needle);
+}
+static inline void nft_last_error_has(const char *needle) {
+  if (!strstr(nf_last_error(), needle)) fail_msg("error \"%s\" lacks \"%s\"", nf_last_error(), needle);
 }
 
 // ------------------------------------------------------------ spy backends

@@ -245,6 +245,47 @@ static void test_cross_stream(void **state) {
   nf_backend_destroy(be);
 }
 
+// A backend that refuses a stream (CUDA: another context's, e.g. another
+// device's): the call bringing it fails with the reason and changes nothing;
+// the pool never records on it (the record would fail in a later free).
+static const nf_stream_t FOREIGN = (nf_stream_t)0xf0;
+static int checks_made;
+static nf_status_t refuse_foreign(nf_backend_t *be, nf_stream_t s) {
+  checks_made++;
+  return s == FOREIGN ? nf__backend_fail(be, NF_ERR_INVALID, "the stream belongs to another context (test)") : NF_OK;
+}
+
+static void test_refused_stream(void **state) {
+  (void)state;
+  struct { nf_backend_t be; nf_backend_ops_t ops; } *w = calloc(1, sizeof *w);
+  nft_spy_init(&w->be, &w->ops, 1ull << 30, G);
+  w->ops.stream_check = refuse_foreign;
+  nf_pool_t *p = nft_pool_on(&w->be, "limit:64MiB,small_max:8KiB");
+  checks_made = 0;
+  void *x = nf_alloc(p, 4 * KB, A);
+  assert_non_null(x);
+  nft_fill(x, 4 * KB, 3);
+  assert_int_equal(checks_made, 1);
+  nf_stats_t s0 = stats(p);
+  assert_null(nf_alloc(p, 4 * KB, FOREIGN));
+  assert_int_equal(nf_last_status(), NF_ERR_INVALID);
+  nft_last_error_has("another context (test)");
+  assert_int_equal(nf_record_stream(p, x, FOREIGN), NF_ERR_INVALID);
+  nft_last_error_has("cannot be used with this pool");
+  nf_stats_t s1 = stats(p);
+  assert_int_equal(s1.live_blocks, s0.live_blocks);
+  assert_int_equal(s1.calls.event_record, s0.calls.event_record);
+  assert_int_equal(p->nstreams, 1); // not in the table
+  void *y = nf_alloc(p, 4 * KB, A); // known streams: no new check
+  assert_int_equal(checks_made, 3);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  assert_true(nft_check(x, 4 * KB, 3));
+  assert_int_equal(nf_free(p, x), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(&w->be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cold_frees_record_nothing),
@@ -254,6 +295,7 @@ int main(void) {
       cmocka_unit_test(test_cross_stream_waits_on_covering_record),
       cmocka_unit_test(test_failed_records_do_not_fail_frees),
       cmocka_unit_test(test_cross_stream),
+      cmocka_unit_test(test_refused_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

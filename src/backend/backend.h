@@ -62,6 +62,12 @@ typedef struct nf_backend_ops_s {
   // asks before mapping a request, which would otherwise map up to the bound,
   // fail and unmap it all again. A query: changes nothing.
   nf_status_t (*map_room)(nf_backend_t *be, uint64_t n);
+  // Optional (NULL: every stream is), a query: NF_OK when the backend's
+  // events may be recorded on stream `s`, else NF_ERR_INVALID with the reason
+  // (CUDA: the stream is of another context, e.g. another device's). The core
+  // asks once per new stream, so that a wrong stream fails the call that
+  // brings it, not an event record in some later free.
+  nf_status_t (*stream_check)(nf_backend_t *be, nf_stream_t s);
 } nf_backend_ops_t;
 
 struct nf_backend_s {

@@ -113,6 +113,7 @@ typedef struct {
   CUresult (*EventSynchronize)(CUevent);
   CUresult (*EventDestroy)(CUevent);
   CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
+  CUresult (*StreamGetCtx)(CUstream, CUcontext *);
   CUresult (*GetErrorName)(CUresult, const char **);
   CUresult (*GetErrorString)(CUresult, const char **);
   CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
@@ -149,6 +150,7 @@ static const struct {
     S(EventSynchronize, "cuEventSynchronize"),
     S(EventDestroy, "cuEventDestroy_v2"),
     S(StreamWaitEvent, "cuStreamWaitEvent"),
+    S(StreamGetCtx, "cuStreamGetCtx"),
     S(GetErrorName, "cuGetErrorName"),
     S(GetErrorString, "cuGetErrorString"),
     S(MemExportToShareableHandle, "cuMemExportToShareableHandle"),
@@ -480,6 +482,24 @@ static nf_status_t op_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev
   return NF_OK;
 }
 
+// The pool's events are made in the primary context, and CUDA records an
+// event only on a stream of the event's context: a stream of another device
+// (or of a context the caller made) is refused when the pool first sees it,
+// not at a record in some later free. NULL and the legacy / per-thread
+// handles name the current context's stream, which is ours for every call.
+static nf_status_t op_stream_check(nf_backend_t *be, nf_stream_t s) {
+  if ((uintptr_t)s <= 2) return NF_OK;
+  CUcontext ctx = NULL;
+  CUresult r = cu.StreamGetCtx((CUstream)s, &ctx);
+  if (r != CUDA_SUCCESS)
+    return nf__backend_fail(be, NF_ERR_INVALID, "cuStreamGetCtx: %s: %s (not a valid stream?)", cu_name(r), cu_str(r));
+  if (ctx != CB(be)->ctx)
+    return nf__backend_fail(be, NF_ERR_INVALID,
+                            "the stream belongs to another CUDA context than device %d's primary one (another "
+                            "device's stream?): events of the pool cannot be recorded on it", CB(be)->ordinal);
+  return NF_OK;
+}
+
 static void op_destroy(nf_backend_t *be) {
   cuda_be_t *c = CB(be);
   if (!c) return;
@@ -529,6 +549,7 @@ static const nf_backend_ops_t cuda_ops = {
     .event_query = op_event_query,
     .event_sync = op_event_sync,
     .stream_wait = op_stream_wait,
+    .stream_check = op_stream_check,
     .destroy = op_destroy,
     .mem_export = op_mem_export,
     .mem_import = op_mem_import,

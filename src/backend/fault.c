@@ -114,6 +114,10 @@ static nf_status_t f_map_room(nf_backend_t *be, uint64_t n) {
   nf_backend_t *in = fb(be)->inner;
   return in->ops->map_room ? in->ops->map_room(in, n) : NF_OK;
 }
+static nf_status_t f_stream_check(nf_backend_t *be, nf_stream_t s) {
+  nf_backend_t *in = fb(be)->inner;
+  return in->ops->stream_check ? in->ops->stream_check(in, s) : NF_OK;
+}
 static nf_status_t f_add_peer(nf_backend_t *be, int device) {
   nf_backend_t *in = fb(be)->inner;
   if (!in->ops->add_peer) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "the %s backend has no peer devices", in->ops->name);
@@ -162,6 +166,7 @@ static const nf_backend_ops_t fault_ops = {
     .mem_export = f_mem_export,
     .mem_import = f_mem_import,
     .map_room = f_map_room,
+    .stream_check = f_stream_check,
     .destroy = f_destroy,
 };
 

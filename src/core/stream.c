@@ -32,6 +32,8 @@ nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out) {
   if (p->nstreams == NF_MAX_STREAMS)
     return nf__error(NF_ERR_UNSUPPORTED, "nofrag: more than %d distinct streams used with one pool",
                      NF_MAX_STREAMS);
+  nf_status_t st = p->be->ops->stream_check ? p->be->ops->stream_check(p->be, s) : NF_OK;
+  if (st != NF_OK) return nf__error(st, "nofrag: stream %p cannot be used with this pool: %s", s, nf__backend_err());
   uint32_t i = p->nstreams++;
   p->streams[i] = (nf_stream_rec_t){.handle = s};
   p->last_stream = i;

@@ -429,6 +429,12 @@ NF_API void nf_torch_record_stream(void *ptr, void *stream) {
     if (st != NF_OK) {
       t_status = st;
       nft_error("record_stream(%p): %s: %s", ptr, nf_status_str(st), nf_last_error());
+      // The pluggable hook returns nothing and PyTorch goes on: the block may
+      // be reused while that stream still works on it. Always said, not
+      // only when verbose (the adapter raises as well).
+      if (!g_verbose)
+        fprintf(stderr, "nofrag: record_stream(%p) not recorded (%s): the block may be reused while that stream still "
+                "uses it; synchronize that stream before freeing the tensor\n", ptr, nf_last_error());
     }
     return;
   }

@@ -30,6 +30,8 @@ extern CUresult (*cuDevicePrimaryCtxRelease)(int);
 extern CUresult (*cuCtxSetCurrent)(void *);
 extern CUresult (*cuCtxGetCurrent)(void **);
 extern CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
+extern CUresult (*cuCtxCreate)(void **, unsigned, int); // cuCtxCreate_v2
+extern CUresult (*cuCtxDestroy)(void *);
 // Load the calls above from libcuda.so.1; exits 77 (skip) if one is missing.
 void cuda_test_load(void);
 

@@ -11,6 +11,8 @@ CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
 CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
 CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
 CUresult (*cuStreamCreate)(CUstream *, unsigned);
+CUresult (*cuCtxCreate)(void **, unsigned, int);
+CUresult (*cuCtxDestroy)(void *);
 CUresult (*cuStreamSynchronize)(CUstream);
 CUresult (*cuStreamDestroy)(CUstream);
 CUresult (*cuCtxSynchronize)(void);
@@ -50,6 +52,8 @@ void cuda_test_load(void) {
   cuCtxSetCurrent = sym(lib, "cuCtxSetCurrent");
   cuCtxGetCurrent = sym(lib, "cuCtxGetCurrent");
   cuMemcpyDtoD = sym(lib, "cuMemcpyDtoD_v2");
+  cuCtxCreate = sym(lib, "cuCtxCreate_v2");
+  cuCtxDestroy = sym(lib, "cuCtxDestroy_v2");
 }
 
 double now_us(void) {

@@ -487,6 +487,44 @@ static void test_pool_foreign_thread(nf_backend_t *be) {
   nf_pool_destroy(pool);
 }
 
+// A stream of another context (here one this test makes on device 0; in a
+// job, another device's stream) is refused by the call that brings it, with
+// nothing changed: the pool's events could not be recorded on it.
+static void test_pool_foreign_stream(nf_backend_t *be) {
+  printf("-- pool: a stream of another context is refused when first seen\n");
+  nf_pool_t *pool = NULL;
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  OKP(nf_pool_create(&pool, be, &cfg));
+  if (!pool) return;
+  void *mine = NULL, *other = NULL;
+  CUstream s = NULL, own = NULL;
+  DRV(cuCtxGetCurrent(&mine));
+  DRV(cuCtxCreate(&other, 0, 0)); // current now
+  DRV(cuStreamCreate(&s, 1));
+  DRV(cuCtxSetCurrent(mine));
+  DRV(cuStreamCreate(&own, 1));
+  void *x = nf_alloc(pool, 1u << 20, own);
+  CHECK(x != NULL, "alloc on a stream of the primary context: %s", nf_last_error());
+  nf_stats_t s0, s1;
+  nf_stats_get(pool, &s0);
+  void *y = nf_alloc(pool, 1u << 20, s);
+  CHECK(y == NULL && nf_last_status() == NF_ERR_INVALID && strstr(nf_last_error(), "another CUDA context"),
+        "alloc on another context's stream: %p, %s", y, nf_last_error());
+  CHECK(x && nf_record_stream(pool, x, s) == NF_ERR_INVALID, "record_stream with another context's stream accepted");
+  nf_stats_get(pool, &s1);
+  CHECK(s1.live_blocks == s0.live_blocks && s1.backend_calls == s0.backend_calls, "the refusals changed the pool");
+  if (x) CHECK(nf_free(pool, x) == NF_OK, "free: %s", nf_last_error());
+  CHECK(nf_pool_check(pool) == NF_OK, "check: %s", nf_last_error());
+  nf_pool_destroy(pool);
+  DRV(cuStreamDestroy(own));
+  DRV(cuCtxSetCurrent(other));
+  DRV(cuStreamDestroy(s));
+  DRV(cuCtxSetCurrent(mine));
+  DRV(cuCtxDestroy(other));
+  DRV(cuCtxSetCurrent(mine));
+}
+
 static void test_pool_destroy_returns_memory(nf_backend_t *be) {
   printf("-- pool: destroy returns device memory\n");
   uint64_t t, f0, f1, f2;
@@ -537,6 +575,7 @@ int main(int argc, char **argv) {
       test_pool_views(be);
       test_pool_destroy_returns_memory(be);
       test_pool_foreign_thread(be);
+      test_pool_foreign_stream(be);
       test_pool_peers(be);
       test_pool_units(be);
       test_pool_spill_offload(be);
