@@ -41,7 +41,10 @@ extern "C" {
 //! the CMake package), setup.py and nofrag.__version__ read it from this line.
 #define NF_VERSION "0.1.0"
 
-//! Status codes. 0 is success; every other value leaves the pool unchanged.
+//! Status codes. 0 is success; every other value leaves the pool's blocks,
+//! data and physical memory as they were. (What a failed allocation's
+//! stitching unmapped on its way to NF_ERR_OOM stays unmapped: free cached
+//! memory, which the next request maps again where it needs it.)
 typedef enum nf_status_e {
   NF_OK = 0,
   NF_ERR_INVALID = 1,     //!< bad argument: unknown or interior pointer, double free, absurd size
@@ -90,7 +93,7 @@ typedef struct nf_config_s {
   uint64_t reserve;           //!< physical bytes created up front at pool creation
   uint64_t release_threshold; //!< cached (mapped, not live) bytes kept before releasing; UINT64_MAX = never,
                               //!< UINT64_MAX-1 = auto (never under an explicit limit, else capacity/4)
-  uint64_t retain;            //!< unmapped physical bytes kept when releasing; above it granules go back
+  uint64_t retain;            //!< physical bytes (mapped or not) releasing keeps: unmapped granules go back only while more exist
   uint64_t granule;           //!< granule size; 0 = backend's granularity (host backend: settable)
   uint64_t small_max;         //!< requests up to this size are packed apart from large ones
   uint64_t va_chunk;          //!< virtual address space reserved at a time; 0 = 4 x limit (min 1 GiB)
@@ -221,7 +224,8 @@ NF_API void nf_pool_destroy(nf_pool_t *pool);
 
 //! Allocate `size` bytes usable on `stream`. Returns NULL on failure with
 //! nf_last_status() / nf_last_error() set. `size` 0 returns NULL with NF_OK.
-//! Blocks are 512-byte aligned.
+//! Blocks are 512-byte aligned. A request that fails gives back the granules
+//! it created on its way (physical memory is what it was before the call).
 NF_API void *nf_alloc(nf_pool_t *pool, size_t size, nf_stream_t stream);
 
 //! Free a block. The block's memory may be reused at once on the stream it was
@@ -246,7 +250,8 @@ NF_API nf_status_t nf_free_ex(nf_pool_t *pool, void *ptr, size_t *size, unsigned
 //! after the work queued on `stream` up to the free has completed.
 NF_API nf_status_t nf_record_stream(nf_pool_t *pool, void *ptr, nf_stream_t stream);
 
-//! Size the block containing `ptr` was requested with (0 if not live).
+//! Size the live block starting at `ptr` was requested with (0 if none: an
+//! interior pointer too).
 NF_API size_t nf_block_size(nf_pool_t *pool, const void *ptr);
 
 //! Unmap every cached granule and return unmapped granules to the backend
@@ -305,7 +310,8 @@ typedef struct nf_stats_s {
   double fragmentation;
   // Host tier (spill and offload). `mapped` above counts granules of both
   // tiers; `physical` counts device granules only.
-  uint64_t spilled, spilled_peak;           //!< host granules x G mapped by spill (not offloaded blocks)
+  uint64_t spilled, spilled_peak;           //!< host granules x G mapped by spill, not under an offloaded live
+                                            //!< block (a freed offloaded block's count here until swept)
   uint64_t offloaded;                       //!< host granules x G holding nf_offload'ed blocks
   uint64_t offloaded_disk;                  //!< bytes of blocks offloaded to disk
   uint64_t host_physical, host_physical_peak; //!< host granules created x G

@@ -44,8 +44,8 @@ nf_status_t nf_pool_create_from_string(nf_pool_t **out, const char *conf) {
   if (!conf) conf = getenv("NOFRAG_CONF");
   nf_config_t cfg;
   nf_config_default(&cfg);
-  char err[256];
-  if (nf_config_parse(&cfg, conf, err, sizeof err) != NF_OK) return nf__error(NF_ERR_CONFIG, "%s", err);
+  char err[768]; // the unknown-key message lists every key
+  if (nf_config_parse(&cfg, conf, err, sizeof err) != NF_OK) return nf__error(NF_ERR_CONFIG, "nofrag: %s", err);
   nf_backend_t *be;
   nf_status_t st = nf__backend_from_config(&be, &cfg);
   if (st != NF_OK) {

@@ -216,12 +216,143 @@ static void test_release_idle(void **state) {
   nf_backend_destroy(be);
 }
 
+// A struct filled by hand skips the parser: creation checks the same bounds,
+// so that nothing derived from it wraps. spill_limit UINT64_MAX (a natural
+// "unlimited") let a request near SIZE_MAX through, whose 512 B rounding
+// wrapped to 0: a 0-byte live block, and the next allocation at its address.
+static void test_hand_filled_config(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  assert_int_equal(nf_backend_host_create(&be, 1ull << 30, G), NF_OK);
+  static const struct { size_t off; const char *key; } F[] = {
+      {offsetof(nf_config_t, spill_limit), "spill_limit"}, {offsetof(nf_config_t, va_chunk), "va_chunk"},
+      {offsetof(nf_config_t, spill_reserve), "spill_reserve"}, {offsetof(nf_config_t, small_max), "small_max"},
+      {offsetof(nf_config_t, limit), "limit"}, {offsetof(nf_config_t, release_threshold), "release_threshold"},
+      {offsetof(nf_config_t, release_idle_ms), "release_idle_ms"}, {offsetof(nf_config_t, views), "views"},
+  };
+  for (size_t i = 0; i < sizeof F / sizeof F[0]; i++) {
+    nf_config_t c;
+    nf_config_default(&c);
+    c.spill = 1;
+    uint64_t huge = UINT64_MAX - 2; // not a release_threshold sentinel
+    memcpy((char *)&c + F[i].off, &huge, sizeof huge);
+    nf_pool_t *p = NULL;
+    assert_int_equal(nf_pool_create(&p, be, &c), NF_ERR_CONFIG);
+    assert_null(p);
+    nft_last_error_has(F[i].key);
+  }
+  nf_config_t c;
+  nf_config_default(&c);
+  memset(c.offload_dir, 'x', sizeof c.offload_dir); // no NUL
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_ERR_CONFIG);
+  nft_last_error_has("offload_dir does not end");
+  nft_usage_is(be, 0, 0);
+  // At the bounds: the largest request spill may serve fails cleanly, and
+  // one near SIZE_MAX is too large; the next blocks do not overlap.
+  nf_config_default(&c);
+  c.limit = 16 * G;
+  c.spill = 1;
+  c.spill_limit = (uint64_t)1 << 50;
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+  assert_null(nf_alloc(p, SIZE_MAX - 100, NULL));
+  assert_int_equal(nf_last_status(), NF_ERR_OOM);
+  char *x = nf_alloc(p, 4096, NULL), *y = nf_alloc(p, 4096, NULL);
+  assert_true(x && y && (x + 4096 <= y || y + 4096 <= x));
+  nf_stats_t s = nft_stats_of(p);
+  assert_int_equal(s.live_blocks, 2);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, x);
+  nf_free(p, y);
+  // nf_set_limit has the same bound (a limit the config format could not write back).
+  assert_int_equal(nf_set_limit(p, UINT64_MAX), NF_ERR_CONFIG);
+  assert_int_equal(nft_stats_of(p).limit, 16 * G);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  // A backend larger than the bound: the limit it gives is clamped to it.
+  assert_int_equal(nf_backend_host_create(&be, (uint64_t)INT64_MAX & ~(uint64_t)(G - 1), G), NF_OK);
+  nf_config_default(&c);
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+  assert_int_equal(nft_stats_of(p).limit, (uint64_t)1 << 50);
+  assert_null(nf_alloc(p, SIZE_MAX - 100, NULL));
+  assert_int_equal(nft_stats_of(p).live_blocks, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// A failed request leaves physical memory as it was: growth had created
+// granules up to the limit before the request turned out not to fit, and
+// they stayed (under an explicit limit nothing releases them before nf_trim).
+// nf_reserve is all or nothing likewise.
+static void test_failure_gives_granules_back(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:1MiB"); // 16 granules
+  void *a = nf_alloc(p, 10 * G, NULL);
+  assert_non_null(a);
+  nf_stats_t s0 = nft_stats_of(p);
+  assert_null(nf_alloc(p, 12 * G, NULL)); // 10 + 12 > 16
+  assert_int_equal(nf_last_status(), NF_ERR_OOM);
+  nf_stats_t s1 = nft_stats_of(p);
+  assert_int_equal(s1.physical, s0.physical);
+  uint64_t gr, maps;
+  nf_backend_host_usage(be, &gr, &maps);
+  assert_int_equal(gr, s0.physical / G);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  // nf_reserve with the 4th create failing: none of the 3 made stays.
+  nf_backend_t *host, *fb;
+  assert_int_equal(nf_backend_host_create(&host, 1ull << 30, G), NF_OK);
+  assert_int_equal(nf_backend_fault_create(&fb, host, 0, 0.0, 1), NF_OK);
+  p = nft_pool_on(fb, "limit:1MiB");
+  uint64_t calls0, failed;
+  nf_backend_fault_counts(fb, &calls0, &failed);
+  nf__backend_fault_mask(fb, calls0 + 4, 1); // absolute call numbers (from 1): the 4th from here
+  assert_int_not_equal(nf_reserve(p, 8 * G), NF_OK);
+  nf_backend_fault_counts(fb, &calls0, &failed);
+  assert_int_equal(failed, 1);
+  nf_backend_fault_set(fb, 0, 0.0);
+  assert_int_equal(nft_stats_of(p).physical, 0);
+  nf_backend_host_usage(host, &gr, &maps);
+  assert_int_equal(gr, 0);
+  assert_int_equal(nf_reserve(p, 8 * G), NF_OK);
+  assert_int_equal(nft_stats_of(p).physical, 8 * G);
+  nf_pool_destroy(p);
+  nf_backend_destroy(fb);
+}
+
+// NULL pools get NF_ERR_INVALID (or zeroed output) from every entry point, and
+// a config string's errors come back whole.
+static void test_null_pool_and_messages(void **state) {
+  (void)state;
+  nf_stats_t s;
+  memset(&s, 0xab, sizeof s);
+  nf_stats_get(NULL, &s);
+  assert_int_equal(s.live, 0);
+  assert_int_equal(nf_last_status(), NF_ERR_INVALID);
+  nf_stats_reset_peaks(NULL);
+  assert_int_equal(nf_pool_check(NULL), NF_ERR_INVALID);
+  nf_config_t c;
+  memset(&c, 0xab, sizeof c);
+  nf_pool_config(NULL, &c);
+  assert_int_equal(c.limit, 0);
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create_from_string(&p, "limit:1GiB,bogus:1"), NF_ERR_CONFIG);
+  nft_last_error_has("nofrag: ");
+  nft_last_error_has("units)"); // the list of valid keys, to its end
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_limits_and_config),
       cmocka_unit_test(test_release_policy),
       cmocka_unit_test(test_release_keeps_step),
       cmocka_unit_test(test_release_idle),
+      cmocka_unit_test(test_hand_filled_config),
+      cmocka_unit_test(test_failure_gives_granules_back),
+      cmocka_unit_test(test_null_pool_and_messages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

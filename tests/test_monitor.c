@@ -210,7 +210,8 @@ static void test_offloaded_and_old_layout(void **state) {
 // away) without a mapping change: the plain free's publish must carry them,
 // else top shows the freed block as offloaded (and, for a block whose range
 // was unmapped, 100% fragmentation) until some later slow path. The monitor
-// is read before nf_stats_get, which may publish itself.
+// is read before nf_stats_get, which may publish itself. Then: spilled's
+// peak, the backend calls with the copies, and a peaks reset, published too.
 static void test_tier_counters_after_free(void **state) {
   (void)state;
   const nf_tier_t tiers[] = {NF_TIER_HOST, NF_TIER_HOST_DETACHED, NF_TIER_DISK};
@@ -233,6 +234,24 @@ static void test_tier_counters_after_free(void **state) {
     double frag = 1.0 - (double)s.live / (double)s.mapped;
     if (v[0].fragmentation < frag - 1e-9 || v[0].fragmentation > frag + 1e-9)
       fail_msg("tier %d: fragmentation %.3f, expected %.3f", (int)tiers[t], v[0].fragmentation, frag);
+    free(v);
+    // The freed block's host granules count as spilled until swept: its peak
+    // follows (it stayed below spilled).
+    assert_true(s.spilled_peak >= s.spilled);
+    // Copies count in the monitor's backend calls as in nf_stats_t's (after
+    // a slow path: they are published in full there).
+    assert_true(s.calls.copy > 0);
+    assert_int_equal(nf_trim(p), NF_OK);
+    nf_stats_get(p, &s);
+    assert_int_equal(nf__mon_list(NULL, false, &v, NULL), 1);
+    assert_int_equal(v[0].v[NF_PUB_BACKEND_CALLS], s.backend_calls);
+    free(v);
+    // Peaks reset: the monitor's too, at once.
+    nf_stats_reset_peaks(p);
+    nf_stats_get(p, &s);
+    assert_int_equal(nf__mon_list(NULL, false, &v, NULL), 1);
+    assert_int_equal(v[0].v[NF_PUB_LIVE_PEAK], s.live_peak);
+    assert_true(s.live_peak < 8 * NF_MiB);
     free(v);
     assert_int_equal(nf_free(p, b), NF_OK);
     nf_pool_destroy(p);

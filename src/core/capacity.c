@@ -9,6 +9,7 @@
 #include "core/core.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 // ------------------------------------------------------------------ lifetime
@@ -49,9 +50,7 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
   nf_status_t st = be->ops->granularity(be, NF_TIER_DEVICE, &bg);
   if (st != NF_OK) return nf__error(st, "nofrag: backend granularity: %s", nf__backend_err());
   uint64_t g = cfg->granule ? cfg->granule : bg;
-  if (cfg->units > NF_UNITS_MAX) // a struct filled by hand skips nf_config_parse's bound
-    return nf__error(NF_ERR_CONFIG, "nofrag: units %llu: at most %d granules a unit", (unsigned long long)cfg->units,
-                     NF_UNITS_MAX);
+  if ((st = nf__config_check(cfg)) != NF_OK) return st;
   if (!bg || (g & (g - 1)) || g % bg)
     return nf__error(NF_ERR_CONFIG, "nofrag: granule %llu B is not a power-of-two multiple of the backend's %zu B",
                      (unsigned long long)g, bg);
@@ -64,7 +63,7 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
   p->cfg = *cfg;
   p->granule = g;
   p->gshift = (uint32_t)__builtin_ctzll(g);
-  uint64_t limit = cfg->limit ? cfg->limit : total;
+  uint64_t limit = cfg->limit ? cfg->limit : total < NF_CONFIG_MAX_BYTES ? total : NF_CONFIG_MAX_BYTES;
   p->cfg.limit = limit & ~(g - 1);
   p->cfg.granule = g;
   p->max_granules = p->cfg.limit >> p->gshift;
@@ -112,6 +111,15 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
     return nf__error(NF_ERR_CONFIG, "nofrag: reserve %s (%llu B) exceeds the pool's limit %s (%llu B, %s)", rb,
                      (unsigned long long)cfg->reserve, lb, (unsigned long long)limit & ~(g - 1),
                      cfg->limit ? "the limit key rounded to whole granules" : "no limit given: the backend's capacity");
+  }
+  if (((cfg->spill_reserve + g - 1) >> p->gshift) > p->max_host_granules) { // likewise, as reserve's
+    char rb[32], lb[32];
+    nf__fmt_bytes(rb, sizeof rb, cfg->spill_reserve);
+    nf__fmt_bytes(lb, sizeof lb, p->max_host_granules << p->gshift);
+    free(p);
+    return nf__error(NF_ERR_CONFIG, "nofrag: spill_reserve %s (%llu B) exceeds the host tier's limit %s (%s)", rb,
+                     (unsigned long long)cfg->spill_reserve, lb,
+                     cfg->spill_limit ? "spill_limit, in whole granules" : "no spill_limit: the host tier's capacity");
   }
   if (cfg->reserve && (st = nf__granules_create(p, (cfg->reserve + g - 1) >> p->gshift)) != NF_OK) {
     if (st == NF_ERR_OOM) nf__error(st, "nofrag: reserve %llu B exceeds the limit %llu B",
@@ -162,9 +170,10 @@ nf_status_t nf_reserve(nf_pool_t *p, uint64_t bytes) {
     st = nf__error(NF_ERR_OOM, "nofrag: reserve %llu B exceeds the limit %llu B", (unsigned long long)bytes,
                    (unsigned long long)p->cfg.limit);
   } else {
-    uint64_t want = (bytes + p->granule - 1) >> p->gshift;
+    uint64_t want = (bytes + p->granule - 1) >> p->gshift, dev0 = p->gran_created;
     p->fx++; // more granules: placement's `tight` test may change (bin_pop)
     if (want > p->gran_created) st = nf__granules_create(p, want - p->gran_created);
+    if (st != NF_OK) nf__granules_unmake(p, dev0, p->host_created); // all or nothing
   }
   nf__pub_full(p);
   nf__pool_unlock(p);
@@ -178,8 +187,11 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
   if (!limit) {
     nf_status_t st = p->be->ops->capacity(p->be, NF_TIER_DEVICE, &total, &avail);
     if (st != NF_OK) return nf__error(st, "nofrag: backend capacity: %s", nf__backend_err());
-    limit = total;
+    limit = total < NF_CONFIG_MAX_BYTES ? total : NF_CONFIG_MAX_BYTES;
   }
+  if (limit > NF_CONFIG_MAX_BYTES)
+    return nf__error(NF_ERR_CONFIG, "nofrag: limit %llu B exceeds the maximum of 1 PiB (%llu B)",
+                     (unsigned long long)limit, (unsigned long long)NF_CONFIG_MAX_BYTES);
   if (limit < p->granule)
     return nf__error(NF_ERR_CONFIG, "nofrag: limit %llu B is below one granule", (unsigned long long)limit);
   nf__pool_lock(p);
@@ -208,6 +220,11 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
 }
 
 void nf_pool_config(nf_pool_t *p, nf_config_t *cfg) {
+  if (!p || !cfg) {
+    if (cfg) memset(cfg, 0, sizeof *cfg);
+    nf__error(NF_ERR_INVALID, "nofrag: nf_pool_config: NULL argument");
+    return;
+  }
   nf__pool_lock(p);
   *cfg = p->cfg;
   nf__pool_unlock(p);

@@ -25,11 +25,8 @@
 #define NF_CONFIG_MIN_GRANULE ((uint64_t)4096)
 #define NF_CONFIG_MAX_SMALL (64 * NF_MiB)
 #define NF_CONFIG_MAX_DEVICE 1023
-// Every byte-size key is at most 1 PiB: far above any device or host (an H200
-// has 141 GiB, x86-64 user space is 128 TiB), and low enough that sizes derived
-// from it (granule counts, metadata arrays, limit + granule) cannot overflow or
-// ask calloc for exabytes.
-#define NF_CONFIG_MAX_BYTES ((uint64_t)1 << 50)
+#define NF_CONFIG_MAX_COUNT (1 << 30) // release_after, release_idle_ms
+#define NF_CONFIG_MAX_VIEWS (1 << 24)
 
 // At most this many characters of user input are quoted back in a message, so
 // that a megabyte of garbage yields a short, readable error.
@@ -303,7 +300,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
   if (tok_eq(k, "tight")) return parse_int(v, "tight", 1, &c->tight, err, errlen);
   if (tok_eq(k, "views")) {
     int n = 0;
-    if ((st = parse_int(v, "views", 1 << 24, &n, err, errlen)) != NF_OK) return st;
+    if ((st = parse_int(v, "views", NF_CONFIG_MAX_VIEWS, &n, err, errlen)) != NF_OK) return st;
     c->views = (uint64_t)n;
     return NF_OK;
   }
@@ -315,13 +312,13 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
   }
   if (tok_eq(k, "release_after")) {
     int n = 0;
-    if ((st = parse_int(v, "release_after", 1 << 30, &n, err, errlen)) != NF_OK) return st;
+    if ((st = parse_int(v, "release_after", NF_CONFIG_MAX_COUNT, &n, err, errlen)) != NF_OK) return st;
     c->release_after = (uint64_t)n;
     return NF_OK;
   }
   if (tok_eq(k, "release_idle_ms")) {
     int n = 0;
-    if ((st = parse_int(v, "release_idle_ms", 1 << 30, &n, err, errlen)) != NF_OK) return st;
+    if ((st = parse_int(v, "release_idle_ms", NF_CONFIG_MAX_COUNT, &n, err, errlen)) != NF_OK) return st;
     c->release_idle_ms = (uint64_t)n;
     return NF_OK;
   }
@@ -444,4 +441,47 @@ int nf_config_format(const nf_config_t *cfg, char *buf, size_t len) {
                   cfg->trace[0] ? ",trace:" : "", (int)strnlen(cfg->trace, sizeof cfg->trace - 1), cfg->trace,
                   cfg->offload_dir[0] ? ",offload_dir:" : "",
                   (int)strnlen(cfg->offload_dir, sizeof cfg->offload_dir - 1), cfg->offload_dir);
+}
+
+// A struct filled by hand skips the parser: the same bounds again, so that no
+// size derived from it wraps (a request's rounding against limit +
+// spill_limit, va_chunk's granule count, release_idle_ms in ns) and every
+// path ends inside the struct.
+nf_status_t nf__config_check(const nf_config_t *c) {
+  static const struct { const char *key; size_t off; } BYTES[] = {
+      {"limit", offsetof(nf_config_t, limit)},         {"reserve", offsetof(nf_config_t, reserve)},
+      {"retain", offsetof(nf_config_t, retain)},       {"granule", offsetof(nf_config_t, granule)},
+      {"va_chunk", offsetof(nf_config_t, va_chunk)},   {"host_capacity", offsetof(nf_config_t, host_capacity)},
+      {"trace_max", offsetof(nf_config_t, trace_max)}, {"spill_limit", offsetof(nf_config_t, spill_limit)},
+      {"spill_reserve", offsetof(nf_config_t, spill_reserve)},
+  };
+  for (size_t i = 0; i < sizeof BYTES / sizeof BYTES[0]; i++) {
+    uint64_t x;
+    memcpy(&x, (const char *)c + BYTES[i].off, sizeof x);
+    if (x > NF_CONFIG_MAX_BYTES)
+      return nf__error(NF_ERR_CONFIG, "nofrag: %s %" PRIu64 " B exceeds the maximum of 1 PiB (%" PRIu64 " B)",
+                       BYTES[i].key, x, NF_CONFIG_MAX_BYTES);
+  }
+  uint64_t thr = c->release_threshold;
+  if (thr != NF_RELEASE_AUTO && thr != NF_RELEASE_NEVER && thr > NF_CONFIG_MAX_BYTES)
+    return nf__error(NF_ERR_CONFIG, "nofrag: release_threshold %" PRIu64 " B exceeds the maximum of 1 PiB "
+                     "(UINT64_MAX: never, UINT64_MAX-1: auto)", thr);
+  if (c->small_max > NF_CONFIG_MAX_SMALL)
+    return nf__error(NF_ERR_CONFIG, "nofrag: small_max %" PRIu64 " B exceeds the maximum of 64 MiB", c->small_max);
+  const struct { const char *key; uint64_t v, max; } N[] = {
+      {"units", c->units, NF_UNITS_MAX},
+      {"views", c->views, NF_CONFIG_MAX_VIEWS},
+      {"release_after", c->release_after, NF_CONFIG_MAX_COUNT},
+      {"release_idle_ms", c->release_idle_ms, NF_CONFIG_MAX_COUNT},
+  };
+  for (size_t i = 0; i < sizeof N / sizeof N[0]; i++)
+    if (N[i].v > N[i].max)
+      return nf__error(NF_ERR_CONFIG, "nofrag: %s %" PRIu64 " exceeds the maximum of %" PRIu64, N[i].key, N[i].v,
+                       N[i].max);
+  if (c->tight != 0 && c->tight != 1) return nf__error(NF_ERR_CONFIG, "nofrag: tight %d: 0 or 1", c->tight);
+  if (c->spill != 0 && c->spill != 1) return nf__error(NF_ERR_CONFIG, "nofrag: spill %d: 0 or 1", c->spill);
+  if (!memchr(c->trace, 0, sizeof c->trace) || !memchr(c->offload_dir, 0, sizeof c->offload_dir))
+    return nf__error(NF_ERR_CONFIG, "nofrag: %s does not end within its %d bytes",
+                     memchr(c->trace, 0, sizeof c->trace) ? "offload_dir" : "trace", NF_TRACE_PATH_MAX);
+  return NF_OK;
 }

@@ -33,6 +33,12 @@
 #define NF_MAX_STREAMS 64 // streams are tracked in a 64-bit mask
 #define NF_RELEASE_AUTO (UINT64_MAX - 1)
 #define NF_RELEASE_NEVER UINT64_MAX
+// Every byte-size key is at most 1 PiB: far above any device or host (an H200
+// has 141 GiB, x86-64 user space is 128 TiB), and low enough that sizes derived
+// from it (granule counts, metadata arrays, limit + granule, a request up to
+// limit + spill_limit rounded to 512 B) cannot overflow or ask calloc for
+// exabytes. A backend's capacity above it is clamped to it.
+#define NF_CONFIG_MAX_BYTES ((uint64_t)1 << 50)
 
 
 // ------------------------------------------------------------------ blocks
@@ -390,6 +396,11 @@ static inline bool nf__capture_ok(const nf_pool_t *p, const nf_block_t *b, uint3
 }
 // ---- end private pools
 
+// Backend calls of every kind (nf_stats_t.backend_calls, the monitor's).
+static inline uint64_t nf__calls_total(const nf_calls_t *c) {
+  return c->va_reserve + c->va_release + c->create + c->release + c->map + c->unmap + c->set_access +
+         c->event_create + c->event_record + c->event_query + c->event_sync + c->stream_wait + c->copy;
+}
 // Counting wrappers around backend ops: every call is counted in the stats.
 #define NF_BE(pool, op, counter, ...) \
   ((pool)->st.calls.counter++, (pool)->be->ops->op((pool)->be, __VA_ARGS__))
@@ -397,6 +408,8 @@ static inline bool nf__capture_ok(const nf_pool_t *p, const nf_block_t *b, uint3
 // capacity.c: the core of a pool, without tiers or observers (src/nofrag.c
 // attaches those). Errors set nf_last_error(); *out is NULL on failure.
 nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t *cfg);
+// config.c: the parser's bounds, for a struct filled by hand (nf__core_create).
+nf_status_t nf__config_check(const nf_config_t *cfg);
 void nf__core_destroy(nf_pool_t *p); // also destroys an owned backend
 
 // blockmap.c
@@ -529,6 +542,10 @@ uint64_t nf__unmap_cached(nf_pool_t *p, uint64_t want, bool blocking, const nf_c
 uint64_t nf__unmap_cached_in(nf_pool_t *p, const nf_priv_t *pv, uint64_t want, bool blocking, nf_status_t *st);
 nf_status_t nf__granules_create(nf_pool_t *p, uint64_t n);
 nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep);
+// A call that failed gives back the device and host granules it created (the
+// counts it began with: dev0, host0), so that its failure leaves physical
+// memory as it was (nofrag.h: a failed allocation creates nothing).
+void nf__granules_unmake(nf_pool_t *p, uint64_t dev0, uint64_t host0);
 void nf__maybe_release(nf_pool_t *p, uint64_t idle);
 static inline uint64_t nf__cached(const nf_pool_t *p) {
   uint64_t m = (p->gran_mapped + p->away_granules) << p->gshift;

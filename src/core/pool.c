@@ -246,6 +246,7 @@ static NF_NOINLINE void *alloc_locked(nf_pool_t *p, size_t size, uint64_t rsize,
                           uint64_t pv_id, uintptr_t at) {
   int arena = rsize <= p->cfg.small_max ? NF_ARENA_SMALL : NF_ARENA_LARGE;
   uint32_t s = p->last_stream;
+  uint64_t dev0 = p->gran_created, host0 = p->host_created; // given back if this fails
   nf_block_t *b;
   nf_status_t st = NF_OK;
   if (NF_UNLIKELY(!p->nstreams || p->streams[s].handle != stream) && (st = nf__stream_index(p, stream, &s)) != NF_OK)
@@ -321,6 +322,9 @@ popped:
   return alloc_done(p, b, size, rsize, s, stream);
 fail:;
   p->fx++;
+  // Growth creates granules up to the limit before it finds the request does
+  // not fit: they go back (what stitching unmapped on the way stays cache).
+  if (NF_UNLIKELY(p->gran_created > dev0 || p->host_created > host0)) nf__granules_unmake(p, dev0, host0);
   bool print = fail_oom(p, size, rsize, stream, st);
   nf__pub_full(p);
   nf__pool_unlock(p);

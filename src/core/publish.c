@@ -49,10 +49,7 @@ void nf__pub_full(nf_pool_t *p) {
   v[NF_PUB_AWAY] = p->away_granules << p->gshift;
   v[NF_PUB_OOMS] = p->st.ooms;
   v[NF_PUB_RECLAIMS] = p->st.reclaims;
-  const nf_calls_t *c = &p->st.calls;
-  v[NF_PUB_BACKEND_CALLS] = c->va_reserve + c->va_release + c->create + c->release + c->map + c->unmap +
-                            c->set_access + c->event_create + c->event_record + c->event_query +
-                            c->event_sync + c->stream_wait;
+  v[NF_PUB_BACKEND_CALLS] = nf__calls_total(&p->st.calls); // as nf_stats_t's
   uint64_t s = atomic_load_explicit(&m->seq, memory_order_relaxed);
   atomic_store_explicit(&m->seq, s + 1, memory_order_relaxed);
   for (int i = 0; i < NF_PUB_NFIELDS; i++) atomic_store_explicit(&m->v[i], v[i], memory_order_release);

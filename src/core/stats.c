@@ -3,9 +3,15 @@
 #include "core/core.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 
 void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
+  if (!p || !out) {
+    if (out) memset(out, 0, sizeof *out);
+    nf__error(NF_ERR_INVALID, "nofrag: nf_stats_get: NULL argument");
+    return;
+  }
   nf__pool_lock(p);
   nf_stats_t s = p->st;
   s.mapped = p->gran_mapped << p->gshift;
@@ -15,10 +21,7 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   s.cached = nf__cached(p);
   s.largest_free_mapped = nf__largest_free_mapped(p, &s.live_granules);
   if (p->pub_lf_stale) { p->pub_lf_ns = 0; nf__pub_full(p); } // the monitor gets a fresh walk too
-  const nf_calls_t *c = &s.calls;
-  s.backend_calls = c->va_reserve + c->va_release + c->create + c->release + c->map + c->unmap +
-                    c->set_access + c->event_create + c->event_record + c->event_query + c->event_sync +
-                    c->stream_wait + c->copy;
+  s.backend_calls = nf__calls_total(&s.calls);
   s.spilled = (p->host_mapped - p->offl_granules) << p->gshift;
   s.offloaded = (p->offl_granules + p->detached_granules) << p->gshift;
   s.offloaded_disk = p->disk_bytes;
@@ -42,6 +45,7 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
 }
 
 void nf_stats_reset_peaks(nf_pool_t *p) {
+  if (!p) { nf__error(NF_ERR_INVALID, "nofrag: nf_stats_reset_peaks: NULL pool"); return; }
   nf__pool_lock(p);
   p->st.live_peak = p->st.live;
   p->st.live_rounded_peak = p->st.live_rounded;
@@ -49,12 +53,14 @@ void nf_stats_reset_peaks(nf_pool_t *p) {
   p->st.physical_peak = p->gran_created << p->gshift;
   p->st.spilled_peak = (p->host_mapped - p->offl_granules) << p->gshift;
   p->st.host_physical_peak = p->host_created << p->gshift;
+  nf__pub_full(p); // the monitor's peaks too
   nf__pool_unlock(p);
 }
 
 #define CHECK(cond, ...) do { if (!(cond)) { st = nf__error(NF_ERR_INVALID, __VA_ARGS__); goto out; } } while (0)
 
 nf_status_t nf_pool_check(nf_pool_t *p) {
+  if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_pool_check: NULL pool");
   nf__pool_lock(p);
   nf_status_t st = NF_OK;
   uint64_t live = 0, live_r = 0, nlive = 0, mapped = 0, nfree_blocks = 0, tlsf_blocks = 0, nd = 0, nhost = 0;

@@ -151,15 +151,17 @@ static nf_status_t granules_create(nf_pool_t *p, nf_tier_t tier, uint64_t n) {
   return NF_OK;
 }
 
-// Return unmapped granules of `tier` to the backend until at most `keep` exist.
-static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep) {
+// Return unmapped granules of `tier` to the backend until at most `keep` exist
+// (`evict`: parked views whose work is known complete go first, so that
+// their granules can).
+static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep, bool evict) {
   uint64_t *created = tier == NF_TIER_HOST ? &p->host_created : &p->gran_created;
   const int32_t *head = tier == NF_TIER_HOST ? &p->host_free : &p->gran_free;
   // Views: a granule still mapped at parked views cannot go back; unmap the
   // views whose work is known complete first (no host wait), skip the rest.
   nf_status_t st;
   if (tier == NF_TIER_DEVICE && p->un_loose >= 0) nf__units_loose_release(p);
-  if (p->vw_count && *created > keep) nf__view_evict(p, UINT64_MAX, false, &st);
+  if (evict && p->vw_count && *created > keep) nf__view_evict(p, UINT64_MAX, false, &st);
   for (int32_t nx, j = *head; *created > keep && j >= 0; j = nx) {
     uint32_t i = (uint32_t)j;
     nx = p->gran[i].next_free;
@@ -177,9 +179,16 @@ static nf_status_t granules_release(nf_pool_t *p, nf_tier_t tier, uint64_t keep)
 
 nf_status_t nf__granules_create(nf_pool_t *p, uint64_t n) { return granules_create(p, NF_TIER_DEVICE, n); }
 nf_status_t nf__host_granules_create(nf_pool_t *p, uint64_t n) { return granules_create(p, NF_TIER_HOST, n); }
-nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep) { return granules_release(p, NF_TIER_DEVICE, keep); }
+nf_status_t nf__granules_release(nf_pool_t *p, uint64_t keep) { return granules_release(p, NF_TIER_DEVICE, keep, true); }
 // Pinned host memory is precious: unmapped host granules go back on trim.
-void nf__host_granules_release(nf_pool_t *p, uint64_t keep) { granules_release(p, NF_TIER_HOST, keep); }
+void nf__host_granules_release(nf_pool_t *p, uint64_t keep) { granules_release(p, NF_TIER_HOST, keep, false); }
+void nf__granules_unmake(nf_pool_t *p, uint64_t dev0, uint64_t host0) {
+  // What a failed call created lies unmapped on the free lists, in no view:
+  // nothing is evicted for it. (A release that fails leaves the granule:
+  // cache, as any granule stitching unmapped on the way.)
+  if (p->gran_created > dev0) (void)granules_release(p, NF_TIER_DEVICE, dev0, false);
+  if (p->host_created > host0) (void)granules_release(p, NF_TIER_HOST, host0, false);
+}
 
 // ------------------------------------------------------------ unmapping
 

@@ -297,6 +297,9 @@ void nf__offload_forget(nf_pool_t *p, nf_block_t *b) {
     if (b->where == NF_TIER_HOST) {
       p->offl_granules -= o->n;
       p->host_sweep = p->host_sweep || o->n; // now cached host granules
+      // ... counted with spill (host granules in free ranges) until swept:
+      // its peak follows, as for every other way `spilled` grows.
+      nf__peak(&p->st.spilled_peak, (p->host_mapped - p->offl_granules) << p->gshift);
     } else if (b->where == NF_TIER_DISK) {
       nf__disk_forget(p, o); // the range stays unmapped: free ranges may be
     } else {
