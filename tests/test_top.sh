@@ -10,6 +10,25 @@
 #   sh tests/test_top.sh path/to/nofrag
 set -u
 CLI=${1:?usage: test_top.sh NOFRAG_CLI}
+
+# Without tmux: an option missing its value is a usage error naming it (it
+# read "unknown option"), and --clean with --once --json keeps stdout one
+# JSON array (its summary line went to stdout before the array).
+for opt in --dir --selftest-hold --selftest-exec; do
+  msg=$("$CLI" top $opt 2>&1 >/dev/null)
+  rc=$?
+  [ $rc -eq 2 ] && [ "$msg" = "nofrag top: $opt needs a value" ] ||
+    { echo "FAIL: top $opt: exit $rc, '$msg'"; exit 1; }
+done
+edir=$(mktemp -d /tmp/nf_top_empty_XXXXXX)
+cj=$("$CLI" top --once --json --clean --dir "$edir" 2>"$edir.err")
+rc=$?
+cerr=$(cat "$edir.err")
+rm -rf "$edir" "$edir.err"
+[ $rc -eq 0 ] && [ "$cj" = "[]" ] || { echo "FAIL: top --once --json --clean: exit $rc, stdout '$cj'"; exit 1; }
+[ "$cerr" = "removed 0 files of dead processes; 0 live pools" ] ||
+  { echo "FAIL: top --once --json --clean: stderr '$cerr'"; exit 1; }
+
 command -v tmux >/dev/null 2>&1 || { echo "tmux not installed: skipped"; exit 77; }
 : "${TERM:=xterm}"
 export TERM
@@ -54,6 +73,16 @@ rate=$(pane | awk -v p="$pid" '$1 == p { print $12 }')
 [ -n "$rate" ] && [ "$rate" -gt 0 ] || fail "allocation rate '$rate'"
 tmux -L "$sock" send-keys -t top q
 wait_for 'pane | grep -q "TOP-EXITED rc=0"' 50 || fail "q did not quit top"
+
+# A reader that goes away (| head): top must still give the terminal back
+# (canonical mode, echo). SIGPIPE killed it in no-echo mode before.
+tmux -L "$sock" new-window -d -n pipe \
+  "env NOFRAG_SHM_DIR='$dir' '$CLI' top | head -c 10 >/dev/null; s=\$(stty -a); \
+   case \"\$s\" in *-icanon*|*-echo\ *) echo TTY-RAW;; *) echo TTY-COOKED;; esac; sleep 60" ||
+  fail "tmux new-window"
+ppane() { tmux -L "$sock" capture-pane -p -t top:pipe; }
+wait_for 'ppane | grep -q "TTY-"' 50 || fail "top | head did not end: $(ppane)"
+ppane | grep -q "TTY-COOKED" || fail "top | head left the terminal raw: $(ppane)"
 
 json=$("$CLI" top --once --json) || fail "top --once --json"
 echo "$json" | grep -q "\"pid\": $pid, " || fail "json lacks pid: $json"

@@ -3,7 +3,8 @@
 //
 //   nofrag top                  refresh every second; q or Ctrl-C quits
 //   nofrag top --once [--json]  one table (or a JSON array) and exit
-//   nofrag top --clean          remove the files of dead processes
+//   nofrag top --clean          remove the files of dead processes (its summary
+//                               line goes to stderr with --json)
 //   --dir DIR                   read DIR instead of $NOFRAG_SHM_DIR or /dev/shm
 //   --selftest-hold SECONDS     (tests) hold a host pool with known live bytes
 //   --selftest-exec SECONDS     (tests) the same, then exec `sleep SECONDS`
@@ -118,6 +119,9 @@ static int run_live(const char *dir) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGHUP, &sa, NULL);
+  // A reader that goes away (`nofrag top | head`) must not kill us with
+  // SIGPIPE before the terminal is restored: the failed write ends the loop.
+  signal(SIGPIPE, SIG_IGN);
   fputs("\033[?25l", stdout); // hide the cursor while redrawing
   nf_mon_entry_t *prev = NULL;
   long nprev = 0;
@@ -135,11 +139,12 @@ static int run_live(const char *dir) {
     fputs("\033[H\033[2J", stdout);
     printf("nofrag top — %s — %ld pool%s — q quits\n\n", dir, n, n == 1 ? "" : "s");
     print_table(stdout, v, n, prev, nprev, t - tprev);
-    fflush(stdout);
+    int out_failed = fflush(stdout) != 0 || ferror(stdout);
     free(prev);
     prev = v;
     nprev = n;
     tprev = t;
+    if (out_failed) break; // stdout is gone (EPIPE, full disk): nothing more to show
     // Wait up to a second for a key; a signal ends the wait early (EINTR).
     for (double end = t + 1.0; !stop_flag;) {
       double left = end - now_s(CLOCK_MONOTONIC);
@@ -210,6 +215,7 @@ static const char top_usage[] =
     "  --once       print one table and exit\n"
     "  --json       with --once: a JSON array instead of the table\n"
     "  --clean      remove the files left by processes that have exited or exec'd\n"
+    "               (with --json, its summary line goes to stderr)\n"
     "  --dir DIR    read DIR instead of $NOFRAG_SHM_DIR, else /dev/shm\n";
 
 int nfc_top(int argc, char **argv) {
@@ -220,9 +226,14 @@ int nfc_top(int argc, char **argv) {
     if (strcmp(argv[i], "--once") == 0) once = 1;
     else if (strcmp(argv[i], "--json") == 0) json = 1;
     else if (strcmp(argv[i], "--clean") == 0) clean = 1;
-    else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc) dir = argv[++i];
-    else if (strcmp(argv[i], "--selftest-hold") == 0 && i + 1 < argc) return selftest_hold(atof(argv[++i]), false);
-    else if (strcmp(argv[i], "--selftest-exec") == 0 && i + 1 < argc) return selftest_hold(atof(argv[++i]), true);
+    else if ((strcmp(argv[i], "--dir") == 0 || strcmp(argv[i], "--selftest-hold") == 0 ||
+              strcmp(argv[i], "--selftest-exec") == 0) && i + 1 >= argc) {
+      fprintf(stderr, "nofrag top: %s needs a value\n", argv[i]);
+      return 2;
+    }
+    else if (strcmp(argv[i], "--dir") == 0) dir = argv[++i];
+    else if (strcmp(argv[i], "--selftest-hold") == 0) return selftest_hold(atof(argv[++i]), false);
+    else if (strcmp(argv[i], "--selftest-exec") == 0) return selftest_hold(atof(argv[++i]), true);
     else {
       fprintf(stderr, "nofrag top: unknown option '%s'\n"
                       "usage: nofrag top [--once [--json]] [--clean] [--dir DIR]\n", argv[i]);
@@ -242,8 +253,9 @@ int nfc_top(int argc, char **argv) {
       fprintf(stderr, "nofrag top: cannot read %s: %s\n", dir, strerror(errno));
       return 2;
     }
-    printf("removed %ld file%s of dead processes; %ld live pool%s\n", dead, dead == 1 ? "" : "s", n,
-           n == 1 ? "" : "s");
+    // With --json, stdout carries only the JSON array: the summary goes to stderr.
+    fprintf(json ? stderr : stdout, "removed %ld file%s of dead processes; %ld live pool%s\n", dead,
+            dead == 1 ? "" : "s", n, n == 1 ? "" : "s");
     if (!once) return 0;
   }
   if (!once) return run_live(dir);
