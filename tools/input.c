@@ -228,8 +228,94 @@ nf_status_t nfc_load_trace(const char *path, nf_trace_t *t, const char **format,
   return nfc_load_trace_sites(path, t, NULL, format, err, errlen);
 }
 
+static nf_status_t load_file(const char *path, nf_trace_t *t, nfc_sites *sites, const char **format, char *err,
+                             size_t errlen);
+
+// Replace the first `from` in err by `to` (messages name the user's input,
+// not our temporary copy of it).
+static void rename_in_err(char *err, size_t errlen, const char *from, const char *to) {
+  char *at = strstr(err, from);
+  if (!at) return;
+  char rest[1024];
+  snprintf(rest, sizeof rest, "%s", at + strlen(from));
+  snprintf(at, errlen - (size_t)(at - err), "%s%s", to, rest);
+}
+
+// A pipe, FIFO, terminal or socket (`<(zcat t.gz)`, /dev/stdin) can be read
+// only once, and the input is read several times (the format is detected
+// from its first bytes, call sites are a second pass): copy it whole to a
+// private temporary file (removed afterwards) and load that. Read errors
+// are reported; a copy that could not be completed is never loaded.
+static nf_status_t load_stream(const char *path, nf_trace_t *t, nfc_sites *sites, const char **format, char *err,
+                               size_t errlen) {
+  const char *tmpdir = getenv("TMPDIR");
+  char tmp[PATH_MAX];
+  if (!tmpdir || !*tmpdir) tmpdir = "/tmp";
+  snprintf(tmp, sizeof tmp, "%s/nofrag-input-XXXXXX", tmpdir);
+  int in = open(path, O_RDONLY);
+  if (in < 0) {
+    snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    return NF_ERR_INVALID;
+  }
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    snprintf(err, errlen, "%s: not a regular file, and cannot create a temporary copy in %s: %s", path, tmpdir,
+             strerror(errno));
+    close(in);
+    return NF_ERR_INVALID;
+  }
+  char buf[1 << 16];
+  nf_status_t st = NF_OK;
+  for (;;) {
+    ssize_t r = read(in, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      snprintf(err, errlen, "%s: read error: %s", path, strerror(errno));
+      st = NF_ERR_INVALID;
+      break;
+    }
+    if (r == 0) break;
+    for (ssize_t w = 0; w < r;) {
+      ssize_t k = write(fd, buf + w, (size_t)(r - w));
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) {
+        snprintf(err, errlen, "%s: not a regular file, and writing its temporary copy %s failed: %s", path, tmp,
+                 strerror(errno));
+        st = NF_ERR_INVALID;
+        break;
+      }
+      w += k;
+    }
+    if (st != NF_OK) break;
+  }
+  close(in);
+  if (close(fd) != 0 && st == NF_OK) {
+    snprintf(err, errlen, "%s: not a regular file, and writing its temporary copy %s failed: %s", path, tmp,
+             strerror(errno));
+    st = NF_ERR_INVALID;
+  }
+  if (st == NF_OK) {
+    st = load_file(tmp, t, sites, format, err, errlen);
+    if (st != NF_OK) rename_in_err(err, errlen, tmp, path);
+    else { // messages should name the user's input, not our temporary
+      char *name = malloc(strlen(path) + 1);
+      if (name) { strcpy(name, path); free(t->name); t->name = name; }
+    }
+  }
+  unlink(tmp);
+  return st;
+}
+
 nf_status_t nfc_load_trace_sites(const char *path, nf_trace_t *t, nfc_sites *sites, const char **format,
                                     char *err, size_t errlen) {
+  struct stat sb;
+  if (stat(path, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISCHR(sb.st_mode) || S_ISSOCK(sb.st_mode)))
+    return load_stream(path, t, sites, format, err, errlen);
+  return load_file(path, t, sites, format, err, errlen);
+}
+
+static nf_status_t load_file(const char *path, nf_trace_t *t, nfc_sites *sites, const char **format, char *err,
+                             size_t errlen) {
   unsigned char head[64];
   if (sites) memset(sites, 0, sizeof *sites);
   int got = peek(path, head, sizeof head);
