@@ -348,6 +348,25 @@ static void test_hotspots_same_line(void **state) {
   unlink(path);
 }
 
+// '#site' names come from the trace: in the text output a terminal escape
+// sequence in them (a title change, colours, a clear screen) reached the
+// terminal raw; control bytes now print as '?' (UTF-8 stays).
+static void test_hotspots_text_sanitised(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char t[] = "alloc 1 1000 0 0\n#site\t\033]0;pwned\007m\303\251del.py:10\t\033[2J\033[31mfwd\177\n";
+  char path[64], cmd[1024];
+  nft_write_tmp(path, sizeof path, "esc", t, sizeof t - 1, 0);
+  snprintf(cmd, sizeof cmd, "'%s' replay %s --allocator native --hotspots 2>/dev/null", cli, path);
+  char *txt = slurp(cmd);
+  if (strchr(txt, '\033') || strchr(txt, '\007') || strchr(txt, '\177') ||
+      !strstr(txt, "100.0%  ?]0;pwned?m\303\251del.py:10  ?[2J?[31mfwd?\n"))
+    fail_msg("text hotspots:\n%s", txt);
+  free(txt);
+  unlink(path);
+}
+
 // A malformed trace whose segment_free names another size than its
 // segment_alloc: the table and --json trust the recorded size (20 MiB
 // peak), and so must the chart of recorded segments (it subtracted 2 MiB
@@ -395,6 +414,7 @@ int main(void) {
       cmocka_unit_test(test_hotspots_pickle),
       cmocka_unit_test(test_ratio_denominator),
       cmocka_unit_test(test_hotspots_same_line),
+      cmocka_unit_test(test_hotspots_text_sanitised),
       cmocka_unit_test(test_html_segment_sizes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -135,14 +135,24 @@ void nfc_hotspots_free(nfc_hotspots *h) {
   h->by_site = NULL;
 }
 
+// A site or function name from the trace, on a terminal: control bytes
+// (< 0x20, 0x7f) become '?', so that a trace's escape sequences cannot
+// drive the terminal (JSON and HTML escape them instead). UTF-8 is kept.
+static void put_sanitised(const char *s) {
+  for (; *s; s++) putchar((unsigned char)*s < 0x20 || (unsigned char)*s == 0x7f ? '?' : *s);
+}
+
 void nfc_hotspots_print(const nfc_hotspots *h, const nfc_sites *sites) {
   printf("hotspots              %" PRIu64 " B reserved but unused at peak reserved (%.3f GiB of %.3f GiB, "
          "after call %zu): top call sites\n", h->unused, (double)h->unused / (double)NF_GiB,
          (double)h->reserved / (double)NF_GiB, h->peak_op);
   for (size_t k = 0; k < h->n_top; k++) {
     uint64_t b = h->by_site[h->top[k]];
-    printf("  %12" PRIu64 " B %5.1f%%  %s  %s\n", b, h->unused ? 100.0 * (double)b / (double)h->unused : 0.0,
-           sites->site[h->top[k]], sites->func[h->top[k]]);
+    printf("  %12" PRIu64 " B %5.1f%%  ", b, h->unused ? 100.0 * (double)b / (double)h->unused : 0.0);
+    put_sanitised(sites->site[h->top[k]]);
+    fputs("  ", stdout);
+    put_sanitised(sites->func[h->top[k]]);
+    putchar('\n');
   }
 }
 
