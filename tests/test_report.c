@@ -367,6 +367,39 @@ static void test_hotspots_text_sanitised(void **state) {
   unlink(path);
 }
 
+// An unwritable --html path was found only when the page was written, after
+// the whole replay and bisection (and after printing the summary): it is
+// now refused up front, exit 2, nothing printed on stdout and no file left.
+static void test_html_unwritable(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char t[] = "alloc 4096 1048576 0 1\nalloc 8192 1048576 0 2\n";
+  char path[64], cmd[1024], dir[] = "/tmp/nf-html-XXXXXX";
+  nft_write_tmp(path, sizeof path, "html", t, sizeof t - 1, 0);
+  assert_non_null(mkdtemp(dir));
+  const char *bad[] = {"/nonexistent-dir/r.html", dir}; // no such directory; a directory
+  for (size_t i = 0; i < 2; i++) {
+    snprintf(cmd, sizeof cmd, "'%s' replay %s --min-capacity --html %s 2>&1; echo rc=$?", cli, path, bad[i]);
+    char *out = slurp(cmd);
+    char want[256];
+    snprintf(want, sizeof want, "nofrag: --html %s: cannot write: ", bad[i]);
+    if (!strstr(out, want) || !strstr(out, "rc=2") || strstr(out, "peak") || strstr(out, "bisecting"))
+      fail_msg("--html %s:\n%s", bad[i], out);
+    free(out);
+  }
+  // A writable path: the check leaves no file behind when the replay fails
+  // before writing (an unreadable trace), and the page is written otherwise.
+  snprintf(cmd, sizeof cmd, "'%s' replay /nonexistent.trace --html %s/r.html 2>/dev/null; test ! -e %s/r.html", cli,
+           dir, dir);
+  assert_int_equal(system(cmd), 0);
+  snprintf(cmd, sizeof cmd, "'%s' replay %s --html %s/r.html >/dev/null 2>&1 && test -s %s/r.html", cli, path, dir,
+           dir);
+  assert_int_equal(system(cmd), 0);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, path);
+  assert_int_equal(system(cmd), 0);
+}
+
 // A malformed trace whose segment_free names another size than its
 // segment_alloc: the table and --json trust the recorded size (20 MiB
 // peak), and so must the chart of recorded segments (it subtracted 2 MiB
@@ -415,6 +448,7 @@ int main(void) {
       cmocka_unit_test(test_ratio_denominator),
       cmocka_unit_test(test_hotspots_same_line),
       cmocka_unit_test(test_hotspots_text_sanitised),
+      cmocka_unit_test(test_html_unwritable),
       cmocka_unit_test(test_html_segment_sizes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

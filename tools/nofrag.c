@@ -12,10 +12,12 @@
 #include "trace.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char usage[] =
     "usage: nofrag replay TRACE [options]   replay an allocation trace through nofrag\n"
@@ -175,6 +177,21 @@ static int cmd_replay(int argc, char **argv) {
   if (cli.hotspots && !cli.run_model[0] && !cli.run_model[1]) {
     fprintf(stderr, "nofrag: --hotspots needs --allocator native, expandable or all (the models' segments)\n");
     return 2;
+  }
+  // --html's file is written last: find an unwritable one (no such
+  // directory, no permission, a directory) before the replay and bisection,
+  // not after. Nothing is left behind: a file created for the check is
+  // removed, an existing one is opened without truncating it.
+  if (cli.html) {
+    int fd = open(cli.html, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    int created = fd >= 0;
+    if (fd < 0 && errno == EEXIST) fd = open(cli.html, O_WRONLY);
+    if (fd < 0) {
+      fprintf(stderr, "nofrag: --html %s: cannot write: %s\n", cli.html, strerror(errno));
+      return 2;
+    }
+    close(fd);
+    if (created) unlink(cli.html);
   }
   nf_trace_t t;
   nfc_sites sites;
