@@ -90,15 +90,14 @@ static void merge_next(nf_pool_t *p, nf_tlsf_t *t, nf_block_t *l, nf_block_t *in
 
 // Insert a freed block into its arena's index, coalescing with free
 // neighbours. `b` must be detached (state FREE, smask/tick set).
+// Every free neighbour on each side, not one: a parked neighbour (bins keep
+// free blocks un-coalesced) may have an indexed free block beyond it, which a
+// single merge left adjacent and apart for good (nf_pool_check now says so).
 void nf__release_block(nf_pool_t *p, nf_block_t *b) {
   p->fx++;
   nf_tlsf_t *t = nf__tlsf_of(p, b);
-  if (b->next && b->next->state == NF_BLK_FREE) merge_next(p, t, b, b->next);
-  nf_block_t *q = b->prev;
-  if (q && q->state == NF_BLK_FREE) {
-    merge_next(p, t, q, q);
-    b = q;
-  }
+  while (b->next && b->next->state == NF_BLK_FREE) merge_next(p, t, b, b->next);
+  for (nf_block_t *q; (q = b->prev) && q->state == NF_BLK_FREE; b = q) merge_next(p, t, q, q);
   nf__tlsf_insert(t, b);
 }
 

@@ -74,6 +74,9 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
       CHECK(b->prev == prev && b->chunk == c, "check: broken links at %p", (void *)b->addr);
       CHECK(b->size && !(b->size & (NF_ALIGN - 1)), "check: bad size %llu", (unsigned long long)b->size);
       at += b->size;
+      // Free neighbours coalesce, except where one is parked (bins: merged at the flush).
+      CHECK(!(b->state == NF_BLK_FREE && prev && prev->state == NF_BLK_FREE && !b->parked && !prev->parked),
+            "check: free blocks %p and %p are adjacent, not coalesced", (void *)prev->addr, (void *)b->addr);
       if (b->state == NF_BLK_FREE) { nfree_blocks++; continue; }
       uint64_t o0, o1;
       if (b->state == NF_BLK_LIVE && p->tier.away && p->tier.away(p, b) && nf__owned(p, b, &o0, &o1)) {
