@@ -14,6 +14,9 @@ copied into the package: nofrag/libnofrag.so (found by nofrag._lib without
 NOFRAG_LIB) and nofrag/_bin/nofrag (run by the `nofrag` console script).
 Then the PyTorch adapter hook runs (nofrag/_build.py: build_torch_adapter).
 Environment: NOFRAG_CMAKE_ARGS adds arguments to the CMake configure step.
+
+The sdist (`python3 setup.py sdist`) carries what the CMake build needs
+(MANIFEST.in).
 """
 
 import importlib.util

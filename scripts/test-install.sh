@@ -15,7 +15,9 @@
 #      directory without PYTHONPATH / NOFRAG_LIB: nofrag.Pool allocates, frees,
 #      refuses a double free with NofragError; the venv's `nofrag version`;
 #      python/tests copied out of the checkout and run against the installed
-#      package; `pip wheel` gives a platform wheel that installs in a second venv.
+#      package; `pip wheel` gives a platform wheel that installs in a second venv;
+#   5. the sdist (`setup.py sdist`) carries the C sources: it builds and
+#      installs in a fresh venv, and the package imports and allocates;
 #
 # The venv is made from /usr/bin/python3 (Debian's, with python3-setuptools and
 # python3-wheel: scripts/setup-deps.sh installs them); NF_PYTHON overrides.
@@ -182,6 +184,26 @@ print(nofrag._lib.path())' &&
     in_venv "$TMP/venv2/bin/nofrag" version
 }
 check "pip wheel: platform wheel that installs in another venv" wheel_check
+
+# ------------------------------------------------------------ sdist
+sdist_check() {
+  (cd "$ROOT" && "$PY" setup.py -q sdist -d "$TMP/sdist") || return 1
+  local sd
+  sd=$(ls "$TMP"/sdist/nofrag-*.tar.gz) || return 1
+  echo "sdist: $sd"
+  if tar tzf "$sd" | grep -E 'libnofrag\.so|/_bin/|CMakeCache|__pycache__'; then
+    echo "build outputs in the sdist"
+    return 1
+  fi
+  "$PY" -m venv --system-site-packages "$TMP/venv-sdist" &&
+    in_venv "$TMP/venv-sdist/bin/pip" install --no-index --no-build-isolation "$sd" &&
+    in_venv "$TMP/venv-sdist/bin/python" -c 'import sys, nofrag
+assert nofrag._lib.path().startswith(sys.argv[1] + "/"), nofrag._lib.path()
+with nofrag.Pool("backend:host,limit:64MiB") as p: p.free(p.alloc(4096))
+print("nofrag", nofrag.__version__, nofrag._lib.path())' "$TMP/venv-sdist" &&
+    in_venv "$TMP/venv-sdist/bin/nofrag" version
+}
+check "setup.py sdist: builds and installs in a fresh venv, imports, allocates" sdist_check
 
 echo "install checks: $PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
