@@ -16,7 +16,8 @@ Then the PyTorch adapter hook runs (nofrag/_build.py: build_torch_adapter).
 Environment: NOFRAG_CMAKE_ARGS adds arguments to the CMake configure step.
 
 The sdist (`python3 setup.py sdist`) carries what the CMake build needs
-(MANIFEST.in).
+(MANIFEST.in). A build directory configured from another source tree (a
+copied checkout) is wiped and configured afresh.
 """
 
 import importlib.util
@@ -43,12 +44,32 @@ def version():
     return m.group(1)
 
 
+def cache_source(build_dir):
+    """The source directory a CMake build directory was configured from
+    (CMAKE_HOME_DIRECTORY of its CMakeCache.txt), or None."""
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("CMAKE_HOME_DIRECTORY:"):
+                    return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def cmake_build(build_dir):
     """Configure and build libnofrag.so and the CLI; returns their paths."""
     cmake = shutil.which("cmake")
     if not cmake:
         sys.exit("setup.py: cmake not found on PATH: nofrag's C library is built with CMake "
                  "(Debian/Ubuntu: apt-get install cmake build-essential zlib1g-dev)")
+    # A checkout copied with its build-pip/ carries a cache of the original
+    # tree: CMake refuses it ("does not match the source ... used to generate
+    # cache"). Start that build directory afresh.
+    src = cache_source(build_dir)
+    if src is not None and os.path.realpath(src) != os.path.realpath(ROOT):
+        print(f"setup.py: {build_dir} was configured from {src}, not {ROOT}: removing it", flush=True)
+        shutil.rmtree(build_dir)
     args = [cmake, "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release", "-DNF_TESTS=OFF"]
     args += shlex.split(os.environ.get("NOFRAG_CMAKE_ARGS", ""))
     jobs = str(os.cpu_count() or 1)

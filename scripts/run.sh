@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup-deps.sh --build
+. scripts/build-dir.sh
+fresh_build_dir build # a copied checkout's build/ belongs to the original tree
 mkdir -p build
 log=build/run-build.log
 {

@@ -18,6 +18,9 @@
 #      package; `pip wheel` gives a platform wheel that installs in a second venv;
 #   5. the sdist (`setup.py sdist`) carries the C sources: it builds and
 #      installs in a fresh venv, and the package imports and allocates;
+#   6. a copied checkout (only its source files, then configured build/ and
+#      build-pip/, then copied again): scripts/run.sh in the copy configures and
+#      builds the copy, not the original.
 #
 # The venv is made from /usr/bin/python3 (Debian's, with python3-setuptools and
 # python3-wheel: scripts/setup-deps.sh installs them); NF_PYTHON overrides.
@@ -204,6 +207,41 @@ print("nofrag", nofrag.__version__, nofrag._lib.path())' "$TMP/venv-sdist" &&
     in_venv "$TMP/venv-sdist/bin/nofrag" version
 }
 check "setup.py sdist: builds and installs in a fresh venv, imports, allocates" sdist_check
+
+# ------------------------------------------------------------ copied checkout
+# A checkout's source files (tracked and untracked, not ignored: no build
+# directories) copied to $1.
+copy_checkout() {
+  mkdir -p "$1" || return 1
+  if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    (cd "$ROOT" && git ls-files -z -co --exclude-standard |
+      while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+      tar --null -T - -cf -) | tar -xf - -C "$1"
+  else
+    tar -C "$ROOT" --exclude='./build*' --exclude=./.git -cf - . | tar -xf - -C "$1"
+  fi
+}
+ORIG=$TMP/checkout-orig COPY=$TMP/checkout-copy
+copy_setup() {
+  # The original: build/ and build-pip/cmake configured (not built) from it.
+  copy_checkout "$ORIG" &&
+    cmake -S "$ORIG" -B "$ORIG/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF_TESTS=OFF >/dev/null &&
+    cmake -S "$ORIG" -B "$ORIG/build-pip/cmake" -DCMAKE_BUILD_TYPE=Release -DNF_TESTS=OFF >/dev/null &&
+    cp -a "$ORIG" "$COPY"
+}
+check "a checkout with configured build/ and build-pip/, copied ($COPY)" copy_setup
+home_is() { # home_is BUILD_DIR SRC: the CMake cache of BUILD_DIR was configured from SRC
+  grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$2" "$1/CMakeCache.txt" || {
+    echo "$1 configured from: $(grep '^CMAKE_HOME_DIRECTORY' "$1/CMakeCache.txt"), not $2"
+    return 1
+  }
+}
+copy_run() {
+  (cd "$COPY" && bash scripts/run.sh) || return 1
+  home_is "$COPY/build" "$COPY" && [ -x "$COPY/build/nofrag" ] &&
+    if [ -e "$ORIG/build/nofrag" ]; then echo "run.sh in the copy built the original's build/"; return 1; fi
+}
+check "copied checkout: scripts/run.sh reconfigures and builds the copy (not the original)" copy_run
 
 echo "install checks: $PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup-deps.sh
+. scripts/build-dir.sh
+fresh_build_dir build # a copied checkout's build/ belongs to the original tree
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF_TESTS=ON
 cmake --build build -j"$(nproc)"
 set +e
