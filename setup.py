@@ -15,6 +15,12 @@ NOFRAG_LIB) and nofrag/_bin/nofrag (run by the `nofrag` console script).
 Then the PyTorch adapter hook runs (nofrag/_build.py: build_torch_adapter).
 Environment: NOFRAG_CMAKE_ARGS adds arguments to the CMake configure step.
 
+    pip install --no-index --no-build-isolation -e .   # editable: the package runs from python/nofrag
+
+An editable install (legacy `setup.py develop`, Debian 12's pip, or PEP 660
+with a newer one) builds the same two files into the checkout itself,
+python/nofrag/libnofrag.so and python/nofrag/_bin/nofrag (both ignored by git):
+Python edits take effect at once, C edits after another `pip install -e .`.
 The sdist (`python3 setup.py sdist`) carries what the CMake build needs
 (MANIFEST.in). A build directory configured from another source tree (a
 copied checkout) is wiped and configured afresh.
@@ -30,6 +36,7 @@ import sys
 
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
+from setuptools.command.develop import develop
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 os.makedirs(os.path.join(ROOT, "build-pip"), exist_ok=True)  # setup.cfg's egg_base must exist
@@ -83,27 +90,64 @@ def cmake_build(build_dir):
     return lib, cli
 
 
+def build_into_package(pkg, editable=False):
+    """Build the C library and CLI and put them into the package directory
+    `pkg`: the build's copy of it, or the checkout's python/nofrag for an
+    editable install."""
+    lib, cli = cmake_build(os.path.abspath(os.path.join(ROOT, "build-pip", "cmake")))
+    shutil.copyfile(lib, os.path.join(pkg, "libnofrag.so"))  # the file, not the symlink
+    os.makedirs(os.path.join(pkg, "_bin"), exist_ok=True)
+    shutil.copyfile(cli, os.path.join(pkg, "_bin", "nofrag"))
+    os.chmod(os.path.join(pkg, "_bin", "nofrag"), 0o755)
+    if editable:
+        # No _version.py (the package reads include/nofrag.h beside it) and
+        # no nofrag/csrc copy of the adapter's sources (a stale copy would be
+        # preferred to src/torch): the adapter is built from src/torch on
+        # first nofrag.torch.enable().
+        print("setup.py: editable install: libnofrag.so and _bin/nofrag built into " + pkg, flush=True)
+        return
+    with open(os.path.join(pkg, "_version.py"), "w") as f:
+        f.write(f'# Written by setup.py from include/nofrag.h.\nversion = "{version()}"\n')
+    # The PyTorch adapter hook (python/nofrag/_build.py), loaded by path:
+    # importing the nofrag package here is not needed and could pick up
+    # another installed copy.
+    spec = importlib.util.spec_from_file_location("nofrag_build", os.path.join(ROOT, "python", "nofrag", "_build.py"))
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    built, why = hooks.build_torch_adapter(ROOT, pkg, os.path.join(ROOT, "build-pip", "torch"), lib)
+    print(f"setup.py: PyTorch adapter: {built or 'skipped: ' + why}", flush=True)
+
+
 class BuildWithLibrary(build_py):
-    """build_py, plus the C library and CLI copied into the package."""
+    """build_py, plus the C library and CLI copied into the package. In a
+    PEP 660 editable build (editable_mode) the package is the checkout's
+    python/nofrag: the library goes there."""
 
     def run(self):
         super().run()
-        pkg = os.path.join(self.build_lib, "nofrag")
-        lib, cli = cmake_build(os.path.abspath(os.path.join(ROOT, "build-pip", "cmake")))
-        shutil.copyfile(lib, os.path.join(pkg, "libnofrag.so"))  # the file, not the symlink
-        os.makedirs(os.path.join(pkg, "_bin"), exist_ok=True)
-        shutil.copyfile(cli, os.path.join(pkg, "_bin", "nofrag"))
-        os.chmod(os.path.join(pkg, "_bin", "nofrag"), 0o755)
-        with open(os.path.join(pkg, "_version.py"), "w") as f:
-            f.write(f'# Written by setup.py from include/nofrag.h.\nversion = "{version()}"\n')
-        # The PyTorch adapter hook (python/nofrag/_build.py), loaded by path:
-        # importing the nofrag package here is not needed and could pick up
-        # another installed copy.
-        spec = importlib.util.spec_from_file_location("nofrag_build", os.path.join(ROOT, "python", "nofrag", "_build.py"))
-        hooks = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(hooks)
-        built, why = hooks.build_torch_adapter(ROOT, pkg, os.path.join(ROOT, "build-pip", "torch"), lib)
-        print(f"setup.py: PyTorch adapter: {built or 'skipped: ' + why}", flush=True)
+        if getattr(self, "editable_mode", False):
+            build_into_package(os.path.join(ROOT, "python", "nofrag"), editable=True)
+        else:
+            build_into_package(os.path.join(self.build_lib, "nofrag"))
+
+
+class DevelopWithLibrary(develop):
+    """`setup.py develop` (pip install -e with a pip that does not use PEP
+    660): link python/ into site-packages, with the C library and CLI built
+    into python/nofrag. develop never runs build_py, and setup.cfg's egg_base
+    (build-pip, for the other commands) would make the link point at
+    build-pip: the egg-info goes beside the package instead (python/, ignored
+    by git)."""
+
+    def finalize_options(self):
+        ei = self.reinitialize_command("egg_info")
+        ei.egg_base = "python"
+        super().finalize_options()
+
+    def run(self):
+        if not self.uninstall:
+            build_into_package(os.path.join(ROOT, "python", "nofrag"), editable=True)
+        super().run()
 
 
 class BinaryDistribution(Distribution):
@@ -113,7 +157,7 @@ class BinaryDistribution(Distribution):
         return True
 
 
-cmdclass = {"build_py": BuildWithLibrary}
+cmdclass = {"build_py": BuildWithLibrary, "develop": DevelopWithLibrary}
 try:  # setuptools >= 70.1 has its own; older ones use the wheel package's
     from setuptools.command.bdist_wheel import bdist_wheel
 except ImportError:

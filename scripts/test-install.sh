@@ -20,7 +20,9 @@
 #      installs in a fresh venv, and the package imports and allocates;
 #   6. a copied checkout (only its source files, then configured build/ and
 #      build-pip/, then copied again): scripts/run.sh in the copy configures and
-#      builds the copy, not the original.
+#      builds the copy, not the original; `pip install -e` in the copy (the
+#      legacy `setup.py develop` and PEP 660) imports nofrag from the copy's
+#      python/ and loads the libnofrag.so it built there.
 #
 # The venv is made from /usr/bin/python3 (Debian's, with python3-setuptools and
 # python3-wheel: scripts/setup-deps.sh installs them); NF_PYTHON overrides.
@@ -242,6 +244,30 @@ copy_run() {
     if [ -e "$ORIG/build/nofrag" ]; then echo "run.sh in the copy built the original's build/"; return 1; fi
 }
 check "copied checkout: scripts/run.sh reconfigures and builds the copy (not the original)" copy_run
+# pip install -e in the copy: the package is the copy's python/nofrag, with
+# libnofrag.so and _bin/nofrag built there (build-pip/cmake of the original
+# wiped and configured afresh). $1: extra pip options (--use-pep517: the
+# PEP 660 path newer pips always take).
+editable_check() {
+  local venv=$TMP/venv-edit
+  [ -d "$venv" ] || "$PY" -m venv --system-site-packages "$venv" || return 1
+  "$venv/bin/pip" uninstall -y -q nofrag >/dev/null 2>&1
+  rm -rf "$COPY/python/nofrag/libnofrag.so" "$COPY/python/nofrag/_bin"
+  # shellcheck disable=SC2086
+  (cd "$COPY" && "$venv/bin/pip" install --no-index --no-build-isolation $1 -e .) &&
+    home_is "$COPY/build-pip/cmake" "$COPY" &&
+    in_venv "$venv/bin/python" -c 'import os, sys, nofrag
+pkg = os.path.join(sys.argv[1], "python", "nofrag")
+assert os.path.dirname(nofrag.__file__) == pkg, nofrag.__file__
+assert nofrag._lib.path() == os.path.realpath(os.path.join(pkg, "libnofrag.so")), nofrag._lib.path()
+with nofrag.Pool("backend:host,limit:64MiB") as p: p.free(p.alloc(4096))
+print("nofrag", nofrag.__version__, "from", nofrag.__file__, "library", nofrag._lib.path())' "$COPY" &&
+    in_venv "$venv/bin/nofrag" version
+}
+check "copied checkout: pip install -e . (setup.py develop) imports the copy's python/, loads its libnofrag.so" \
+  editable_check ""
+check "copied checkout: pip install --use-pep517 -e . (PEP 660) imports and loads the same" \
+  editable_check --use-pep517
 
 echo "install checks: $PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
