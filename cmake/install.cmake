@@ -3,6 +3,7 @@
 #   cmake --install build --prefix P   installs:
 #     P/include/nofrag.h
 #     P/lib/libnofrag.so.X.Y.Z (+ SONAME link libnofrag.so.X, dev link libnofrag.so), P/lib/libnofrag.a
+#                                       (lib is CMAKE_INSTALL_LIBDIR: lib64, lib/<multiarch> on some systems)
 #     P/bin/nofrag                      the CLI
 #     P/share/nofrag/python/nofrag/     the Python package: the CLI runs `python3 -m nofrag.torch_trace`
 #                                       from there to read PyTorch snapshot pickles (tools/input.c)
@@ -45,11 +46,23 @@ install(TARGETS nofrag nofrag_static EXPORT nofragTargets
 install(FILES ${PROJECT_SOURCE_DIR}/include/nofrag.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
 # The Python package beside the CLI, plus _version.py (a checkout reads the
-# version from include/nofrag.h instead).
+# version from include/nofrag.h instead). _version.py also says where
+# libnofrag.so is (nofrag._lib reads it): CMAKE_INSTALL_LIBDIR may be lib,
+# lib64, lib/x86_64-linux-gnu... Relative to the installed package when both
+# directories are under the prefix, so that `cmake --install --prefix`,
+# DESTDIR and a moved tree all keep working; absolute otherwise.
 file(GLOB NF_PY_FILES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/python/nofrag/*.py)
 list(FILTER NF_PY_FILES EXCLUDE REGEX "/_version\\.py$")
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}" OR IS_ABSOLUTE "${CMAKE_INSTALL_DATADIR}")
+  set(NF_PY_LIBDIR "${CMAKE_INSTALL_FULL_LIBDIR}")
+else()
+  file(RELATIVE_PATH NF_PY_LIBDIR "/nf_root/${NF_PYTHON_DIR}/nofrag" "/nf_root/${CMAKE_INSTALL_LIBDIR}")
+endif()
 file(WRITE ${PROJECT_BINARY_DIR}/nf_python/_version.py
-     "# Written by the build (cmake/install.cmake, setup.py) from include/nofrag.h.\nversion = \"${PROJECT_VERSION}\"\n")
+     "# Written by the build (cmake/install.cmake, setup.py) from include/nofrag.h.\n"
+     "version = \"${PROJECT_VERSION}\"\n"
+     "# libnofrag.so's directory (CMAKE_INSTALL_LIBDIR): relative to this package's, or absolute.\n"
+     "libdir = \"${NF_PY_LIBDIR}\"\n")
 install(FILES ${NF_PY_FILES} ${PROJECT_BINARY_DIR}/nf_python/_version.py DESTINATION ${NF_PYTHON_DIR}/nofrag)
 
 if(TARGET nofrag_cli)

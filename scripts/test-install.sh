@@ -16,9 +16,11 @@
 #      refuses a double free with NofragError; the venv's `nofrag version`;
 #      python/tests copied out of the checkout and run against the installed
 #      package; `pip wheel` gives a platform wheel that installs in a second venv;
-#   5. the sdist (`setup.py sdist`) carries the C sources: it builds and
+#   5. a CMake install with CMAKE_INSTALL_LIBDIR=lib64, its prefix then moved:
+#      the Python package under share/ still finds lib64/libnofrag.so;
+#   6. the sdist (`setup.py sdist`) carries the C sources: it builds and
 #      installs in a fresh venv, and the package imports and allocates;
-#   6. a copied checkout (only its source files, then configured build/ and
+#   7. a copied checkout (only its source files, then configured build/ and
 #      build-pip/, then copied again): scripts/run.sh in the copy configures and
 #      builds the copy, not the original; `pip install -e` in the copy (the
 #      legacy `setup.py develop` and PEP 660) imports nofrag from the copy's
@@ -60,6 +62,9 @@ check() {
   fi
 }
 
+PY=${NF_PYTHON:-/usr/bin/python3}
+[ -x "$PY" ] || PY=python3
+
 # ------------------------------------------------------------ CMake install
 cmake_build() {
   cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF_TESTS=ON &&
@@ -82,6 +87,28 @@ installed_files() {
     [ -f "$(readlink -f "$PREFIX/lib/libnofrag.so")" ]
 }
 check "installed files, SONAME" installed_files
+
+# The Python package under share/ finds the library of its own prefix, with
+# CMAKE_INSTALL_LIBDIR=lib64 too (a multiarch or lib64 system), and after the
+# prefix is moved. Reconfigures $BUILD (deleted next) for the second install.
+share_python_lib() { # share_python_lib PREFIX LIBDIR
+  (cd "$TMP/elsewhere" && env -u NOFRAG_LIB PYTHONPATH="$1/share/nofrag/python" "$PY" -c '
+import os, sys, nofrag
+prefix, libdir = sys.argv[1], sys.argv[2]
+assert nofrag.__file__.startswith(prefix + "/"), nofrag.__file__
+want = os.path.realpath(os.path.join(prefix, libdir, "libnofrag.so"))
+assert nofrag._lib.path() == want, (nofrag._lib.path(), want)
+with nofrag.Pool("backend:host,limit:64MiB") as p: p.free(p.alloc(4096))
+print("library", nofrag._lib.path())' "$1" "$2")
+}
+check "share/nofrag/python finds $PREFIX/lib/libnofrag.so" share_python_lib "$PREFIX" lib
+lib64_install() {
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_INSTALL_LIBDIR=lib64 >/dev/null &&
+    cmake --install "$BUILD" --prefix "$TMP/prefix64" >/dev/null || return 1
+  if [ ! -e "$TMP/prefix64/lib64/libnofrag.so" ] || [ -e "$TMP/prefix64/lib" ]; then echo "not a lib64 layout"; return 1; fi
+  mv "$TMP/prefix64" "$TMP/prefix64-moved" && share_python_lib "$TMP/prefix64-moved" lib64
+}
+check "CMAKE_INSTALL_LIBDIR=lib64, prefix moved: share/nofrag/python finds lib64/libnofrag.so" lib64_install
 # From here on nothing may come from the build tree.
 rm -rf "$BUILD"
 
@@ -126,8 +153,6 @@ cli_pickle() {
 check "installed CLI reads a PyTorch pickle (share/nofrag/python)" cli_pickle
 
 # ------------------------------------------------------------ pip
-PY=${NF_PYTHON:-/usr/bin/python3}
-[ -x "$PY" ] || PY=python3
 VENV=$TMP/venv
 venv_make() {
   "$PY" -c 'import setuptools, wheel' || { echo "$PY lacks setuptools/wheel (python3-setuptools python3-wheel)"; return 1; }

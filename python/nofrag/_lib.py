@@ -7,10 +7,15 @@ The library is searched, in order, at:
    path that is missing or does not load raises ``LibraryError`` naming it,
 2. the package directory (``libnofrag.so`` shipped inside the package by
    ``pip install``),
-3. ``../../build/libnofrag.so`` relative to the package (a source checkout
-   built with ``cmake -S . -B build && cmake --build build``),
-4. ``PREFIX/lib/libnofrag.so`` for the copy ``cmake --install`` puts under
-   ``PREFIX/share/nofrag/python``,
+3. ``../../build/libnofrag.so`` relative to the package, only when the package
+   is a source checkout's ``python/nofrag`` (``../..`` has CMakeLists.txt and
+   include/nofrag.h: built with ``cmake -S . -B build && cmake --build build``);
+   a package copied elsewhere never picks up an unrelated build/,
+4. for the copy ``cmake --install`` puts under ``PREFIX/share/nofrag/python``:
+   ``PREFIX/LIBDIR/libnofrag.so``, LIBDIR being the install's
+   CMAKE_INSTALL_LIBDIR (lib, lib64, lib/x86_64-linux-gnu...) as
+   ``_version.libdir`` records it, relative to the package (a moved prefix
+   still works),
 5. ``ctypes.util.find_library("nofrag")`` (system install).
 
 ``NfStats`` mirrors ``nf_stats_t`` from include/nofrag.h field for field; the
@@ -182,11 +187,26 @@ _lib = None
 _path = None
 
 
+def _install_libdir():
+    """The library directory of a ``cmake --install`` (relative to the
+    package, or absolute) from the generated _version.py; None elsewhere (a
+    checkout has no _version.py, setup.py's has no libdir)."""
+    try:
+        from ._version import libdir
+    except ImportError:
+        return None
+    return libdir or None
+
+
 def _candidates():
     here = os.path.dirname(os.path.abspath(__file__))
     yield os.path.join(here, "libnofrag.so")
-    yield os.path.normpath(os.path.join(here, "..", "..", "build", "libnofrag.so"))
-    yield os.path.normpath(os.path.join(here, "..", "..", "..", "..", "lib", "libnofrag.so"))
+    root = os.path.dirname(os.path.dirname(here))
+    if os.path.isfile(os.path.join(root, "CMakeLists.txt")) and os.path.isfile(os.path.join(root, "include", "nofrag.h")):
+        yield os.path.join(root, "build", "libnofrag.so")
+    libdir = _install_libdir()
+    if libdir:
+        yield os.path.normpath(os.path.join(here, libdir, "libnofrag.so"))
     found = ctypes.util.find_library("nofrag")
     if found:
         yield found

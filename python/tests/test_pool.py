@@ -189,6 +189,52 @@ class TestLibrary(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertTrue(r.stdout.strip().endswith("libnofrag.so") or ".so." in r.stdout, r.stdout)
 
+    def candidates_of_copy(self, root, files=None):
+        """nofrag._lib._candidates() of a copy of the package's .py files at
+        ROOT/python/nofrag (plus FILES: name -> text), run in a subprocess."""
+        pkg = os.path.dirname(os.path.abspath(nofrag.__file__))
+        dst = os.path.join(root, "python", "nofrag")
+        os.makedirs(dst)
+        for name in os.listdir(pkg):
+            if name.endswith(".py") and name != "_version.py":
+                with open(os.path.join(pkg, name)) as f, open(os.path.join(dst, name), "w") as g:
+                    g.write(f.read())
+        for name, text in (files or {}).items():
+            with open(os.path.join(dst, name), "w") as g:
+                g.write(text)
+        r = subprocess.run([sys.executable, "-c", "from nofrag import _lib\nfor c in _lib._candidates(): print(c)"],
+                           env=dict(os.environ, PYTHONPATH=os.path.join(root, "python")), capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout.split("\n")
+
+    def test_build_dir_only_in_a_source_checkout(self):
+        """../../build/libnofrag.so is a candidate only where ../.. is a
+        checkout (CMakeLists.txt, include/nofrag.h): a package copied
+        elsewhere must not load whatever build/ sits there."""
+        with tempfile.TemporaryDirectory() as root:
+            build_lib = os.path.join(root, "build", "libnofrag.so")
+            os.makedirs(os.path.dirname(build_lib))
+            open(build_lib, "w").close()
+            self.assertNotIn(build_lib, self.candidates_of_copy(root))
+        with tempfile.TemporaryDirectory() as root:
+            for f in ("CMakeLists.txt", os.path.join("include", "nofrag.h")):
+                os.makedirs(os.path.dirname(os.path.join(root, f)), exist_ok=True)
+                open(os.path.join(root, f), "w").close()
+            self.assertIn(os.path.join(root, "build", "libnofrag.so"), self.candidates_of_copy(root))
+
+    def test_install_libdir_from_version_module(self):
+        """A cmake --install copy finds PREFIX/LIBDIR (lib64, lib/<multiarch>)
+        through _version.libdir, relative to the package; without it, no
+        PREFIX/lib guess."""
+        with tempfile.TemporaryDirectory() as root:
+            cands = self.candidates_of_copy(root, {"_version.py": 'version = "0.0.0"\nlibdir = "../../lib64"\n'})
+            self.assertIn(os.path.join(root, "lib64", "libnofrag.so"), cands)
+        with tempfile.TemporaryDirectory() as root:
+            cands = self.candidates_of_copy(root)
+            self.assertFalse([c for c in cands if c.startswith(root) and not c.startswith(os.path.join(root, "python"))],
+                             cands)
+
 
 if __name__ == "__main__":
     unittest.main()
