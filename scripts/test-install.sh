@@ -16,6 +16,8 @@
 #      refuses a double free with NofragError; the venv's `nofrag version`;
 #      python/tests copied out of the checkout and run against the installed
 #      package; `pip wheel` gives a platform wheel that installs in a second venv;
+#      `python3 -m nofrag --help` and `-m nofrag.torch_trace --help` exit 0 with
+#      nothing on stderr (no runpy RuntimeWarning);
 #   5. a CMake install with CMAKE_INSTALL_LIBDIR=lib64, its prefix then moved:
 #      the Python package under share/ still finds lib64/libnofrag.so;
 #   6. the sdist (`setup.py sdist`) carries the C sources: it builds and
@@ -214,6 +216,16 @@ print(nofrag._lib.path())' &&
     in_venv "$TMP/venv2/bin/nofrag" version
 }
 check "pip wheel: platform wheel that installs in another venv" wheel_check
+
+py_help() {
+  local m out
+  for m in nofrag nofrag.torch_trace; do
+    out=$(in_venv "$VENV/bin/python" -m "$m" --help 2>"$TMP/help.err") || { echo "-m $m --help: exit $?"; return 1; }
+    [ ! -s "$TMP/help.err" ] || { echo "-m $m --help wrote on stderr:"; cat "$TMP/help.err"; return 1; }
+    case $out in usage:*) echo "$out" ;; *) echo "-m $m --help: no usage on stdout: $out"; return 1 ;; esac
+  done
+}
+check "python3 -m nofrag --help, -m nofrag.torch_trace --help: exit 0, stderr empty" py_help
 
 # ------------------------------------------------------------ sdist
 sdist_check() {

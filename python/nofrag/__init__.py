@@ -39,7 +39,26 @@ from . import _lib
 from ._lib import (NF_TIER_DEVICE, NF_TIER_DISK, NF_TIER_HOST, NF_TIER_HOST_DETACHED, LibraryError, NfCalls, NfStats,
                    NofragError, conf_string, last_error, load)
 from .pool import Pool
-from .torch_trace import export_torch_snapshot, snapshot_to_torch
+
+# nofrag.torch_trace is imported on first use of these names, not here:
+# `python3 -m nofrag.torch_trace` imports this package first, and a
+# torch_trace already in sys.modules then makes runpy warn (RuntimeWarning
+# "found in sys.modules ... prior to execution").
+_LAZY = {"export_torch_snapshot": "torch_trace", "snapshot_to_torch": "torch_trace"}
+
+
+def __getattr__(name):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def _version():

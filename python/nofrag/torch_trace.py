@@ -338,6 +338,10 @@ def export_torch_snapshot(snap, path, device=0, trace=None):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: python3 -m nofrag.torch_trace SNAPSHOT.pickle[.gz] OUT.trace[.gz] [--device N]"
+    if any(a in ("-h", "--help") for a in argv):
+        print(usage)
+        return 0
     device = 0
     if "--device" in argv:
         k = argv.index("--device")
@@ -348,8 +352,7 @@ def main(argv=None):
             return 2
         del argv[k:k + 2]
     if len(argv) != 2 or argv[0].startswith("-"):
-        print("usage: python3 -m nofrag.torch_trace SNAPSHOT.pickle[.gz] OUT.trace[.gz] [--device N]",
-              file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     try:
         st = convert(argv[0], argv[1], device)

@@ -158,7 +158,19 @@ class TestPickleConvert(unittest.TestCase):
             r = subprocess.run([sys.executable] + mod + [p, out], env=env, capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(self.read_lines(out), ["alloc 1 2 0 1"])
+            # nofrag/__init__ imports torch_trace lazily: runpy has no
+            # "found in sys.modules" RuntimeWarning to print.
+            self.assertNotIn("Warning", r.stderr)
         r = subprocess.run([sys.executable, "-m", "nofrag.torch_trace", p], env=env, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("usage", r.stderr)
+        # -h / --help: the usage on stdout, exit 0 (the package's and the converter's).
+        for mod in (["-m", "nofrag"], ["-m", "nofrag.torch_trace"], ["-m", "nofrag", "torch_trace"]):
+            for opt in ("-h", "--help"):
+                r = subprocess.run([sys.executable] + mod + [opt], env=env, capture_output=True, text=True)
+                self.assertEqual((r.returncode, r.stderr), (0, ""), mod + [opt])
+                self.assertIn("usage", r.stdout)
+        r = subprocess.run([sys.executable, "-m", "nofrag"], env=env, capture_output=True, text=True)
         self.assertEqual(r.returncode, 2)
         self.assertIn("usage", r.stderr)
 
