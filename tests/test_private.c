@@ -265,6 +265,8 @@ static void test_alloc_at(void **state) {
   assert_null(nf_alloc_at(p, 3, b, 100, S(0))); // live there
   assert_int_equal(nf_last_status(), NF_ERR_INVALID);
   assert_null(nf_alloc_at(p, 0, a, 100, S(0))); // not the general pool's range
+  assert_null(nf_alloc_at(p, 99, a, 100, S(0))); // no such pool: the message names the call made
+  nft_last_error_has("nf_alloc_at: no private pool 99");
   void *c = nf_alloc_at(p, 3, (char *)a + 4096, 1000, S(0)); // inside the freed block
   assert_ptr_equal(c, (char *)a + 4096);
   void *d = nf_alloc_at(p, 3, a, 4096, S(0));

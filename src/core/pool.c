@@ -256,7 +256,8 @@ static NF_NOINLINE void *alloc_locked(nf_pool_t *p, size_t size, uint64_t rsize,
   if (NF_UNLIKELY(explicit_pv | (p->nroutes != 0 && !at))) {
     pv = explicit_pv ? nf__priv_find(p, pv_id) : nf__priv_route(p, s);
     if (explicit_pv && !pv) {
-      st = nf__error(NF_ERR_INVALID, "nofrag: nf_alloc_private: no private pool %llu", (unsigned long long)pv_id);
+      st = nf__error(NF_ERR_INVALID, "nofrag: %s: no private pool %llu", at ? "nf_alloc_at" : "nf_alloc_private",
+                     (unsigned long long)pv_id);
       goto fail;
     }
     if (pv) tl = pv->tlsf;
