@@ -71,7 +71,11 @@ typedef enum nf_tier_e {
 //! the pool's device's primary context (the runtime's, PyTorch's, CuPy's): the
 //! pool records its events on it. Another context's stream (another device's)
 //! is refused, NF_ERR_INVALID, by the first call that passes it. At most 64
-//! distinct streams per pool.
+//! distinct streams per pool. Streams are known by handle: synchronize a
+//! stream before destroying it if blocks were freed on it (CUDA may hand its
+//! handle to the next stream created, which the pool would then take for the
+//! old one and reuse those blocks on it without waiting; PyTorch's and CuPy's
+//! own caches key streams the same way).
 typedef void *nf_stream_t;
 
 typedef struct nf_pool_s nf_pool_t;

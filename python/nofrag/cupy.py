@@ -17,7 +17,11 @@ Each allocation becomes nf_alloc on CuPy's current stream, wrapped as a
 frees the block (nf_free) when CuPy drops its last reference. Use on other
 streams is not tracked: as with CuPy's own pool, a block freed while another
 stream still uses it must be ordered by the caller (or record it with
-``pool().record_stream(ptr, stream)``). A request that does not fit raises
+``pool().record_stream(ptr, stream)``). Streams are known by handle:
+synchronize a ``cupy.cuda.Stream`` before it is destroyed if arrays were
+freed on it (the driver may give its handle to the next stream made, which
+the pool would take for the old one). A pool serves at most 64 distinct
+streams. A request that does not fit raises
 ``cupy.cuda.memory.OutOfMemoryError`` (from the NofragError).
 """
 
