@@ -113,12 +113,19 @@ def iter_lines(snapshot, device=0, path="<snapshot>", stats=None, sites=False):
     `stats`, if a dict, receives counts of converted, skipped and dropped
     entries. With `sites`, each alloc with a stack is followed by its
     '#site' comment line (not counted in stats)."""
-    traces = snapshot["device_traces"]
+    traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
+    if not isinstance(traces, list):
+        raise SnapshotError(f"{path}: not a memory snapshot (no 'device_traces' list)")
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise SnapshotError(f"{path}: device must be an integer, not {device!r}")
     if not 0 <= device < len(traces):
         raise SnapshotError(f"{path}: no device {device} (snapshot has {len(traces)})")
+    entries = traces[device]
+    if not isinstance(entries, list):
+        raise SnapshotError(f"{path}: device_traces[{device}] is not a list: {type(entries).__name__}")
     st = {"lines": 0, "skipped": 0, "dropped_frees": 0}
     live, segs = set(), set()
-    for i, e in enumerate(traces[device]):
+    for i, e in enumerate(entries):
         if not isinstance(e, dict):
             raise SnapshotError(f"{path}: device_traces entry {i}: not a dict")
         action = e.get("action")
@@ -161,16 +168,20 @@ def convert(src, dst, device=0):
     lines = list(iter_lines(snap, device, src, stats, sites=True))
     opener = gzip.open if dst.endswith(".gz") else open
     tmp = dst + ".tmp"
-    with opener(tmp, "wt", encoding="utf-8") as f:  # file names in #site lines may be non-ASCII
-        f.write(f"# converted by nofrag.torch_trace from {os.path.basename(src)}, device {device}\n")
-        f.write("# ACTION ADDR SIZE STREAM TIME_US\n")
-        if stats["skipped"] or stats["dropped_frees"]:
-            f.write(f"# skipped {stats['skipped']} marker/segment_map entries; dropped "
-                    f"{stats['dropped_frees']} frees of blocks allocated before the trace began\n")
-        for ln in lines:
-            f.write(ln)
-            f.write("\n")
-    os.replace(tmp, dst)  # no half-written trace left behind on error
+    try:
+        with opener(tmp, "wt", encoding="utf-8") as f:  # file names in #site lines may be non-ASCII
+            f.write(f"# converted by nofrag.torch_trace from {os.path.basename(src)}, device {device}\n")
+            f.write("# ACTION ADDR SIZE STREAM TIME_US\n")
+            if stats["skipped"] or stats["dropped_frees"]:
+                f.write(f"# skipped {stats['skipped']} marker/segment_map entries; dropped "
+                        f"{stats['dropped_frees']} frees of blocks allocated before the trace began\n")
+            for ln in lines:
+                f.write(ln)
+                f.write("\n")
+        os.replace(tmp, dst)  # no half-written trace left behind on error
+    finally:
+        if os.path.exists(tmp):  # writing failed partway (disk full...): no dst.tmp left either
+            os.unlink(tmp)
     return stats
 
 

@@ -125,6 +125,57 @@ class TestPickleConvert(unittest.TestCase):
         with self.assertRaises(snapshot.SnapshotError):
             snapshot.load(p)
 
+    def test_device_traces_elements_checked(self):
+        # {'device_traces': [None]} was a raw TypeError (CLI exit 1, traceback).
+        env = dict(os.environ, PYTHONPATH=PYDIR)
+        for traces in ([None], [5], [{"a": 1}], ["alloc"]):
+            p = self.write_pickle({"device_traces": traces})
+            with self.assertRaises(snapshot.SnapshotError, msg=repr(traces)) as cm:
+                snapshot.convert(p, self.path("x.trace"))
+            self.assertIn("device_traces[0]", str(cm.exception))
+            r = subprocess.run([sys.executable, "-m", "nofrag.torch_trace", p, self.path("x.trace")], env=env,
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+            self.assertFalse(os.path.exists(self.path("x.trace")))
+        snap = {"device_traces": [[], [entry("alloc", 1, 2)]]}
+        for dev in (True, 1.0, "1"):  # device indexes are ints, not bool (True would be device 1)
+            with self.assertRaises(snapshot.SnapshotError, msg=repr(dev)):
+                list(snapshot.iter_lines(snap, dev))
+        self.assertEqual(list(snapshot.iter_lines(snap, 1)), ["alloc 1 2 0 1"])
+
+    def test_failed_write_leaves_no_tmp(self):
+        # Writing fails partway (disk full) or the final rename fails: neither
+        # dst nor dst.tmp may be left behind.
+        import types
+        from unittest import mock
+        p = self.write_pickle({"device_traces": [[entry("alloc", i * 512, 512) for i in range(1, 50)]]})
+        out = self.path("y.trace.gz")
+
+        def failing_open(path, mode, **kw):
+            f = gzip.open(path, mode, **kw)
+            n = [0]
+            real_write = f.write
+
+            def write(data):
+                n[0] += 1
+                if n[0] > 5:
+                    raise OSError(28, "No space left on device")
+                return real_write(data)
+            f.write = write
+            return f
+
+        fake_gzip = types.SimpleNamespace(open=failing_open)
+        with mock.patch.object(snapshot, "gzip", fake_gzip), self.assertRaises(OSError):
+            snapshot.convert(p, out)
+        self.assertEqual(sorted(os.listdir(self.tmp.name)), ["s.pickle"])
+        with mock.patch.object(snapshot.os, "replace", side_effect=OSError(18, "Invalid cross-device link")), \
+                self.assertRaises(OSError):
+            snapshot.convert(p, out)
+        self.assertEqual(sorted(os.listdir(self.tmp.name)), ["s.pickle"])
+        snapshot.convert(p, out)  # and it still works
+        self.assertEqual(len(self.read_lines(out)), 49)
+
     def test_corrupt_lengths_are_clean_errors(self):
         # Found by fuzz/fuzz_pickle.py: a corrupt length field made the
         # unpickler raise MemoryError (a huge buffer) or OverflowError (a FRAME
