@@ -78,7 +78,8 @@ def enable(conf: Optional[str] = None, **config: Any) -> Pool:
         if _pool is not None:
             raise RuntimeError("nofrag.cupy.enable: already enabled (nofrag.cupy.disable() first)")
         device = cupy.cuda.runtime.getDevice()
-        pinned = "device" in config or re.search(r"(?:^|,)\s*device\s*:", conf or "") is not None
+        # device=None is no device (conf_string drops None values)
+        pinned = config.get("device") is not None or re.search(r"(?:^|,)\s*device\s*:", conf or "") is not None
 
         def make(d: int) -> Pool:
             # Defaults first: later keys win in a nofrag config string.

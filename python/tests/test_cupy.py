@@ -118,6 +118,17 @@ class TestCupy(unittest.TestCase):
         self.assertIn("device 0", str(cm.exception))
         self.assertEqual(list(self.nfc.pools()), [2])
 
+    def test_device_none_does_not_pin(self):
+        # device=None is no device key (conf_string drops it): every device
+        # still gets its own pool (it raised RuntimeError on device 1).
+        self.nfc.enable(backend="host", limit="64MiB", device=None)
+        a = self.state["allocator"](MiB)
+        self.state["device"] = 1
+        b = self.state["allocator"](MiB)
+        self.assertEqual((a.mem.device_id, b.mem.device_id), (0, 1))
+        self.assertEqual(sorted(self.nfc.pools()), [0, 1])
+        del a, b
+
     def test_each_device_gets_its_own_pool(self):
         # CuPy's allocator is process-wide; a pool serves one device. Under
         # cupy.cuda.Device(1) the memory must be device 1's, from its own pool.
