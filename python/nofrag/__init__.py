@@ -93,7 +93,7 @@ def stats(device=0):
     yet (every value is then 0)."""
     lib = load()
     st = NfStats()
-    rc = lib.nf_torch_stats(int(device), ctypes.byref(st))
+    rc = lib.nf_torch_stats(_lib.cint(device, "nofrag.stats: device"), ctypes.byref(st))
     if rc < 0:
         raise ValueError(f"bad device {device}")
     d = st.to_dict()
@@ -106,7 +106,7 @@ def counters(device=0):
     bytes_allocated, bytes_freed, allocs, frees, failed_allocs."""
     lib = load()
     arr = (ctypes.c_uint64 * 5)()
-    if lib.nf_torch_counters(int(device), arr, 5) != 0:
+    if lib.nf_torch_counters(_lib.cint(device, "nofrag.counters: device"), arr, 5) != 0:
         raise ValueError(f"bad device {device}")
     return dict(zip(("bytes_allocated", "bytes_freed", "allocs", "frees", "failed_allocs"), arr))
 
@@ -129,25 +129,28 @@ def snapshot(pool=None, device=0):
     runs; see include/nofrag.h). `pool` is an nf_pool_t handle (a
     ctypes.c_void_p or an int address) from nf_pool_create /
     nf_pool_create_from_string; without one, the PyTorch plug-in's pool for
-    `device` (ValueError if that device has not allocated through nofrag).
+    `device` (ValueError if that device has not allocated through nofrag;
+    a NULL handle, ``ctypes.c_void_p()`` or 0, is a ValueError too, not the
+    plug-in's pool). MemoryError (with the library's message) when the
+    host runs out of memory for the document.
 
     snapshot_to_torch / export_torch_snapshot turn the result into PyTorch's
     memory-snapshot format (device_traces from a recorded trace:
     torch_trace.trace_from_rmm). (The PyTorch snapshot -> trace converter that
     was the submodule nofrag.snapshot is now nofrag.torch_trace.)"""
     lib = load()
-    if isinstance(pool, ctypes.c_void_p):
-        pool = pool.value
-    elif hasattr(pool, "handle"):  # a nofrag.Pool
-        pool = pool.handle
-    if not pool:
+    if pool is None:
+        device = _lib.cint(device, "nofrag.snapshot: device")
         pool = lib.nf_torch_pool(device)
-    if not pool:
-        raise ValueError(f"nofrag.snapshot: no pool given and the PyTorch plug-in has no pool on device {device} "
-                         "(nothing allocated through nofrag there yet)")
-    ptr = lib.nf_snapshot(pool)
-    if not ptr:
-        raise MemoryError(last_error())
+        if not pool:
+            raise ValueError(f"nofrag.snapshot: no pool given and the PyTorch plug-in has no pool on device {device} "
+                             "(nothing allocated through nofrag there yet)")
+    with _lib.use_pool(pool) as pl:
+        if not pl:
+            raise ValueError("nofrag.snapshot: the pool handle is NULL (pass None for the PyTorch plug-in's pool)")
+        ptr = lib.nf_snapshot(pl)
+        if not ptr:  # out of host memory: this thread's nf_last_error (last_error() may be another thread's)
+            raise MemoryError((lib.nf_last_error() or b"nf_snapshot failed").decode(errors="replace"))
     try:
         return json.loads(ctypes.string_at(ptr).decode())
     finally:
@@ -159,12 +162,26 @@ pool_snapshot = snapshot  # the name before nofrag.snapshot was freed for it
 
 # ------------------------------------------------------------------ offload
 
-def _pool(pool):
-    p = _lib.handle(pool, "pool")
-    if not p:
-        raise ValueError("nofrag: a pool handle is required (nf_pool_create / nf_pool_create_from_string, "
-                         "or nofrag.torch's pool for a device)")
-    return p
+class _Pool:
+    """``with _Pool(pool) as p``: the pool's address for a library call
+    (ValueError if NULL); a nofrag.Pool counts the call as in flight, so that
+    its close() from another thread waits for it (Pool._use)."""
+
+    __slots__ = ("use",)
+
+    def __init__(self, pool):
+        self.use = _lib.use_pool(pool, "pool")
+
+    def __enter__(self):
+        p = self.use.__enter__()
+        if not p:
+            self.use.__exit__(None, None, None)
+            raise ValueError("nofrag: a pool handle is required (nf_pool_create / nf_pool_create_from_string, "
+                             "or nofrag.torch's pool for a device)")
+        return p
+
+    def __exit__(self, *exc):
+        return self.use.__exit__(*exc)
 
 
 def _ptr(ptr):
@@ -186,8 +203,9 @@ def offload(pool, ptr, stream=None, tier="host"):
     if t == NF_TIER_DEVICE:
         raise ValueError("nofrag.offload: tier must be 'host', 'host_detached' or 'disk' (use prefetch() to come "
                          "back)")
-    pl, p, s = _pool(pool), _ptr(ptr), _lib.stream_handle(stream)
-    _lib.check(_lib.require("nf_offload")(pl, p, s, t), f"nf_offload({p:#x}, {tier})")
+    p, s, fn = _ptr(ptr), _lib.stream_handle(stream), _lib.require("nf_offload")
+    with _Pool(pool) as pl:
+        _lib.check(fn(pl, p, s, t), f"nf_offload({p:#x}, {tier})")
 
 
 def prefetch(pool, ptr, stream=None):
@@ -195,8 +213,9 @@ def prefetch(pool, ptr, stream=None):
     address; work queued on `stream` afterwards sees the contents. A block that
     is not offloaded: no-op. NofragError with ``is_oom`` when device memory
     cannot be found (the block stays offloaded, intact)."""
-    pl, p, s = _pool(pool), _ptr(ptr), _lib.stream_handle(stream)
-    _lib.check(_lib.require("nf_prefetch")(pl, p, s), f"nf_prefetch({p:#x})")
+    p, s, fn = _ptr(ptr), _lib.stream_handle(stream), _lib.require("nf_prefetch")
+    with _Pool(pool) as pl:
+        _lib.check(fn(pl, p, s), f"nf_prefetch({p:#x})")
 
 
 def offload_wait(pool):
@@ -205,24 +224,27 @@ def offload_wait(pool):
     Raises NofragError for the first offload that failed to finish since the
     last call, even one finished by another call (its message names the
     block, which stays intact and usable); see docs/offload.md rule 6."""
-    pl = _pool(pool)
-    _lib.check(_lib.require("nf_offload_wait")(pl), "nf_offload_wait")
+    fn = _lib.require("nf_offload_wait")
+    with _Pool(pool) as pl:
+        _lib.check(fn(pl), "nf_offload_wait")
 
 
 def block_tiers(pool, ptr):
     """Where a live block's bytes are: {"device": n, "host": n, "disk": n}
     (spilled granules count as host; edge granules shared with neighbours as
     device)."""
-    pl, p = _pool(pool), _ptr(ptr)
+    p, fn = _ptr(ptr), _lib.require("nf_block_tiers")
     out = (ctypes.c_uint64 * 3)()
-    _lib.check(_lib.require("nf_block_tiers")(pl, p, out), f"nf_block_tiers({p:#x})")
+    with _Pool(pool) as pl:
+        _lib.check(fn(pl, p, out), f"nf_block_tiers({p:#x})")
     return {"device": out[NF_TIER_DEVICE], "host": out[NF_TIER_HOST], "disk": out[NF_TIER_DISK]}
 
 
 def pool_stats(pool):
     """nf_stats_get of any pool, as a dict (see stats() for the plug-in's)."""
-    st = NfStats()
-    load().nf_stats_get(_pool(pool), ctypes.byref(st))
+    st, lib = NfStats(), load()
+    with _Pool(pool) as pl:
+        lib.nf_stats_get(pl, ctypes.byref(st))
     return st.to_dict()
 
 
@@ -231,7 +253,8 @@ def pool_config(pool):
     string (nf_config_format), e.g. "limit:32MiB,...,spill:host"."""
     lib = load()
     cfg = ctypes.create_string_buffer(8192)  # nf_config_t is opaque here; far larger than the struct
-    lib.nf_pool_config(_pool(pool), cfg)
+    with _Pool(pool) as pl:
+        lib.nf_pool_config(pl, cfg)
     buf = ctypes.create_string_buffer(4096)
     lib.nf_config_format(cfg, buf, len(buf))
     return buf.value.decode()

@@ -28,6 +28,7 @@ carries the status (``.status``, ``.status_name``) and ``nf_last_error()``.
 
 import ctypes
 import ctypes.util
+import operator
 import os
 import threading
 
@@ -51,6 +52,11 @@ class NofragError(RuntimeError):
         msg = f"{what} failed: {self.status_name}"
         super().__init__(f"{msg}: {detail}" if detail else msg)
 
+    def __reduce__(self):
+        # The default (type(self), self.args) would call __init__ with the
+        # message alone: unpicklable (a process pool lost the real error).
+        return type(self), (self.what, self.status, self.detail), self.__dict__
+
     @property
     def is_oom(self):
         return self.status == NF_ERR_OOM
@@ -65,6 +71,9 @@ class LibraryError(NofragError, OSError):
         self.what, self.status, self.status_name, self.detail = "load libnofrag", NF_ERR_CONFIG, "NF_ERR_CONFIG", message
         self.path = path
         OSError.__init__(self, message)
+
+    def __reduce__(self):
+        return type(self), (self.detail, self.path), self.__dict__
 
     def __str__(self):
         return self.detail
@@ -109,17 +118,83 @@ def require(name):
     return fn
 
 
+U64_END = 1 << 64
+INT_MIN, INT_END = -(1 << 31), 1 << 31
+
+
+def _integer(value, what):
+    """operator.index(value) (ints and integer types such as numpy's), but
+    TypeError for bool, float and anything else: ctypes would silently
+    truncate or wrap them."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an integer, not bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, not {type(value).__name__}") from None
+
+
+def uint64(value, what):
+    """`value` as an unsigned 64-bit integer (uint64_t, size_t and pointer
+    arguments): TypeError if not an integer (bool and float included),
+    ValueError outside [0, 2**64) (ctypes would wrap it: 2**64 + n -> n)."""
+    if type(value) is int and 0 <= value < U64_END:  # the usual case, fast
+        return value
+    v = _integer(value, what)
+    if not 0 <= v < U64_END:
+        raise ValueError(f"{what} must be in [0, 2**64), not {v}")
+    return v
+
+
+def cint(value, what):
+    """`value` as a C int (device indexes): TypeError if not an integer,
+    ValueError outside [-2**31, 2**31) (ctypes would wrap it: 2**32 -> 0)."""
+    v = _integer(value, what)
+    if not INT_MIN <= v < INT_END:
+        raise ValueError(f"{what} must be in [-2**31, 2**31), not {v}")
+    return v
+
+
+class _Held:
+    """A raw handle in a `with` (what use_pool gives for anything but a
+    nofrag.Pool)."""
+
+    __slots__ = ("h",)
+
+    def __init__(self, h):
+        self.h = h
+
+    def __enter__(self):
+        return self.h
+
+    def __exit__(self, *exc):
+        return False
+
+
+def use_pool(value, what="pool"):
+    """A context manager giving the pool address of `value` (see handle())
+    for the length of a library call: for a nofrag.Pool it counts the call in
+    flight, so that a close() from another thread waits for it (Pool._use)."""
+    use = getattr(value, "_use", None)
+    if use is not None:
+        return use()
+    return _Held(handle(value, what))
+
+
 def handle(value, what="pool"):
     """An address from a ctypes.c_void_p, an int, a nofrag.Pool (its
-    ``handle``), or None/0 (-> 0)."""
+    ``handle``), or None/0 (-> 0). TypeError for anything else (bool and
+    float too), ValueError for an int outside [0, 2**64)."""
+    if type(value) is int and 0 <= value < U64_END:  # the usual case, fast
+        return value
     if value is None:
         return 0
     if isinstance(getattr(value, "handle", None), int):
         return value.handle
     if isinstance(value, ctypes.c_void_p):
         return value.value or 0
-    if isinstance(value, int):
-        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return uint64(value, what)
     raise TypeError(f"{what} must be a ctypes.c_void_p or an int address, not {type(value).__name__}")
 
 
@@ -132,7 +207,7 @@ def stream_handle(stream):
     for attr in ("cuda_stream", "ptr"):
         cs = getattr(stream, attr, None)
         if cs is not None:
-            return int(cs) or None
+            return uint64(cs, f"stream.{attr}") or None
     return handle(stream, "stream") or None
 
 
@@ -143,7 +218,7 @@ def tier_value(tier):
             return TIERS[tier.lower()]
         except KeyError:
             raise ValueError(f"unknown tier {tier!r}: expected one of {', '.join(TIERS)}") from None
-    if isinstance(tier, int) and tier in TIERS.values():
+    if isinstance(tier, int) and not isinstance(tier, bool) and tier in TIERS.values():
         return tier
     raise ValueError(f"unknown tier {tier!r}: expected one of {', '.join(TIERS)}")
 
@@ -302,6 +377,9 @@ def load():
     LibraryError (a NofragError and an OSError) naming the path when
     $NOFRAG_LIB is wrong, or every place tried when nothing loads."""
     global _lib, _path
+    lib = _lib
+    if lib is not None:  # loaded: no lock needed to read it
+        return lib
     with _lock:
         if _lib is not None:
             return _lib

@@ -33,12 +33,20 @@ class Pool:
 
     Addresses are plain ints. ``stream`` arguments take None (the default
     stream), an int handle, or an object with ``cuda_stream`` (torch) or
-    ``ptr`` (CuPy) holding one.
+    ``ptr`` (CuPy) holding one. Sizes, addresses and handles must be
+    integers in [0, 2**64) (TypeError / ValueError otherwise: ctypes would
+    wrap them silently).
+
+    A pool may be used from several threads. ``close()`` while another
+    thread is inside a call on the pool does not pull the pool from under it:
+    the pool is destroyed when the last call in flight returns.
     """
 
     def __init__(self, conf: Optional[str] = None, **config: Any) -> None:
         self._handle = 0
         self._lock = threading.Lock()
+        self._busy = 0  # calls in flight (_use) that hold the handle
+        self._closing = False
         parts = [p for p in (conf, conf_string(**config)) if p]
         self.conf: Optional[str] = ",".join(parts) if parts else None
         lib = _lib.load()
@@ -53,21 +61,53 @@ class Pool:
     def handle(self) -> int:
         """The nf_pool_t address, for the module-level functions and ctypes
         (NofragError once the pool is closed)."""
-        if not self._handle:
+        h = self._handle
+        if not h or self._closing:
             raise NofragError("nofrag.Pool", NF_ERR_INVALID, "the pool is closed")
-        return self._handle
+        return h
 
     @property
     def closed(self) -> bool:
-        return not self._handle
+        return self._closing or not self._handle
+
+    def _use(self) -> "_InUse":
+        """``with self._use() as h:`` around every library call given the
+        handle: NofragError if the pool is closed, else the call counts as in
+        flight until the block ends, and close() leaves the destroy to the
+        last call in flight."""
+        return _InUse(self)
+
+    def _enter(self) -> int:
+        with self._lock:
+            h = self._handle
+            if not h or self._closing:
+                raise NofragError("nofrag.Pool", NF_ERR_INVALID, "the pool is closed")
+            self._busy += 1
+            return h
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            if not self._closing or self._busy:
+                return
+            h, self._handle = self._handle, 0
+        if h:  # close() came while this call was in flight, and it was the last
+            _lib.load().nf_pool_destroy(h)
 
     def close(self) -> None:
         """Destroy the pool: every mapping goes back to the backend and live
         blocks' addresses become invalid. Work queued on the pool's memory must
         be complete first (synchronize the streams that use it): unmapping
-        memory a kernel still uses faults. Closing twice is a no-op."""
+        memory a kernel still uses faults. Closing twice is a no-op. Calls
+        from other threads already inside the library finish first (the
+        last of them destroys the pool); later calls raise NofragError."""
         with self._lock:
-            h, self._handle = self._handle, 0
+            if self._closing:
+                return
+            self._closing = True
+            h = 0
+            if not self._busy:
+                h, self._handle = self._handle, 0
         if h:
             _lib.load().nf_pool_destroy(h)
 
@@ -94,17 +134,20 @@ class Pool:
         """Allocate ``size`` bytes usable on ``stream``; returns the address
         (512-byte aligned). ``size`` 0 returns 0. NofragError (``is_oom`` when
         live memory does not fit under the limit) on failure."""
-        size = int(size)
-        if size < 0:
-            raise ValueError(f"nofrag.Pool.alloc: size must be >= 0, not {size}")
+        size = _lib.uint64(size, "nofrag.Pool.alloc: size")
         lib = _lib.load()
-        p = lib.nf_alloc(self.handle, size, _lib.stream_handle(stream))
-        if p:
-            return int(p)
-        rc = int(lib.nf_last_status())
-        if rc == NF_OK and size == 0:
-            return 0
-        _lib.check(rc if rc != NF_OK else NF_ERR_INVALID, f"nf_alloc({size})")
+        s = _lib.stream_handle(stream)
+        h = self._enter()  # `with self._use()`, inlined: the hot path
+        try:
+            p = lib.nf_alloc(h, size, s)
+            if p:
+                return p
+            rc = int(lib.nf_last_status())
+            if rc == NF_OK and size == 0:
+                return 0
+            _lib.check(rc if rc != NF_OK else NF_ERR_INVALID, f"nf_alloc({size})")
+        finally:
+            self._leave()
         raise AssertionError("unreachable")
 
     def free(self, ptr: int) -> None:
@@ -112,18 +155,28 @@ class Pool:
         for a pointer that is not a live block (double free, interior
         pointer); nothing changes then. 0 is a no-op."""
         p = _lib.handle(ptr, "ptr")
-        _lib.check(_lib.load().nf_free(self.handle, p or None), f"nf_free({p:#x})")
+        lib = _lib.load()
+        h = self._enter()
+        try:
+            rc = lib.nf_free(h, p or None)
+            if rc:
+                _lib.check(rc, f"nf_free({p:#x})")
+        finally:
+            self._leave()
 
     def block_size(self, ptr: int) -> int:
         """The size the live block at ``ptr`` was allocated with (0 if none)."""
-        return int(_lib.load().nf_block_size(self.handle, _lib.handle(ptr, "ptr") or None))
+        p, lib = _lib.handle(ptr, "ptr"), _lib.load()
+        with self._use() as h:
+            return int(lib.nf_block_size(h, p or None))
 
     def record_stream(self, ptr: int, stream: Any) -> None:
         """The block is used on ``stream`` too: reuse after its free waits for
         that stream's work (nf_record_stream)."""
-        p = _lib.handle(ptr, "ptr")
-        rc = _lib.load().nf_record_stream(self.handle, p or None, _lib.stream_handle(stream))
-        _lib.check(rc, f"nf_record_stream({p:#x})")
+        p, s, lib = _lib.handle(ptr, "ptr"), _lib.stream_handle(stream), _lib.load()
+        with self._use() as h:
+            rc = lib.nf_record_stream(h, p or None, s)
+            _lib.check(rc, f"nf_record_stream({p:#x})")
 
     # ------------------------------------------------------------ tiers
 
@@ -131,53 +184,63 @@ class Pool:
         """Move the live block at ``ptr`` to "host", "host_detached" or "disk"
         memory at the same address (nf_offload; see nofrag.offload)."""
         from . import offload
-        offload(self.handle, ptr, stream=stream, tier=tier)
+        offload(self, ptr, stream=stream, tier=tier)
 
     def prefetch(self, ptr: int, stream: Any = None) -> None:
         """Bring an offloaded block back to device memory (nf_prefetch)."""
         from . import prefetch
-        prefetch(self.handle, ptr, stream=stream)
+        prefetch(self, ptr, stream=stream)
 
     def wait(self) -> None:
         """Wait for every offload/prefetch copy queued on the pool."""
         from . import offload_wait
-        offload_wait(self.handle)
+        offload_wait(self)
 
     def block_tiers(self, ptr: int) -> Dict[str, int]:
         """Bytes of the block per tier: {"device": n, "host": n, "disk": n}."""
         from . import block_tiers
-        return block_tiers(self.handle, ptr)
+        return block_tiers(self, ptr)
 
     # ------------------------------------------------------------ state
 
     def stats(self) -> Dict[str, Any]:
         """nf_stats_get as a dict (bytes unless noted: "live", "mapped",
         "physical", "limit", "allocs", "frees", "fragmentation", ...)."""
-        st = NfStats()
-        _lib.load().nf_stats_get(self.handle, ctypes.byref(st))
+        st, lib = NfStats(), _lib.load()
+        with self._use() as h:
+            lib.nf_stats_get(h, ctypes.byref(st))
         return st.to_dict()
 
     def snapshot(self) -> Dict[str, Any]:
         """The pool's whole state (nf_snapshot's JSON) as a dict."""
         from . import snapshot
-        return snapshot(self.handle)
+        return snapshot(self)
 
     def config(self) -> str:
         """The configuration in force, as a config string (nf_config_format)."""
         from . import pool_config
-        return pool_config(self.handle)
+        return pool_config(self)
 
     def check(self) -> None:
         """Check the pool's invariants (nf_pool_check); NofragError if broken."""
-        _lib.check(_lib.load().nf_pool_check(self.handle), "nf_pool_check")
+        lib = _lib.load()
+        with self._use() as h:
+            rc = lib.nf_pool_check(h)
+            _lib.check(rc, "nf_pool_check")
 
     def trim(self) -> None:
         """Give cached (free, mapped) granules back to the backend (nf_trim)."""
-        _lib.check(_lib.load().nf_trim(self.handle), "nf_trim")
+        lib = _lib.load()
+        with self._use() as h:
+            rc = lib.nf_trim(h)
+            _lib.check(rc, "nf_trim")
 
     def set_limit(self, limit: int) -> None:
         """Change the physical limit, in bytes (nf_set_limit)."""
-        _lib.check(_lib.load().nf_set_limit(self.handle, int(limit)), f"nf_set_limit({int(limit)})")
+        limit, lib = _lib.uint64(limit, "nofrag.Pool.set_limit: limit"), _lib.load()
+        with self._use() as h:
+            rc = lib.nf_set_limit(h, limit)
+            _lib.check(rc, f"nf_set_limit({limit})")
 
     def add_peer(self, device: int) -> None:
         """Let GPU ``device`` read and write this pool's memory too (nf_pool_add_peer).
@@ -185,4 +248,23 @@ class Pool:
         Raises NofragError (status unsupported) on the host backend or where the
         driver reports no P2P path between the two devices.
         """
-        _lib.check(_lib.load().nf_pool_add_peer(self.handle, int(device)), f"nf_pool_add_peer({int(device)})")
+        device, lib = _lib.cint(device, "nofrag.Pool.add_peer: device"), _lib.load()
+        with self._use() as h:
+            rc = lib.nf_pool_add_peer(h, device)
+            _lib.check(rc, f"nf_pool_add_peer({device})")
+
+
+class _InUse:
+    """Pool._use's context manager (a class: cheaper than contextlib's)."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    def __enter__(self) -> int:
+        return self.pool._enter()
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.pool._leave()
+        return False

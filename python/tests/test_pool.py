@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -145,6 +147,274 @@ class TestPool(unittest.TestCase):
             self.assertEqual(nofrag.pool_stats(pool)["live"], MiB)
             self.assertEqual(nofrag.snapshot(pool)["totals"]["live"], MiB)
             pool.free(p)
+
+
+class _Index:
+    """An integer type that is not int (numpy's np.int64 is one)."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
+def _free_bad_pointer(_):
+    """In a worker process: a library failure (NofragError) to send back."""
+    with nofrag.Pool(CONF) as pool:
+        pool.free(0x1234)
+
+
+class TestPoolClose(unittest.TestCase):
+    """close() from one thread while another is inside a library call on the
+    pool: the destroy waits for the call (it was a heap-use-after-free in C:
+    nf_pool_destroy ran during nf_alloc)."""
+
+    def patch(self, name, fn):
+        lib = _lib.load()
+        real = getattr(lib, name)
+        setattr(lib, name, fn)
+        self.restore.append((lib, name, real))
+        return real
+
+    def close_during(self, fn_name, call, prepare=None):
+        self.restore = []
+        try:
+            self._close_during(fn_name, call, prepare)
+        finally:
+            for lib, name, real in reversed(self.restore):
+                setattr(lib, name, real)
+
+    def _close_during(self, fn_name, call, prepare):
+        pool = nofrag.Pool(CONF + ",spill:host")
+        self.addCleanup(pool.close)
+        arg = prepare(pool) if prepare else None
+        inside, release = threading.Event(), threading.Event()
+        destroyed, bad = [], []
+
+        def slow(*a):
+            inside.set()
+            release.wait(10)
+            if destroyed:  # the old code: the pool is gone; calling C now would be a use-after-free
+                bad.append(fn_name)
+                return None
+            return real(*a)
+
+        real = self.patch(fn_name, slow)
+        real_destroy = self.patch("nf_pool_destroy", lambda h: (destroyed.append(h), real_destroy(h)))
+        result = []
+
+        def user():
+            try:
+                result.append(call(pool, arg))
+            except Exception as e:  # noqa: BLE001 - reported by the assertion below
+                result.append(e)
+
+        t = threading.Thread(target=user)
+        t.start()
+        self.assertTrue(inside.wait(10), fn_name)
+        pool.close()
+        try:
+            self.assertEqual(destroyed, [], f"{fn_name}: close() destroyed the pool during the call")
+            self.assertTrue(pool.closed)
+            with self.assertRaises(nofrag.NofragError):  # no new calls once closing
+                pool.stats()
+            pool.close()  # twice: still a no-op
+        finally:
+            release.set()
+            t.join(10)
+        self.assertEqual(bad, [])
+        self.assertEqual(len(destroyed), 1, fn_name)  # the call in flight destroyed it on its way out
+        self.assertNotIsInstance(result[0], Exception, fn_name)
+        with self.assertRaises(nofrag.NofragError):
+            pool.alloc(MiB)
+
+    def test_close_waits_for_calls_in_flight(self):
+        def alloc_one(pool):
+            return pool.alloc(MiB)
+        cases = [
+            ("nf_alloc", lambda p, _: p.alloc(4096), None),
+            ("nf_free", lambda p, a: p.free(a), alloc_one),
+            ("nf_block_size", lambda p, a: p.block_size(a), alloc_one),
+            ("nf_record_stream", lambda p, a: p.record_stream(a, 0), alloc_one),
+            ("nf_stats_get", lambda p, _: p.stats(), None),
+            ("nf_stats_get", lambda p, _: nofrag.pool_stats(p), None),
+            ("nf_snapshot", lambda p, _: p.snapshot(), None),
+            ("nf_snapshot", lambda p, _: nofrag.snapshot(p), None),
+            ("nf_pool_config", lambda p, _: p.config(), None),
+            ("nf_pool_check", lambda p, _: p.check(), None),
+            ("nf_trim", lambda p, _: p.trim(), None),
+            ("nf_set_limit", lambda p, _: p.set_limit(128 * MiB), None),
+            ("nf_offload", lambda p, a: p.offload(a), alloc_one),
+            ("nf_offload_wait", lambda p, _: p.wait(), None),
+            ("nf_block_tiers", lambda p, a: p.block_tiers(a), alloc_one),
+        ]
+        for fn_name, call, prepare in cases:
+            with self.subTest(fn_name):
+                self.close_during(fn_name, call, prepare)
+
+    def test_close_while_threads_allocate(self):
+        """The auditor's repro, bounded: every thread stops with 'closed'."""
+        for _ in range(20):
+            pool = nofrag.Pool("backend:host,limit:64MiB")
+            errs = []
+
+            def worker():
+                try:
+                    for _ in range(100000):
+                        a = pool.alloc(4096)
+                        pool.free(a)
+                except nofrag.NofragError as e:
+                    errs.append(e)
+
+            ts = [threading.Thread(target=worker) for _ in range(2)]
+            for t in ts:
+                t.start()
+            time.sleep(0.002)
+            pool.close()
+            for t in ts:
+                t.join(60)
+            self.assertTrue(pool.closed)
+            for e in errs:
+                self.assertIn("closed", str(e))
+
+
+class TestArguments(unittest.TestCase):
+    """Sizes, addresses, handles and devices out of range or of the wrong
+    type: ctypes used to wrap them silently (2**64 + 4096 -> 4096)."""
+
+    def setUp(self):
+        self.pool = nofrag.Pool(CONF + ",spill:host")
+        self.addCleanup(self.pool.close)
+
+    def test_alloc_size(self):
+        pool = self.pool
+        for bad in (2 ** 64 + 4096, 2 ** 80, -1):
+            with self.assertRaises(ValueError, msg=bad) as cm:
+                pool.alloc(bad)
+            self.assertIn("size", str(cm.exception))
+        for bad in (1.7, 4096.0, True, "4096", None):
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                pool.alloc(bad)
+        self.assertEqual(pool.stats()["allocs"], 0)
+        p = pool.alloc(_Index(4096))  # integer types that are not int (numpy's) are fine
+        self.assertEqual(pool.block_size(p), 4096)
+        pool.free(p)
+
+    def test_pointers(self):
+        pool = self.pool
+        p = pool.alloc(MiB)
+        for bad in (2 ** 64 + p, -1, -p):
+            for call in (pool.free, pool.block_size, lambda x: pool.record_stream(x, None),
+                         pool.offload, pool.prefetch, pool.block_tiers,
+                         lambda x: nofrag.offload(pool, x), lambda x: nofrag.block_tiers(pool, x)):
+                with self.assertRaises(ValueError, msg=bad):
+                    call(bad)
+        for bad in (1.5, float(p), True):
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                pool.free(bad)
+        self.assertEqual(pool.block_size(p), MiB)  # still live: nothing was freed
+        self.assertEqual(pool.stats()["frees"], 0)
+        pool.free(p)
+
+    def test_streams(self):
+        import types
+        p = self.pool.alloc(MiB)
+        for bad in (2 ** 64, -1, types.SimpleNamespace(ptr=-1), types.SimpleNamespace(cuda_stream=2 ** 64 + 1)):
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                self.pool.record_stream(p, bad)
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                self.pool.alloc(MiB, stream=bad)
+        with self.assertRaises(TypeError):
+            self.pool.alloc(MiB, stream=1.5)
+        self.pool.free(p)
+        with self.assertRaises(ValueError):
+            nofrag.offload(2 ** 64, 4096)  # pool handles too
+
+    def test_set_limit(self):
+        pool = self.pool
+        for bad in (2 ** 64 + 1, -1):
+            with self.assertRaises(ValueError, msg=bad):
+                pool.set_limit(bad)
+        for bad in (1.5, True):
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                pool.set_limit(bad)
+        self.assertEqual(pool.stats()["limit"], 256 * MiB)
+        pool.set_limit(128 * MiB)
+        self.assertEqual(pool.stats()["limit"], 128 * MiB)
+
+    def test_devices(self):
+        for call in (nofrag.stats, nofrag.counters, self.pool.add_peer):
+            for bad in (2 ** 32, 2 ** 31, -2 ** 31 - 1):
+                with self.assertRaises(ValueError, msg=(call, bad)):
+                    call(bad)
+            for bad in (0.0, True):
+                with self.assertRaises(TypeError, msg=(call, bad)):
+                    call(bad)
+        with self.assertRaises(TypeError):
+            nofrag.snapshot(device=1.0)
+        self.assertIn("pool", nofrag.stats(0))  # a real device index still works
+
+    def test_tier_bool_is_not_a_tier(self):
+        p = self.pool.alloc(MiB)
+        with self.assertRaises(ValueError):
+            self.pool.offload(p, tier=True)  # == 1 == host
+        self.pool.free(p)
+
+
+class TestSnapshotArguments(unittest.TestCase):
+    def test_null_handle_is_an_error_not_the_plugins_pool(self):
+        import ctypes
+        for null in (ctypes.c_void_p(), 0):
+            with self.assertRaises(ValueError, msg=repr(null)) as cm:
+                nofrag.snapshot(null)
+            self.assertIn("NULL", str(cm.exception))
+
+    def test_failure_reports_this_threads_error(self):
+        # nf_snapshot returning NULL: the message is the library's own
+        # (nf_last_error), not the PyTorch plug-in's (another thread's maybe).
+        lib = _lib.load()
+        with nofrag.Pool(CONF) as pool:
+            real_snap, real_torch = lib.nf_snapshot, lib.nf_torch_last_error
+            lib.nf_snapshot = lambda h: real_snap(None)  # fails: NULL pool, nf_last_error set
+            lib.nf_torch_last_error = lambda: b"someone else's torch error"
+            try:
+                with self.assertRaises(MemoryError) as cm:
+                    nofrag.snapshot(pool)
+            finally:
+                lib.nf_snapshot, lib.nf_torch_last_error = real_snap, real_torch
+        self.assertNotIn("someone else", str(cm.exception))
+        self.assertTrue(str(cm.exception))
+
+
+class TestErrorPickling(unittest.TestCase):
+    def test_nofrag_error_pickles_and_copies(self):
+        import copy
+        import pickle
+        with nofrag.Pool(CONF) as pool:
+            with self.assertRaises(nofrag.NofragError) as cm:
+                pool.free(0x1234)
+        e = cm.exception
+        for e2 in (pickle.loads(pickle.dumps(e)), copy.copy(e), copy.deepcopy(e)):
+            self.assertIs(type(e2), nofrag.NofragError)
+            self.assertEqual((e2.what, e2.status, e2.status_name, e2.detail, str(e2)),
+                             (e.what, e.status, e.status_name, e.detail, str(e)))
+
+    def test_library_error_pickles(self):
+        import pickle
+        e = nofrag.LibraryError("nofrag: NOFRAG_LIB=/x: no such file", "/x")
+        e2 = pickle.loads(pickle.dumps(e))
+        self.assertIs(type(e2), nofrag.LibraryError)
+        self.assertEqual((e2.path, e2.detail, str(e2), e2.status), (e.path, e.detail, str(e), e.status))
+        self.assertIsInstance(e2, OSError)
+
+    def test_error_crosses_a_process_pool(self):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as ex:
+            with self.assertRaises(nofrag.NofragError) as cm:  # was BrokenProcessPool
+                ex.submit(_free_bad_pointer, 0).result(60)
+        self.assertEqual(cm.exception.status_name, "NF_ERR_INVALID")
 
 
 class TestLibrary(unittest.TestCase):
