@@ -29,7 +29,7 @@ class Pool:
     docs/design.md for the keys) and ``config`` the same as keywords
     (``limit="8GiB"``, ``backend="cuda"``, ``device=1``); both may be given.
     With neither, the configuration comes from $NOFRAG_CONF (like
-    nf_pool_create_from_string(NULL)). The default backend is CUDA.
+    nf_pool_create_from_string(NULL)). The default backend is host (CPU); pass backend="cuda" for device memory.
 
     Addresses are plain ints. ``stream`` arguments take None (the default
     stream), an int handle, or an object with ``cuda_stream`` (torch) or
