@@ -301,6 +301,17 @@ static NF_NOINLINE void *alloc_locked(nf_pool_t *p, size_t size, uint64_t rsize,
     goto placed;
   }
   b = nf__place(p, tl, arena, rsize, s, &off, &mapped);
+  // Blocks freed with record_stream wait on the pending list until their
+  // extra streams' work is done. Before this request maps memory, the done
+  // ones go back (event queries, no host wait; as PyTorch's allocator polls
+  // its events at each malloc): else a loop that frees every block with a
+  // record_stream grew the pool to its limit (the whole device, uncapped)
+  // before stitching's blocking poll ever released one.
+  if (NF_UNLIKELY(p->pending != NULL) && (!b || !mapped) && !p->capture_mask) {
+    if (b) nf__tlsf_insert(nf__tlsf_of(p, b), b);
+    (void)nf__pending_poll(p, false); // a failed query: the blocking poll at the limit reports it
+    b = nf__place(p, tl, arena, rsize, s, &off, &mapped);
+  }
   if (NF_UNLIKELY(!b)) {
     if ((st = pv ? nf__priv_chunk_new(p, pv, arena, rsize) : nf__chunk_new(p, arena, rsize)) != NF_OK) goto fail;
     if (!(b = nf__place(p, tl, arena, rsize, s, &off, &mapped))) {

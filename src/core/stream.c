@@ -188,12 +188,15 @@ nf_status_t nf__pending_add(nf_pool_t *p, nf_block_t *b) {
   return NF_OK;
 }
 
-// Move pending blocks whose extra streams are done to the free index.
+// Move pending blocks whose extra streams are done to the free index
+// (blocking: after waiting for them; else by event queries: alloc_locked,
+// before a request maps memory).
 nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
   if (!p->pending || p->capture_mask) return NF_OK; // no event calls during a capture
+  uint64_t busy = 0; // streams whose newest record a query found not done: asked once per poll
   for (nf_block_t *b = p->pending, *nx; b; b = nx) {
     nx = b->fnext;
-    bool done = true;
+    bool done = !(b->extra & busy);
     for (uint64_t m = b->extra; m && done; m &= m - 1) {
       nf_stream_rec_t *r = &p->streams[__builtin_ctzll(m)];
       if (r->done_tick > b->tick) continue;
@@ -204,6 +207,7 @@ nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
       if (st == NF_OK) r->done_tick = r->rec_tick;
       else if (blocking || st != NF_ERR_NOT_READY)
         return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", nf__backend_err());
+      else busy |= m & -m;
       done = r->done_tick > b->tick;
     }
     if (!done) continue;
