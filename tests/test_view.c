@@ -373,6 +373,19 @@ static void test_moved_edge_granule_keeps_last_users(void **state) {
   nf_backend_destroy(be);
 }
 
+// Both edge tests: a 4-granule pool with manual events; x (granules 0-2) is
+// freed while A's kernel still works on it, y (`yn` bytes) lives in granule 3.
+static nf_pool_t *edge_setup(nf_backend_t **be, size_t yn, char **x, char **y) {
+  nf_pool_t *p = nft_pool(be, 1ull << 30, G, "limit:256KiB,small_max:4KiB");
+  assert_non_null(p);
+  nf_backend_host_set_manual_events(*be, 1);
+  *x = nf_alloc(p, 3 * G, (nf_stream_t)1), *y = nf_alloc(p, yn, (nf_stream_t)1);
+  assert_true(*x && *y && *y == *x + 3 * G);
+  nf_backend_host_use_new(*be, (nf_stream_t)1, *x, 3 * G); // A's kernel on x, in flight
+  assert_int_equal(nf_free(p, *x), NF_OK);
+  return p;
+}
+
 // A cached granule moved under the last, partial granule of a new block on
 // stream A: the rest of that granule is a free range beside the block. A
 // block placed there on stream B must be ordered after the granule's last
@@ -383,14 +396,9 @@ static void test_moved_edge_granule_keeps_last_users(void **state) {
 static void test_moved_edge_granule_orders_its_neighbour(void **state) {
   (void)state;
   nf_backend_t *be;
-  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:256KiB,small_max:4KiB"); // 4 granules
-  assert_non_null(p);
+  char *x, *y;
+  nf_pool_t *p = edge_setup(&be, G / 2, &x, &y);
   nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
-  nf_backend_host_set_manual_events(be, 1);
-  void *x = nf_alloc(p, 3 * G, A), *y = nf_alloc(p, G / 2, A); // granules 0-2, then 3
-  assert_true(x && y && (char *)y == (char *)x + 3 * G);
-  nf_backend_host_use_new(be, A, x, 3 * G); // A's kernel on x, in flight
-  assert_int_equal(nf_free(p, x), NF_OK);
   void *b = nf_alloc(p, 3 * G + 512, A); // fits no hole: after y, its 3 granules moved from x's place
   assert_ptr_equal(b, (char *)y + G / 2);
   assert_int_equal(stats(p).view_moves, 3);
@@ -416,14 +424,9 @@ static void test_moved_edge_granule_orders_its_neighbour(void **state) {
 static void test_moved_first_edge_granule_orders_prev(void **state) {
   (void)state;
   nf_backend_t *be;
-  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:256KiB,small_max:4KiB"); // 4 granules
-  assert_non_null(p);
+  char *x, *y;
+  nf_pool_t *p = edge_setup(&be, G, &x, &y);
   nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
-  nf_backend_host_set_manual_events(be, 1);
-  void *x = nf_alloc(p, 3 * G, A), *y = nf_alloc(p, G, A); // granules 0-2, then 3
-  assert_true(x && y && (char *)y == (char *)x + 3 * G);
-  nf_backend_host_use_new(be, A, x, 3 * G); // A's kernel on x, in flight
-  assert_int_equal(nf_free(p, x), NF_OK);
   char *b = nf_alloc_at(p, 0, (char *)y + G + G / 2, 2 * G + G / 2, A); // from the middle of granule 4 to 7
   assert_non_null(b);
   assert_int_equal(stats(p).view_moves, 3); // x's granules, moved
