@@ -386,6 +386,21 @@ static nf_pool_t *edge_setup(nf_backend_t **be, size_t yn, char **x, char **y) {
   return p;
 }
 
+// ... and their end: c (on B, in the moved granule's free part) must not race
+// A's work there; both blocks keep their data; everything goes.
+static void edge_finish(nf_backend_t *be, nf_pool_t *p, char *b, size_t bn, void *c, void *y) {
+  nf_backend_host_use_new(be, (nf_stream_t)2, c, G / 4);
+  if (nf_backend_host_violations(be)) fail_msg("c's stream B is not ordered after A's work on its granule");
+  nft_fill(c, G / 4, 1);
+  nft_fill(b, bn, 2);
+  assert_true(nft_check(c, G / 4, 1));
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, b), nf_free(p, c), nf_free(p, y);
+  nf_backend_host_set_manual_events(be, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 // A cached granule moved under the last, partial granule of a new block on
 // stream A: the rest of that granule is a free range beside the block. A
 // block placed there on stream B must be ordered after the granule's last
@@ -404,16 +419,7 @@ static void test_moved_edge_granule_orders_its_neighbour(void **state) {
   assert_int_equal(stats(p).view_moves, 3);
   void *c = nf_alloc(p, G / 4, B); // in the rest of b's last granule
   assert_true((char *)c >= (char *)b + 3 * G + 512 && (char *)c < (char *)x + 7 * G);
-  nf_backend_host_use_new(be, B, c, G / 4);
-  if (nf_backend_host_violations(be)) fail_msg("c's stream B is not ordered after A's work on its granule");
-  nft_fill(c, G / 4, 1);
-  nft_fill(b, 3 * G + 512, 2);
-  assert_true(nft_check(c, G / 4, 1));
-  assert_int_equal(nf_pool_check(p), NF_OK);
-  nf_free(p, b), nf_free(p, c), nf_free(p, y);
-  nf_backend_host_set_manual_events(be, 0);
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
+  edge_finish(be, p, b, 3 * G + 512, c, y);
 }
 
 // The mirror case, the first granule: a block placed from the middle of a
@@ -432,16 +438,7 @@ static void test_moved_first_edge_granule_orders_prev(void **state) {
   assert_int_equal(stats(p).view_moves, 3); // x's granules, moved
   void *c = nf_alloc_at(p, 0, (char *)y + G, G / 4, B); // the free head of granule 4
   assert_non_null(c);
-  nf_backend_host_use_new(be, B, c, G / 4);
-  if (nf_backend_host_violations(be)) fail_msg("c's stream B is not ordered after A's work on its granule");
-  nft_fill(c, G / 4, 1);
-  nft_fill(b, 2 * G + G / 2, 2);
-  assert_true(nft_check(c, G / 4, 1));
-  assert_int_equal(nf_pool_check(p), NF_OK);
-  nf_free(p, b), nf_free(p, c), nf_free(p, y);
-  nf_backend_host_set_manual_events(be, 0);
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
+  edge_finish(be, p, b, 2 * G + G / 2, c, y);
 }
 
 // Granules move to a new place only after the work that used them: with
