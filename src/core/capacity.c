@@ -44,6 +44,9 @@ static uint64_t resolve_threshold(uint64_t thr, uint64_t limit, bool explicit_li
   return explicit_limit ? NF_RELEASE_NEVER : limit / 4;
 }
 
+// The limit "0" stands for: the backend's capacity, at most the bound on sizes.
+static uint64_t capacity_limit(uint64_t total) { return total < NF_CONFIG_MAX_BYTES ? total : NF_CONFIG_MAX_BYTES; }
+
 nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t *cfg) {
   *out = NULL;
   size_t bg = 0;
@@ -63,7 +66,7 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
   p->cfg = *cfg;
   p->granule = g;
   p->gshift = (uint32_t)__builtin_ctzll(g);
-  uint64_t limit = cfg->limit ? cfg->limit : total < NF_CONFIG_MAX_BYTES ? total : NF_CONFIG_MAX_BYTES;
+  uint64_t limit = cfg->limit ? cfg->limit : capacity_limit(total);
   p->cfg.limit = limit & ~(g - 1);
   p->cfg.granule = g;
   p->max_granules = p->cfg.limit >> p->gshift;
@@ -187,7 +190,7 @@ nf_status_t nf_set_limit(nf_pool_t *p, uint64_t limit) {
   if (!limit) {
     nf_status_t st = p->be->ops->capacity(p->be, NF_TIER_DEVICE, &total, &avail);
     if (st != NF_OK) return nf__error(st, "nofrag: backend capacity: %s", nf__backend_err());
-    limit = total < NF_CONFIG_MAX_BYTES ? total : NF_CONFIG_MAX_BYTES;
+    limit = capacity_limit(total);
   }
   if (limit > NF_CONFIG_MAX_BYTES)
     return nf__error(NF_ERR_CONFIG, "nofrag: limit %llu B exceeds the maximum of 1 PiB (%llu B)",

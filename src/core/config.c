@@ -244,25 +244,27 @@ static nf_status_t parse_int(tok_t v, const char *what, int max, int *out, char 
 
 // ------------------------------------------------------------------ parsing
 
+// Plain size keys without further constraints (apply; nf__config_check
+// bounds them again in a struct filled by hand).
+static const struct {
+  const char *key;
+  size_t off;
+} SIZE_KEYS[] = {
+    {"limit", offsetof(nf_config_t, limit)},
+    {"reserve", offsetof(nf_config_t, reserve)},
+    {"retain", offsetof(nf_config_t, retain)},
+    {"va_chunk", offsetof(nf_config_t, va_chunk)},
+    {"host_capacity", offsetof(nf_config_t, host_capacity)},
+    {"trace_max", offsetof(nf_config_t, trace_max)},
+    {"spill_limit", offsetof(nf_config_t, spill_limit)},
+    {"spill_reserve", offsetof(nf_config_t, spill_reserve)},
+};
+
 // Apply one "key:value" item (already split at ':' and trimmed) to `c`.
 static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t errlen) {
   nf_status_t st;
   uint64_t x;
 
-  // Plain size keys without further constraints.
-  static const struct {
-    const char *key;
-    size_t off;
-  } SIZE_KEYS[] = {
-      {"limit", offsetof(nf_config_t, limit)},
-      {"reserve", offsetof(nf_config_t, reserve)},
-      {"retain", offsetof(nf_config_t, retain)},
-      {"va_chunk", offsetof(nf_config_t, va_chunk)},
-      {"host_capacity", offsetof(nf_config_t, host_capacity)},
-      {"trace_max", offsetof(nf_config_t, trace_max)},
-      {"spill_limit", offsetof(nf_config_t, spill_limit)},
-      {"spill_reserve", offsetof(nf_config_t, spill_reserve)},
-  };
   for (size_t i = 0; i < sizeof SIZE_KEYS / sizeof SIZE_KEYS[0]; i++) {
     if (!tok_eq(k, SIZE_KEYS[i].key)) continue;
     if ((st = parse_bytes(v, SIZE_KEYS[i].key, &x, err, errlen)) != NF_OK) return st;
@@ -448,20 +450,15 @@ int nf_config_format(const nf_config_t *cfg, char *buf, size_t len) {
 // spill_limit, va_chunk's granule count, release_idle_ms in ns) and every
 // path ends inside the struct.
 nf_status_t nf__config_check(const nf_config_t *c) {
-  static const struct { const char *key; size_t off; } BYTES[] = {
-      {"limit", offsetof(nf_config_t, limit)},         {"reserve", offsetof(nf_config_t, reserve)},
-      {"retain", offsetof(nf_config_t, retain)},       {"granule", offsetof(nf_config_t, granule)},
-      {"va_chunk", offsetof(nf_config_t, va_chunk)},   {"host_capacity", offsetof(nf_config_t, host_capacity)},
-      {"trace_max", offsetof(nf_config_t, trace_max)}, {"spill_limit", offsetof(nf_config_t, spill_limit)},
-      {"spill_reserve", offsetof(nf_config_t, spill_reserve)},
-  };
-  for (size_t i = 0; i < sizeof BYTES / sizeof BYTES[0]; i++) {
+  for (size_t i = 0; i < sizeof SIZE_KEYS / sizeof SIZE_KEYS[0]; i++) {
     uint64_t x;
-    memcpy(&x, (const char *)c + BYTES[i].off, sizeof x);
+    memcpy(&x, (const char *)c + SIZE_KEYS[i].off, sizeof x);
     if (x > NF_CONFIG_MAX_BYTES)
       return nf__error(NF_ERR_CONFIG, "nofrag: %s %" PRIu64 " B exceeds the maximum of 1 PiB (%" PRIu64 " B)",
-                       BYTES[i].key, x, NF_CONFIG_MAX_BYTES);
+                       SIZE_KEYS[i].key, x, NF_CONFIG_MAX_BYTES);
   }
+  if (c->granule > NF_CONFIG_MAX_BYTES)
+    return nf__error(NF_ERR_CONFIG, "nofrag: granule %" PRIu64 " B exceeds the maximum of 1 PiB", c->granule);
   uint64_t thr = c->release_threshold;
   if (thr != NF_RELEASE_AUTO && thr != NF_RELEASE_NEVER && thr > NF_CONFIG_MAX_BYTES)
     return nf__error(NF_ERR_CONFIG, "nofrag: release_threshold %" PRIu64 " B exceeds the maximum of 1 PiB "

@@ -336,7 +336,7 @@ fail:;
   p->fx++;
   // Growth creates granules up to the limit before it finds the request does
   // not fit: they go back (what stitching unmapped on the way stays cache).
-  if (NF_UNLIKELY(p->gran_created > dev0 || p->host_created > host0)) nf__granules_unmake(p, dev0, host0);
+  nf__granules_unmake(p, dev0, host0);
   bool print = fail_oom(p, size, rsize, stream, st);
   nf__pub_full(p);
   nf__pool_unlock(p);

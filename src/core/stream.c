@@ -198,17 +198,13 @@ nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
     nx = b->fnext;
     bool done = !(b->extra & busy);
     for (uint64_t m = b->extra; m && done; m &= m - 1) {
-      nf_stream_rec_t *r = &p->streams[__builtin_ctzll(m)];
-      if (r->done_tick > b->tick) continue;
+      uint32_t x = (uint32_t)__builtin_ctzll(m);
+      if (p->streams[x].done_tick > b->tick) continue;
       nf_status_t st;
       // Freed during a capture: no record covers the free yet.
-      if (r->rec_tick <= b->tick && (st = nf__stream_record(p, (uint32_t)__builtin_ctzll(m))) != NF_OK) return st;
-      st = blocking ? NF_BE(p, event_sync, event_sync, nf__stream_event(r)) : NF_BE(p, event_query, event_query, nf__stream_event(r));
-      if (st == NF_OK) r->done_tick = r->rec_tick;
-      else if (blocking || st != NF_ERR_NOT_READY)
-        return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", nf__backend_err());
-      else busy |= m & -m;
-      done = r->done_tick > b->tick;
+      if (p->streams[x].rec_tick <= b->tick && (st = nf__stream_record(p, x)) != NF_OK) return st;
+      if ((st = nf__stream_done(p, x, b->tick + 1, blocking, &done)) != NF_OK) return st;
+      if (!done) busy |= m & -m;
     }
     if (!done) continue;
     if (b->fprev) b->fprev->fnext = b->fnext;
