@@ -70,12 +70,16 @@ typedef enum nf_tier_e {
 //! host backend). NULL is the default stream. On CUDA a stream must belong to
 //! the pool's device's primary context (the runtime's, PyTorch's, CuPy's): the
 //! pool records its events on it. Another context's stream (another device's)
-//! is refused, NF_ERR_INVALID, by the first call that passes it. At most 64
-//! distinct streams per pool. Streams are known by handle: synchronize a
-//! stream before destroying it if blocks were freed on it (CUDA may hand its
-//! handle to the next stream created, which the pool would then take for the
-//! old one and reuse those blocks on it without waiting; PyTorch's and CuPy's
-//! own caches key streams the same way).
+//! is refused, NF_ERR_INVALID, by the first call that passes it. Streams are
+//! known by handle, and a pool may record events on a stream it knows at any
+//! time after a free on it (lazily: when another stream wants the memory, or
+//! before unmapping it), so a stream must stay alive while the pool knows it:
+//! destroy it only after the pool is destroyed or once nf_stream_known says
+//! the pool forgot it (a record on a destroyed stream fails, or crashes the
+//! driver). A pool keeps 64 streams; when a 65th comes, it forgets those that
+//! no live or pending block names, after one wait for the whole device
+//! (NF_ERR_UNSUPPORTED if every one is named). nofrag.cupy keeps CuPy's stream
+//! objects alive for exactly as long.
 typedef void *nf_stream_t;
 
 typedef struct nf_pool_s nf_pool_t;
@@ -253,6 +257,10 @@ NF_API nf_status_t nf_free_ex(nf_pool_t *pool, void *ptr, size_t *size, unsigned
 //! Mark a live block as used on `stream` as well: when freed, it is reused only
 //! after the work queued on `stream` up to the free has completed.
 NF_API nf_status_t nf_record_stream(nf_pool_t *pool, void *ptr, nf_stream_t stream);
+
+//! 1 if the pool knows `stream` (it may record events on it: keep it alive),
+//! 0 if it never saw it or has forgotten it (see nf_stream_t), -1 for a NULL pool.
+NF_API int nf_stream_known(nf_pool_t *pool, nf_stream_t stream);
 
 //! Size the live block starting at `ptr` was requested with (0 if none: an
 //! interior pointer too).

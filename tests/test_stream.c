@@ -327,6 +327,85 @@ static void test_refused_stream(void **state) {
   nf_backend_destroy(&w->be);
 }
 
+// More streams over a pool's life than it has slots (64): a stream nothing
+// names any more (no live or pending block, route, capture) gives its slot
+// back after one host wait for the whole device, since it may be gone and
+// its handle may not be recorded on. Every stream's last block is freed with
+// its kernel in flight; the host backend counts a block handed to a stream
+// while another stream's unordered work still uses it. Slots named by live
+// blocks (an allocation's stream, a record_stream's) are kept throughout.
+static void test_streams_recycled(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *held = nf_alloc(p, 8 * KB, A), *rec = nf_alloc(p, 8 * KB, A);
+  assert_true(held && rec);
+  nft_fill(held, 8 * KB, 1);
+  assert_int_equal(nf_record_stream(p, rec, B), NF_OK); // B is named by rec's extra mask
+  uint32_t ia = sidx(p, A), ib = sidx(p, B);
+  uint64_t syncs0 = stats(p).calls.event_sync;
+  nft_live_t keep[8] = {{0}};
+  for (int i = 0; i < 400; i++) {
+    nf_stream_t s = (nf_stream_t)(uintptr_t)(0x1000 + i);
+    size_t n = (size_t)(1 + i % 7) * 4 * KB;
+    char *x = nf_alloc(p, n, s);
+    if (!x) fail_msg("stream %d: %s", i, nf_last_error());
+    nf_backend_host_use_new(be, s, x, n); // s's kernel on x, in flight until an event completes
+    nft_fill(x, n, 100 + (uint64_t)i);
+    nft_live_t *k = &keep[i % 8];
+    if (k->p) assert_int_equal(nf_free(p, k->p), NF_OK); // freed with its stream's work in flight
+    *k = (nft_live_t){.p = x, .n = n, .tag = 100 + (uint64_t)i};
+    nft_check_all(keep, 8);
+    assert_true(nft_check(held, 8 * KB, 1));
+    if (i % 40 == 0) assert_int_equal(nf_pool_check(p), NF_OK);
+  }
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  assert_true(p->streams_recycled >= 400 - 64);
+  assert_true(stats(p).calls.event_sync > syncs0); // the device waits
+  assert_int_equal(sidx(p, A), ia); // never given back: live blocks name them
+  assert_int_equal(sidx(p, B), ib);
+  for (int i = 0; i < 8; i++) assert_int_equal(nf_free(p, keep[i].p), NF_OK);
+  assert_int_equal(nf_free(p, rec), NF_OK);
+  assert_int_equal(nf_free(p, held), NF_OK);
+  done(p, be);
+}
+
+// Every slot named by a live block: the 65th stream is refused with the
+// reason and nothing changes; once one of them is freed, it comes in.
+static void test_streams_all_named(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *x[64];
+  for (int i = 0; i < 64; i++) {
+    x[i] = nf_alloc(p, 4 * KB, (nf_stream_t)(uintptr_t)(0x100 + i));
+    assert_non_null(x[i]);
+    nft_fill(x[i], 4 * KB, (uint64_t)i);
+  }
+  nf_stats_t s0 = stats(p);
+  nf_stream_t s65 = (nf_stream_t)(uintptr_t)0x5000;
+  assert_null(nf_alloc(p, 4 * KB, s65));
+  assert_int_equal(nf_last_status(), NF_ERR_UNSUPPORTED);
+  nft_last_error_has("no slot can be given back");
+  nf_stats_t s1 = stats(p);
+  assert_int_equal(s1.live_blocks, s0.live_blocks);
+  assert_int_equal(s1.calls.event_sync, s0.calls.event_sync);
+  assert_int_equal(p->stream_free, 0);
+  assert_int_equal(nf_free(p, x[7]), NF_OK);
+  char *y = nf_alloc(p, 4 * KB, s65); // slot 7 given back after one device wait
+  assert_non_null(y);
+  assert_int_equal(stats(p).calls.event_sync, s0.calls.event_sync + 1);
+  assert_int_equal(sidx(p, s65), 7);
+  assert_int_equal(p->streams_recycled, 1);
+  for (int i = 0; i < 64; i++)
+    if (i != 7) {
+      assert_true(nft_check(x[i], 4 * KB, (uint64_t)i));
+      assert_int_equal(nf_free(p, x[i]), NF_OK);
+    }
+  assert_int_equal(nf_free(p, y), NF_OK);
+  done(p, be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cold_frees_record_nothing),
@@ -338,6 +417,8 @@ int main(void) {
       cmocka_unit_test(test_cross_stream),
       cmocka_unit_test(test_refused_stream),
       cmocka_unit_test(test_record_stream_blocks_come_back),
+      cmocka_unit_test(test_streams_recycled),
+      cmocka_unit_test(test_streams_all_named),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -337,6 +337,7 @@ def _declare(lib):
         "nf_config_format": (i, [vp, ctypes.c_char_p, sz]),
         "nf_block_size": (sz, [vp, vp]),
         "nf_record_stream": (i, [vp, vp, vp]),
+        "nf_stream_known": (i, [vp, vp]),
         "nf_torch_pool": (vp, [i]),
         # offload (issue 7)
         "nf_offload": (i, [vp, vp, vp, i]),

@@ -17,11 +17,12 @@ Each allocation becomes nf_alloc on CuPy's current stream, wrapped as a
 frees the block (nf_free) when CuPy drops its last reference. Use on other
 streams is not tracked: as with CuPy's own pool, a block freed while another
 stream still uses it must be ordered by the caller (or record it with
-``pool().record_stream(ptr, stream)``). Streams are known by handle:
-synchronize a ``cupy.cuda.Stream`` before it is destroyed if arrays were
-freed on it (the driver may give its handle to the next stream made, which
-the pool would take for the old one). A pool serves at most 64 distinct
-streams. A request that does not fit raises
+``pool().record_stream(ptr, stream)``). A pool may record events on a
+stream it knows long after a free on it, so the stream objects CuPy
+allocated on are kept alive while the pool knows them: a ``cupy.cuda.Stream``
+made per step is destroyed once the pool has forgotten it (a pool keeps 64
+streams and forgets those no live block names when a 65th comes, after one
+wait for the device; see nf_stream_t in nofrag.h). A request that does not fit raises
 ``cupy.cuda.memory.OutOfMemoryError`` (from the NofragError).
 """
 
@@ -89,6 +90,20 @@ def enable(conf: Optional[str] = None, **config: Any) -> Pool:
         m = re.search(r"(?:^|,)device:(\d+)", p.config())  # the device the pool is on, config included
         dev_id = int(m.group(1)) if m else device
         pools = {dev_id: p}
+        # (device, stream handle) -> CuPy's stream object: alive while the
+        # pool knows the handle (it may record events on it), dropped once
+        # the pool has forgotten it, which lets CuPy destroy the stream.
+        held: Dict[Any, Any] = {}
+
+        def hold(d: int, stream: Any) -> None:
+            key = (d, stream.ptr)
+            if key in held:
+                return
+            with _lock:
+                held[key] = stream
+                if len(held) > 64 * len(pools) + 16:  # amortised: a pool knows 64 at most
+                    for k in [k for k in held if not pools[k[0]].stream_known(k[1])]:
+                        del held[k]
 
         def pool_of(d: int) -> Pool:
             q = pools.get(d)
@@ -117,6 +132,7 @@ def enable(conf: Optional[str] = None, **config: Any) -> Pool:
                     raise
                 st = q.stats()
                 raise cupy.cuda.memory.OutOfMemoryError(size, st["physical"], st["limit"]) from e
+            hold(d, stream)
             mem = cupy.cuda.UnownedMemory(ptr, size, _Block(q, ptr), d)
             return cupy.cuda.MemoryPointer(mem, 0)
 

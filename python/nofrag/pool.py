@@ -178,6 +178,13 @@ class Pool:
             rc = lib.nf_record_stream(h, p or None, s)
             _lib.check(rc, f"nf_record_stream({p:#x})")
 
+    def stream_known(self, stream: Any) -> bool:
+        """Whether the pool knows ``stream`` and may still record events on
+        it, so that it must stay alive (nf_stream_known)."""
+        s, lib = _lib.stream_handle(stream), _lib.load()
+        with self._use() as h:
+            return int(lib.nf_stream_known(h, s)) == 1
+
     # ------------------------------------------------------------ tiers
 
     def offload(self, ptr: int, tier: str = "host", stream: Any = None) -> None:

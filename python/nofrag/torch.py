@@ -380,3 +380,14 @@ def stats(device=0):
     """nofrag's own statistics (same as nofrag.stats)."""
     from . import stats as _s
     return _s(device)
+
+
+def stream_known(stream, device=0):
+    """Whether device ``device``'s pool knows ``stream`` (a torch.cuda.Stream,
+    ExternalStream or raw handle) and may still record events on it: keep an
+    external stream alive while this is True (nf_stream_known; docs/pytorch.md
+    "Streams"). False when the pool is not made yet."""
+    from ._lib import stream_handle
+    lib = load()
+    h = lib.nf_torch_pool(int(device))
+    return bool(h) and int(lib.nf_stream_known(h, stream_handle(stream))) == 1

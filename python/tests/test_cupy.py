@@ -170,6 +170,38 @@ class TestCupy(unittest.TestCase):
         self.assertEqual(streams, ["0x1234"])
         del mp
 
+    def test_streams_kept_alive_while_known(self):
+        """A stream made per step (``with cupy.cuda.Stream()``): the pool may
+        record events on a stream it knows, so nofrag.cupy keeps the stream
+        object alive until the pool has forgotten it (a 65th stream makes it
+        forget those no live block names); then CuPy may destroy it."""
+        import weakref
+        pool = self.nfc.enable(backend="host", limit="64MiB")
+
+        class Stream:  # CuPy destroys the CUDA stream when the object goes
+            def __init__(self, ptr):
+                self.ptr = ptr
+
+        refs = []
+        for i in range(300):
+            st = Stream(0x10000 + i)
+            refs.append(weakref.ref(st))
+            self.state["stream"] = st
+            mp = self.state["allocator"](MiB)
+            ctypes.memset(mp.ptr, i & 0xFF, MiB)
+            del mp, st
+            gc.collect()
+        self.state["stream"] = types.SimpleNamespace(ptr=0)
+        alive = [r() for r in refs if r() is not None]
+        # Every stream the pool still knows is alive; the rest were let go.
+        for i, r in enumerate(refs):
+            if pool.stream_known(0x10000 + i):
+                self.assertIsNotNone(r(), f"stream {i} is known to the pool but was let go")
+        self.assertLess(len(alive), 64 + 16 + 1)  # the others were released
+        self.assertGreater(300 - len(alive), 200)
+        self.assertEqual(pool.stats()["live"], 0)
+        pool.check()
+
     def test_enable_twice_and_disable(self):
         self.nfc.enable(backend="host", limit="64MiB")
         with self.assertRaises(RuntimeError):

@@ -274,11 +274,20 @@ class TestPluginOnHost(unittest.TestCase):
         st = lib.nf_torch_last_status()
         self.assertNotIn(st, (0, _lib.NF_ERR_OOM))
         self.assertIn("not out of memory", nofrag.last_error())
+        self.assertTrue(nft.stream_known(5, 0))  # live blocks name streams 1..63
+        self.assertFalse(nft.stream_known(1000, 0))
         q = lib.nf_torch_alloc(512, 0, None)
         lib.nf_torch_record_stream(q, 1001)
         self.assertEqual(lib.nf_torch_last_status(), st)
         for x in ptrs + [q]:
             lib.nf_torch_free_any(x)
+        # Nothing names them now: a 65th stream makes the pool forget them
+        # (one device wait) instead of failing.
+        r = lib.nf_torch_alloc(512, 0, 1002)
+        self.assertTrue(r, _lib.last_error())
+        self.assertTrue(nft.stream_known(1002, 0))
+        self.assertFalse(nft.stream_known(5, 0))
+        lib.nf_torch_free_any(r)
 
     def test_reset_trims_and_peaks(self):
         lib = self.lib

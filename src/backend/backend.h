@@ -68,6 +68,12 @@ typedef struct nf_backend_ops_s {
   // asks once per new stream, so that a wrong stream fails the call that
   // brings it, not an event record in some later free.
   nf_status_t (*stream_check)(nf_backend_t *be, nf_stream_t s);
+  // Optional (NULL: the pool never needs it): wait on the host until all work
+  // queued on the device, on every stream, is complete (CUDA: cuCtxSynchronize
+  // in the primary context). The core calls it only when all 64 stream slots
+  // are taken, so that it can give back the slots of streams that may be gone
+  // without recording an event on their handles.
+  nf_status_t (*sync)(nf_backend_t *be);
 } nf_backend_ops_t;
 
 struct nf_backend_s {

@@ -114,6 +114,7 @@ typedef struct {
   CUresult (*EventDestroy)(CUevent);
   CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
   CUresult (*StreamGetCtx)(CUstream, CUcontext *);
+  CUresult (*CtxSynchronize)(void);
   CUresult (*GetErrorName)(CUresult, const char **);
   CUresult (*GetErrorString)(CUresult, const char **);
   CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
@@ -151,6 +152,7 @@ static const struct {
     S(EventDestroy, "cuEventDestroy_v2"),
     S(StreamWaitEvent, "cuStreamWaitEvent"),
     S(StreamGetCtx, "cuStreamGetCtx"),
+    S(CtxSynchronize, "cuCtxSynchronize"),
     S(GetErrorName, "cuGetErrorName"),
     S(GetErrorString, "cuGetErrorString"),
     S(MemExportToShareableHandle, "cuMemExportToShareableHandle"),
@@ -500,6 +502,11 @@ static nf_status_t op_stream_check(nf_backend_t *be, nf_stream_t s) {
   return NF_OK;
 }
 
+static nf_status_t op_sync(nf_backend_t *be) {
+  CU_CALL(be, "cuCtxSynchronize", cu.CtxSynchronize());
+  return NF_OK;
+}
+
 static void op_destroy(nf_backend_t *be) {
   cuda_be_t *c = CB(be);
   if (!c) return;
@@ -550,6 +557,7 @@ static const nf_backend_ops_t cuda_ops = {
     .event_sync = op_event_sync,
     .stream_wait = op_stream_wait,
     .stream_check = op_stream_check,
+    .sync = op_sync,
     .destroy = op_destroy,
     .mem_export = op_mem_export,
     .mem_import = op_mem_import,

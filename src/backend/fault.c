@@ -118,6 +118,13 @@ static nf_status_t f_stream_check(nf_backend_t *be, nf_stream_t s) {
   nf_backend_t *in = fb(be)->inner;
   return in->ops->stream_check ? in->ops->stream_check(in, s) : NF_OK;
 }
+static nf_status_t f_sync(nf_backend_t *be) {
+  nf_backend_t *in = fb(be)->inner;
+  if (!in->ops->sync) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "the %s backend has no device synchronize", in->ops->name);
+  nf_status_t st;
+  if (inject(be, "sync", &st)) return st;
+  return in->ops->sync(in);
+}
 static nf_status_t f_add_peer(nf_backend_t *be, int device) {
   nf_backend_t *in = fb(be)->inner;
   if (!in->ops->add_peer) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "the %s backend has no peer devices", in->ops->name);
@@ -167,6 +174,7 @@ static const nf_backend_ops_t fault_ops = {
     .mem_import = f_mem_import,
     .map_room = f_map_room,
     .stream_check = f_stream_check,
+    .sync = f_sync,
     .destroy = f_destroy,
 };
 

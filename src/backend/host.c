@@ -547,7 +547,7 @@ static const nf_backend_ops_t host_ops = {
     .mem_release = h_mem_release, .map = h_map,               .unmap = h_unmap,
     .set_access = h_set_access, .copy = h_copy,               .event_create = nf__host_event_create,
     .event_destroy = nf__host_event_destroy, .event_record = nf__host_event_record, .event_query = nf__host_event_query,
-    .event_sync = nf__host_event_sync, .stream_wait = nf__host_stream_wait, .destroy = h_destroy,
+    .event_sync = nf__host_event_sync, .stream_wait = nf__host_stream_wait, .sync = nf__host_sync, .destroy = h_destroy,
     .mem_export = nf__host_mem_export, .mem_import = nf__host_mem_import, .map_room = nf__host_map_room,
 };
 

@@ -104,6 +104,7 @@ nf_status_t nf__host_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s
 nf_status_t nf__host_event_query(nf_backend_t *be, nf_event_t ev);
 nf_status_t nf__host_event_sync(nf_backend_t *be, nf_event_t ev);
 nf_status_t nf__host_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev);
+nf_status_t nf__host_sync(nf_backend_t *be); // every event complete (manual mode: the work held finishes)
 void nf__host_event_free(host_backend *h, host_event *e); // unlink and free, under the lock
 // unmap: count a violation per declared use of [va, va + size) not known complete (under the lock)
 void nf__host_uses_check(host_backend *h, uintptr_t va, size_t size);

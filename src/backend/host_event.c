@@ -242,6 +242,14 @@ nf_status_t nf__host_event_sync(nf_backend_t *be, nf_event_t ev) {
   return ev_unlock(be, st);
 }
 
+// A wait for the whole device: all the work held in manual mode completes.
+nf_status_t nf__host_sync(nf_backend_t *be) {
+  pthread_mutex_lock(&hb(be)->mu);
+  complete_all(hb(be));
+  pthread_mutex_unlock(&hb(be)->mu);
+  return NF_OK;
+}
+
 // Host "streams" run nothing, so a cross-stream wait has nothing to order;
 // in manual mode it is remembered for the use checks: s's events recorded
 // from now on complete only after ev's stream's work before ev (a wait for

@@ -236,8 +236,10 @@ struct nf_pool_s {
   uint64_t gran_free_count, gran_mapped;
 
   nf_stream_rec_t streams[NF_MAX_STREAMS];
-  uint32_t nstreams;
-  uint32_t last_stream; // index of the last stream looked up (fast path)
+  uint32_t nstreams;    // slots used so far (a high-water mark: see stream_free)
+  uint32_t last_stream; // index of the last stream looked up (fast path; never a free slot)
+  uint64_t stream_free; // slots below nstreams given back (stream.c, streams_recycle), taken first
+  uint64_t streams_recycled; // slots given back so far
   uint64_t tick;                                   // pool clock (frees and records)
   uint64_t ev_hot;        // frees up to this tick record events as they go (stream.c, nf__stream_mark)
   uint64_t waited[NF_MAX_STREAMS][NF_MAX_STREAMS]; // [S][A]: tick of the A-record S waits on

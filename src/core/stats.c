@@ -78,6 +78,9 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
       CHECK(!(b->state == NF_BLK_FREE && prev && prev->state == NF_BLK_FREE && !b->parked && !prev->parked),
             "check: free blocks %p and %p are adjacent, not coalesced", (void *)prev->addr, (void *)b->addr);
       if (b->state == NF_BLK_FREE) { nfree_blocks++; continue; }
+      // A live or pending block's streams hold their slots (streams_recycle).
+      CHECK(b->stream < p->nstreams && !((1ull << b->stream | b->extra) & p->stream_free),
+            "check: block %p names a stream slot given back", (void *)b->addr);
       uint64_t o0, o1;
       if (b->state == NF_BLK_LIVE && p->tier.away && p->tier.away(p, b) && nf__owned(p, b, &o0, &o1)) {
         // Disk- or detached-offloaded: the owned granules are unmapped, the edges ready.

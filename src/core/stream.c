@@ -17,28 +17,87 @@
 #include <stdlib.h>
 #include <string.h>
 
+// All NF_MAX_STREAMS slots hold streams: give back the slots of the streams
+// nothing in the pool names (no live or pending block allocated or recorded
+// on it, no route, no capture). Such a stream may be gone (a CuPy stream
+// collected, an external stream destroyed): its handle may not be recorded
+// on, so one host wait for the whole device makes its work complete instead.
+// Its bits left in free blocks' and granules' masks then name work that is
+// done: done_tick past every tick so far says so, and a new stream in the
+// slot starts from there (its frees tick later). O(blocks): only when a pool
+// has seen 64 streams and a new one comes.
+static nf_status_t streams_recycle(nf_pool_t *p) {
+  uint64_t named = p->capture_mask;
+  for (nf_chunk_t *c = p->chunks; c; c = c->next)
+    for (const nf_block_t *b = c->first; b; b = b->next)
+      if (b->state != NF_BLK_FREE) named |= 1ull << b->stream | b->extra;
+  for (uint32_t i = 0; i < p->nroutes; i++)
+    if (!p->routes[i].by_thread) named |= 1ull << p->routes[i].s;
+  uint64_t m = ~named;
+  const char *why = !m ? "every one of them has live or pending blocks (or a route or capture)"
+                  : p->capture_mask ? "a stream is being captured (no host wait is allowed)"
+                  : p->xfers ? "offload copies are in flight"
+                  : !p->be->ops->sync ? "the backend cannot wait for the whole device"
+                  : NULL;
+  if (why)
+    return nf__error(NF_ERR_UNSUPPORTED, "nofrag: more than %d distinct streams used with one pool, and no slot can "
+                     "be given back: %s", NF_MAX_STREAMS, why);
+  p->st.calls.event_sync++; // a host wait, counted with the event ones (PyTorch: num_sync_all_streams)
+  nf_status_t st = p->be->ops->sync(p->be);
+  if (st != NF_OK)
+    return nf__error(st, "nofrag: %d streams used: device synchronize (to give back the slots of unused streams) "
+                     "failed: %s", NF_MAX_STREAMS, nf__backend_err());
+  for (uint64_t k = m; k; k &= k - 1) {
+    uint32_t x = (uint32_t)__builtin_ctzll(k);
+    nf_stream_rec_t *r = &p->streams[x];
+    r->handle = (nf_stream_t)UINTPTR_MAX; // matches nothing: lookups skip free slots anyway
+    r->rec_tick = r->last_free = 0;
+    r->done_tick = p->tick + 1;
+    r->ev_head = 0;
+    memset(r->ev_tick, 0, sizeof r->ev_tick); // the events stay, for the slot's next stream
+    for (uint32_t y = 0; y < NF_MAX_STREAMS; y++) p->waited[x][y] = p->waited[y][x] = 0;
+  }
+  p->stream_free = m;
+  p->streams_recycled += (uint64_t)__builtin_popcountll(m);
+  return NF_OK;
+}
+
 nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out) {
   if (NF_LIKELY(p->nstreams && p->streams[p->last_stream].handle == s)) {
     *out = p->last_stream;
     return NF_OK;
   }
   for (uint32_t i = 0; i < p->nstreams; i++) {
-    if (p->streams[i].handle == s) {
+    if (p->streams[i].handle == s && !(p->stream_free >> i & 1)) {
       p->last_stream = i;
       *out = i;
       return NF_OK;
     }
   }
-  if (p->nstreams == NF_MAX_STREAMS)
-    return nf__error(NF_ERR_UNSUPPORTED, "nofrag: more than %d distinct streams used with one pool",
-                     NF_MAX_STREAMS);
   nf_status_t st = p->be->ops->stream_check ? p->be->ops->stream_check(p->be, s) : NF_OK;
   if (st != NF_OK) return nf__error(st, "nofrag: stream %p cannot be used with this pool: %s", s, nf__backend_err());
-  uint32_t i = p->nstreams++;
-  p->streams[i] = (nf_stream_rec_t){.handle = s};
+  if (!p->stream_free && p->nstreams == NF_MAX_STREAMS && (st = streams_recycle(p)) != NF_OK) return st;
+  uint32_t i;
+  if (p->stream_free) { // a given-back slot: its record was reset there, its events kept
+    i = (uint32_t)__builtin_ctzll(p->stream_free);
+    p->stream_free &= p->stream_free - 1;
+    p->streams[i].handle = s;
+  } else {
+    i = p->nstreams++;
+    p->streams[i] = (nf_stream_rec_t){.handle = s};
+  }
   p->last_stream = i;
   *out = i;
   return NF_OK;
+}
+
+int nf_stream_known(nf_pool_t *p, nf_stream_t s) {
+  if (!p) { nf__error(NF_ERR_INVALID, "nofrag: nf_stream_known: NULL pool"); return -1; }
+  nf__pool_lock(p);
+  int known = 0;
+  for (uint32_t i = 0; i < p->nstreams && !known; i++) known = p->streams[i].handle == s && !(p->stream_free >> i & 1);
+  nf__pool_unlock(p);
+  return known;
 }
 
 // Record stream x's newest event in the ring's next slot (its oldest record
@@ -122,7 +181,7 @@ nf_status_t nf__stream_done(nf_pool_t *p, uint32_t x, uint64_t tick, bool blocki
   nf_stream_rec_t *r = &p->streams[x];
   if (r->done_tick < tick) {
     nf_status_t st = blocking ? NF_BE(p, event_sync, event_sync, nf__stream_event(r)) : NF_BE(p, event_query, event_query, nf__stream_event(r));
-    if (st == NF_OK) r->done_tick = r->rec_tick;
+    if (st == NF_OK) { if (r->rec_tick > r->done_tick) r->done_tick = r->rec_tick; } // (a recycled slot's is ahead)
     else if (blocking || st != NF_ERR_NOT_READY)
       return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", nf__backend_err());
   }
@@ -160,7 +219,7 @@ static nf_status_t streams_settle(nf_pool_t *p, bool blocking) {
     nf_status_t st;
     if (r->rec_tick <= r->last_free && (st = nf__stream_record(p, x)) != NF_OK) return st;
     st = blocking ? NF_BE(p, event_sync, event_sync, nf__stream_event(r)) : NF_BE(p, event_query, event_query, nf__stream_event(r));
-    if (st == NF_OK) r->done_tick = r->rec_tick;
+    if (st == NF_OK) { if (r->rec_tick > r->done_tick) r->done_tick = r->rec_tick; }
     else if (blocking || st != NF_ERR_NOT_READY)
       return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", nf__backend_err());
   }

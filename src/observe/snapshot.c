@@ -121,8 +121,9 @@ char *nf_snapshot(nf_pool_t *p) {
             (unsigned long long)gstate[NF_GR_MAPPED], (unsigned long long)gstate[NF_GR_FREE],
             (unsigned long long)gstate[NF_GR_UNUSED], (unsigned long long)tiers[NF_TIER_DEVICE],
             (unsigned long long)tiers[NF_TIER_HOST], (unsigned long long)tiers[NF_TIER_DISK]);
-  for (uint32_t i = 0; i < p->nstreams; i++)
-    sb_printf(&b, "%s\"0x%llx\"", i ? "," : "", (unsigned long long)(uintptr_t)p->streams[i].handle);
+  for (uint32_t i = 0; i < p->nstreams; i++) // a slot given back (stream.c): null
+    if (p->stream_free >> i & 1) sb_printf(&b, "%snull", i ? "," : "");
+    else sb_printf(&b, "%s\"0x%llx\"", i ? "," : "", (unsigned long long)(uintptr_t)p->streams[i].handle);
   sb_printf(&b, "],\n\"chunks\":[");
   // Chunks in address order (the pool keeps them newest first): a selection
   // pass per chunk would be O(chunks^2), so sort an array of pointers.

@@ -576,6 +576,7 @@ int main(int argc, char **argv) {
       test_pool_destroy_returns_memory(be);
       test_pool_foreign_thread(be);
       test_pool_foreign_stream(be);
+      test_pool_many_streams(be);
       test_pool_peers(be);
       test_pool_units(be);
       test_pool_spill_offload(be);
