@@ -382,12 +382,16 @@ def stats(device=0):
     return _s(device)
 
 
-def stream_known(stream, device=0):
+def stream_known(stream, device=None):
     """Whether device ``device``'s pool knows ``stream`` (a torch.cuda.Stream,
     ExternalStream or raw handle) and may still record events on it: keep an
     external stream alive while this is True (nf_stream_known; docs/pytorch.md
-    "Streams"). False when the pool is not made yet."""
+    "Streams"). False when the pool is not made yet. Without ``device``, the
+    stream's own device (``stream.device_index``), else 0 (a raw handle): a
+    stream of cuda:1 was looked up in device 0's pool and read as unknown."""
     from ._lib import stream_handle
     lib = load()
-    h = lib.nf_torch_pool(int(device))
+    if device is None:
+        device = getattr(stream, "device_index", None)
+    h = lib.nf_torch_pool(int(device or 0))
     return bool(h) and int(lib.nf_stream_known(h, stream_handle(stream))) == 1

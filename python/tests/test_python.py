@@ -11,6 +11,7 @@ import ctypes
 import os
 import sys
 import tempfile
+import types
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -288,6 +289,23 @@ class TestPluginOnHost(unittest.TestCase):
         self.assertTrue(nft.stream_known(1002, 0))
         self.assertFalse(nft.stream_known(5, 0))
         lib.nf_torch_free_any(r)
+
+    def test_stream_known_uses_the_streams_device(self):
+        # A torch.cuda.Stream / ExternalStream carries its device: without a
+        # device argument it must be looked up in that device's pool, not in
+        # device 0's (whose False let a caller destroy a stream cuda:1's pool
+        # may still record events on).
+        lib = self.lib
+        p0 = lib.nf_torch_alloc(MiB, 0, None)
+        p1 = lib.nf_torch_alloc(MiB, 1, 0x77)
+        self.assertTrue(p0 and p1, _lib.last_error())
+        s = types.SimpleNamespace(cuda_stream=0x77, device_index=1)
+        self.assertTrue(nft.stream_known(s))
+        self.assertTrue(nft.stream_known(s, 1))
+        self.assertFalse(nft.stream_known(s, 0))
+        self.assertFalse(nft.stream_known(0x77))  # a raw handle: device 0, as before
+        lib.nf_torch_free(p0, MiB, 0, None)
+        lib.nf_torch_free(p1, MiB, 1, 0x77)
 
     def test_reset_trims_and_peaks(self):
         lib = self.lib
