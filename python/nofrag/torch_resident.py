@@ -74,9 +74,15 @@ class ResidentOptimizerState:
             h.remove()
         self._handles = []
         torch = self._torch
-        torch.cuda.synchronize()  # in-place use must be complete before a prefetch
+        todo = []
         for st in self.opt.state.values():
             for v in st.values():
                 if isinstance(v, torch.Tensor) and v.is_cuda and v.untyped_storage().data_ptr():
                     dev = v.device.index if v.device.index is not None else torch.cuda.current_device()
-                    _nf_prefetch(self._pool(dev), v.untyped_storage().data_ptr(), torch.cuda.current_stream(dev))
+                    todo.append((dev, v.untyped_storage().data_ptr()))
+        # In-place use must be complete before a prefetch, on every device that
+        # holds state (torch.cuda.synchronize() alone waits for the current one).
+        for dev in sorted({d for d, _ in todo}):
+            torch.cuda.synchronize(dev)
+        for dev, ptr in todo:
+            _nf_prefetch(self._pool(dev), ptr, torch.cuda.current_stream(dev))

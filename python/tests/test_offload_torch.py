@@ -172,7 +172,8 @@ class FakeTorch(types.ModuleType):
         self.nn = types.SimpleNamespace(Parameter=FakeParameter)
         main = FakeStream(handle=1)
         self.cuda = types.SimpleNamespace(
-            current_device=lambda: 0, current_stream=lambda device=None: main, Stream=FakeStream, Event=FakeEvent)
+            current_device=lambda: 0, current_stream=lambda device=None: main, Stream=FakeStream, Event=FakeEvent,
+            synchronize=lambda device=None: FakeTorch.log.append(("synchronize", device)))
 
         class saved_tensors_hooks:
             def __init__(self, pack, unpack):
@@ -483,6 +484,28 @@ class TorchHelpersBase:
             self.assertEqual(self.tiers(opt.state[p]["exp_avg_sq"])["host"], 0)
             self.assert_data(opt.state[p]["exp_avg_sq"], 400 + 10 * i + 1)
 
+
+    def test_resident_remove_waits_for_the_state_device(self):
+        # mode="resident": the step used the state in place; remove() must
+        # wait for that work on the state's device (cuda:1 here, while cuda:0
+        # is current) before prefetching it: torch.cuda.synchronize() waited
+        # for the current device only.
+        ptr = LIB.nf_torch_alloc(8 * MiB, 1, None)
+        self.assertTrue(ptr, _lib.last_error())
+        self.addCleanup(LIB.nf_torch_free, ptr, 8 * MiB, 1, None)
+        t = FakeTensor(FakeStorage(ptr, 8 * MiB))
+        t.device.index = 1
+        hooks = []
+        opt = types.SimpleNamespace(param_groups=[], state={"p": {"exp_avg": t}},
+                                    register_step_pre_hook=lambda fn: _Handle(hooks, fn),
+                                    register_step_post_hook=lambda fn: _Handle(hooks, fn))
+        h = nft.offload_optimizer(opt, mode="resident", min_bytes=MiB)
+        # (the module torch_resident as imported now: sys.modules is restored between tests)
+        with mock.patch.dict(type(h).remove.__globals__,
+                             {"_nf_prefetch": lambda pool, p, stream=None: FakeTorch.log.append(("prefetch", pool, p))}):
+            FakeTorch.log.clear()
+            h.remove()
+        self.assertEqual(FakeTorch.log, [("synchronize", 1), ("prefetch", LIB.nf_torch_pool(1), ptr)])
 
 class TestTorchHelpersSimulated(TorchHelpersBase, unittest.TestCase):
     simulate = True
