@@ -451,7 +451,8 @@ NF_API nf_status_t nf_pool_check(nf_pool_t *pool);
 // ---------------------------------------------------------------- introspection
 
 //! The pool's whole state as a JSON document, taken under the pool lock in
-//! O(blocks + granules): "totals" (the nf_stats_t byte fields, spilled and
+//! O(blocks + granules): "device" (the pool's device index, configuration
+//! key device), "totals" (the nf_stats_t byte fields, spilled and
 //! offloaded included; live blocks moved by nf_offload carry "offloaded":
 //! "host", "host_detached" or "disk", the names nofrag.Pool.offload takes), "granules"
 //! (physical granules by state and tier), "streams" (handles; bit i of a

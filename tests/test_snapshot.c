@@ -130,6 +130,9 @@ static int verify(nf_pool_t *p, const live_t *l, int nl) {
   if (!d) fail_msg("snapshot is not valid JSON near: %.80s", jp);
   const jv *t = jget(d, "totals");
   assert_int_equal(jnum(d, "version"), 1);
+  nf_config_t cfg;
+  nf_pool_config(p, &cfg);
+  assert_int_equal(jnum(d, "device"), cfg.device);
   assert_int_equal(jnum(t, "live"), st.live);
   assert_int_equal(jnum(t, "live_rounded"), st.live_rounded);
   assert_int_equal(jnum(t, "mapped"), st.mapped);
@@ -230,6 +233,25 @@ static void test_snapshot_known(void **state) {
   verify(p, NULL, 0);
   assert_int_equal(nf_trim(p), NF_OK);
   verify(p, NULL, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// The pool's device is in the document: an export to PyTorch's format labels
+// segments with it (a device 3 pool's snapshot read as device 0's).
+static void test_snapshot_device(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:16MiB,device:3");
+  assert_non_null(p);
+  void *b = nf_alloc(p, 1000, NULL);
+  assert_non_null(b);
+  live_t l[1] = {{b, 1000, NULL}};
+  verify(p, l, 1);
+  char *s = nf_snapshot(p);
+  assert_non_null(strstr(s, "{\"version\":1,\"device\":3,"));
+  nf_snapshot_free(s);
+  assert_int_equal(nf_free(p, b), NF_OK);
   nf_pool_destroy(p);
   nf_backend_destroy(be);
 }
@@ -400,6 +422,7 @@ int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1); // keep the logs clean; one test turns it off
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_snapshot_known),
+      cmocka_unit_test(test_snapshot_device),
       cmocka_unit_test(test_snapshot_random),
       cmocka_unit_test(test_snapshot_pending),
       cmocka_unit_test(test_oom_report),

@@ -288,7 +288,7 @@ def trace_from_rmm(path):
     return entries
 
 
-def snapshot_to_torch(snap, device=0, trace=None):
+def snapshot_to_torch(snap, device=None, trace=None):
     """A nofrag pool snapshot (the dict from nofrag.snapshot()) as the dict
     ``torch.cuda.memory._snapshot()`` returns.
 
@@ -302,12 +302,18 @@ def snapshot_to_torch(snap, device=0, trace=None):
     'frames' is empty. A segment's 'stream' is that of its first live block
     (0 if none): nofrag's chunks are not per stream.
 
+    ``device`` (each segment's "device"): by default the pool's own, from the
+    snapshot's "device" (0 in snapshots without one); a device 1 pool was
+    exported as device 0's.
+
     ``device_traces`` has ``device + 1`` lists, empty unless trace entries are
     given (``trace``, or a "trace" list in the snapshot): dicts with
     action/addr/size/stream/time_us in PyTorch's trace-entry vocabulary
     (alloc, free_requested, free_completed, segment_alloc, ...)."""
     if not isinstance(snap, dict) or not isinstance(snap.get("chunks"), list) or "totals" not in snap:
         raise ValueError("snapshot_to_torch: not a nofrag pool snapshot (no 'chunks' / 'totals')")
+    if device is None:
+        device = snap.get("device", 0)
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
         raise ValueError(f"snapshot_to_torch: bad device {device!r}")
     totals = snap["totals"]
@@ -330,7 +336,7 @@ def snapshot_to_torch(snap, device=0, trace=None):
     return {"segments": segments, "device_traces": traces, "allocator_settings": settings}
 
 
-def export_torch_snapshot(snap, path, device=0, trace=None):
+def export_torch_snapshot(snap, path, device=None, trace=None):
     """Write snapshot_to_torch(snap, device, trace) to `path` as a pickle
     (protocol 4; gzip-compressed when the name ends in .gz), the format
     ``torch.cuda.memory._dump_snapshot`` writes. Returns the dict."""

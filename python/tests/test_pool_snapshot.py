@@ -77,6 +77,32 @@ class TestRecordedTrace(unittest.TestCase):
             nofrag.snapshot()
 
 
+class TestPluginDevice(unittest.TestCase):
+    """The plug-in's pool of device 1, exported with the default arguments:
+    its segments are device 1's (they were labelled device 0)."""
+
+    def test_export_keeps_the_pools_device(self):
+        lib = nofrag.load()
+        throw = lib.nf_torch_set_throw(0)
+        lib.nf_torch_shutdown()
+        nofrag.configure("backend:host,host_capacity:1GiB,limit:64MiB,granule:2MiB")
+        try:
+            p = lib.nf_torch_alloc(3 * MiB, 1, None)
+            self.assertTrue(p, _lib.last_error())
+            snap = nofrag.snapshot(device=1)
+            self.assertEqual(snap["device"], 1)
+            d = nofrag.snapshot_to_torch(snap)
+            self.assertTrue(d["segments"])
+            self.assertEqual({s["device"] for s in d["segments"]}, {1})
+            self.assertEqual(len(d["device_traces"]), 2)
+            self.assertEqual({s["device"] for s in nofrag.snapshot_to_torch(snap, device=0)["segments"]}, {0})
+            lib.nf_torch_free(p, 3 * MiB, 1, None)
+        finally:
+            lib.nf_torch_shutdown()
+            lib.nf_torch_configure(None)
+            lib.nf_torch_set_throw(throw)
+
+
 class TestSnapshot(unittest.TestCase):
     def setUp(self):
         self.lib = nofrag.load()

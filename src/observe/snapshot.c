@@ -107,12 +107,12 @@ char *nf_snapshot(nf_pool_t *p) {
     if (g->state != NF_GR_UNUSED && g->tier <= NF_TIER_DISK) tiers[g->tier]++;
   }
   sb_printf(&b,
-            "{\"version\":1,\n\"totals\":{\"live\":%llu,\"live_rounded\":%llu,\"mapped\":%llu,\"physical\":%llu,"
+            "{\"version\":1,\"device\":%d,\n\"totals\":{\"live\":%llu,\"live_rounded\":%llu,\"mapped\":%llu,\"physical\":%llu,"
             "\"limit\":%llu,\"granule\":%llu,\"cached\":%llu,\"live_blocks\":%llu,\"spilled\":%llu,"
             "\"offloaded\":%llu,\"offloaded_disk\":%llu,\"host_physical\":%llu},\n"
             "\"granules\":{\"created\":%llu,\"mapped\":%llu,\"free\":%llu,\"unused_slots\":%llu,"
             "\"tiers\":{\"device\":%llu,\"host\":%llu,\"disk\":%llu}},\n\"streams\":[",
-            (unsigned long long)p->st.live, (unsigned long long)p->st.live_rounded,
+            p->cfg.device, (unsigned long long)p->st.live, (unsigned long long)p->st.live_rounded,
             (unsigned long long)(p->gran_mapped << p->gshift), (unsigned long long)(p->gran_created << p->gshift),
             (unsigned long long)p->cfg.limit, (unsigned long long)p->granule, (unsigned long long)nf__cached(p),
             (unsigned long long)p->st.live_blocks, (unsigned long long)((p->host_mapped - p->offl_granules) << p->gshift),
