@@ -14,7 +14,8 @@
 // (stitching, steady state, cross-stream reuse, views, destroy); tiers and
 // peers in test_cuda_tiers.c, backend faults in test_cuda_faults.c, failing
 // waits for copies held on a stream in test_cuda_waits.c (argv[2] "waits":
-// that section alone; "units": the units section, test_cuda_units.c, alone).
+// that section alone; "units": the units section, test_cuda_units.c, alone;
+// "streams": test_cuda_streams.c alone).
 #include "cuda_test.h"
 
 #include <pthread.h>
@@ -567,6 +568,8 @@ int main(int argc, char **argv) {
   const char *only = argc > 2 ? argv[2] : "";
   if (!strcmp(only, "units")) {
     test_pool_units(be);
+  } else if (!strcmp(only, "streams")) {
+    test_pool_many_streams(be);
   } else {
     if (strcmp(only, "waits") != 0) { // "waits": the last section alone
       test_backend(be);
