@@ -4,7 +4,8 @@
 // (another thread's call may finish an offload's remap); a third runs that
 // with mapping units (units:4: growth, splits, whole-unit offload); a fourth
 // passes hot blocks between threads on one stream; a fifth has two threads
-// fail ops of one shared backend. Run under TSan in CI.
+// fail ops of one shared backend; a sixth makes a new stream every few steps
+// in every thread (slots given back while others allocate). Run under TSan in CI.
 #include "nf_test.h"
 
 #include <pthread.h>
@@ -226,8 +227,59 @@ static void test_threads_backend_errors(void **state) {
   nf_backend_destroy(shared_be);
 }
 
+// Threads each making a new stream per step (a CuPy stream per step): the
+// pool gives slots back (streams_recycle walks every chunk's blocks under
+// the lock) while other threads allocate, free and check their blocks on
+// their own current streams. Every thread keeps blocks live on older streams
+// of its own, so slots stay named across the recycles.
+static void *stream_worker(void *arg) {
+  uintptr_t id = (uintptr_t)arg;
+  uint64_t rng = id * 104729 + nft_env_seed(3);
+  struct { void *p; size_t n; uint64_t tag; } l[8] = {{0}};
+  for (int it = 0; it < 1500; it++) {
+    nf_stream_t s = (nf_stream_t)(uintptr_t)(0x100000 * (id + 1) + (uintptr_t)(it / 3)); // a new stream every 3 steps
+    int i = (int)(nft_rand(&rng) % 8);
+    if (l[i].p) {
+      if (!nft_check(l[i].p, l[i].n, l[i].tag)) errors++;
+      if (nf_free(pool, l[i].p) != NF_OK) errors++;
+      l[i].p = NULL;
+    }
+    size_t n = 512 + (size_t)(nft_rand(&rng) % (3 * G));
+    void *p = nf_alloc(pool, n, s);
+    if (!p) { errors++; continue; }
+    l[i].p = p;
+    l[i].n = n;
+    l[i].tag = id * 1000003 + (uint64_t)it;
+    nft_fill(p, n, l[i].tag);
+  }
+  for (int i = 0; i < 8; i++)
+    if (l[i].p) {
+      if (!nft_check(l[i].p, l[i].n, l[i].tag)) errors++;
+      nf_free(pool, l[i].p);
+    }
+  return NULL;
+}
+
+static void test_threads_many_streams(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  pool = nft_pool(&be, 1ull << 30, G, "limit:256MiB");
+  assert_non_null(pool);
+  errors = 0;
+  pthread_t t[THREADS];
+  for (uintptr_t i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, stream_worker, (void *)i);
+  for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
+  assert_int_equal(errors, 0);
+  assert_int_equal(nf_pool_check(pool), NF_OK);
+  assert_int_equal(nft_stats_of(pool).live, 0);
+  assert_int_equal(nf_stream_known(pool, (nf_stream_t)(uintptr_t)0x100000), 0); // given back long ago
+  nf_pool_destroy(pool);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_backend_errors),
+                                     cmocka_unit_test(test_threads_many_streams),
                                      cmocka_unit_test(test_threads_set_limit),
                                      cmocka_unit_test(test_threads_stress),
                                      cmocka_unit_test(test_threads_spill_offload),
