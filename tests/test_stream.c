@@ -406,6 +406,30 @@ static void test_streams_all_named(void **state) {
   done(p, be);
 }
 
+// A recycled slot's done_tick is p->tick + 1; the new stream's first free
+// must not tick to that same value, or streams_settle takes its frees for
+// done (done_tick >= last_free) and never records or waits for them: a
+// blocking settle (nf_trim) then leaves its freed memory mapped for good.
+static void test_recycled_slot_first_free_settles(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  for (int i = 0; i < 64; i++) pairs(p, (nf_stream_t)(uintptr_t)(0x100 + i), 1);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_trim(p), NF_OK);
+  assert_int_equal(stats(p).mapped, 0);
+  nf_stream_t s = (nf_stream_t)(uintptr_t)0x5000;
+  char *x = nf_alloc(p, 256 * KB, s); // the 65th: slots given back
+  assert_non_null(x);
+  assert_true(p->streams_recycled > 0);
+  nf_backend_host_use_new(be, s, x, 256 * KB); // s's kernel on x, in flight
+  assert_int_equal(nf_free(p, x), NF_OK);
+  assert_int_equal(nf_trim(p), NF_OK); // waits for s's free, then unmaps
+  assert_int_equal(stats(p).mapped, 0);
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  done(p, be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cold_frees_record_nothing),
@@ -419,6 +443,7 @@ int main(void) {
       cmocka_unit_test(test_record_stream_blocks_come_back),
       cmocka_unit_test(test_streams_recycled),
       cmocka_unit_test(test_streams_all_named),
+      cmocka_unit_test(test_recycled_slot_first_free_settles),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

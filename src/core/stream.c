@@ -57,6 +57,10 @@ static nf_status_t streams_recycle(nf_pool_t *p) {
     memset(r->ev_tick, 0, sizeof r->ev_tick); // the events stay, for the slot's next stream
     for (uint32_t y = 0; y < NF_MAX_STREAMS; y++) p->waited[x][y] = p->waited[y][x] = 0;
   }
+  // The clock passes done_tick: the next stream's frees (and a deferred
+  // copy's x->tick = p->tick + 1) tick after it, never at it (streams_settle
+  // and nf__stream_done would take such a free for done: done_tick >= tick).
+  p->tick++;
   p->stream_free = m;
   p->streams_recycled += (uint64_t)__builtin_popcountll(m);
   return NF_OK;
