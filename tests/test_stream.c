@@ -8,6 +8,7 @@
 // stand in for GPU work in flight.
 #include "nf_test.h"
 #include "core/core.h"
+#include "backend/backend.h"
 
 #define KB 1024ull
 #define G (64 * KB)
@@ -430,6 +431,64 @@ static void test_recycled_slot_first_free_settles(void **state) {
   done(p, be);
 }
 
+// A backend whose event records and stream waits count those on a stream
+// the pool has given back (its handle may be a destroyed stream's; CUDA
+// fails or crashes on it), white box: the host backend's ops, wrapped.
+static const nf_backend_ops_t *inner_ops;
+static nf_pool_t *gone_pool;
+static int gone_uses;
+static bool handle_given_back(nf_stream_t s) {
+  for (uint32_t i = 0; i < gone_pool->nstreams; i++)
+    if (gone_pool->stream_free >> i & 1 && gone_pool->streams[i].handle == s) return true;
+  return false;
+}
+static nf_status_t gone_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s) {
+  gone_uses += handle_given_back(s);
+  return inner_ops->event_record(be, ev, s);
+}
+static nf_status_t gone_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) {
+  gone_uses += handle_given_back(s);
+  return inner_ops->stream_wait(be, s, ev);
+}
+static nf_backend_ops_t gone_ops;
+static void watch_given_back(nf_pool_t *p, nf_backend_t *be) {
+  inner_ops = be->ops;
+  gone_ops = *be->ops;
+  gone_ops.event_record = gone_record;
+  gone_ops.stream_wait = gone_wait;
+  be->ops = &gone_ops;
+  gone_pool = p;
+  gone_uses = 0;
+}
+
+// A private pool handed back (or trimmed) stamps its free blocks as freed
+// on every stream the pool knows: not on the slots given back, whose
+// streams may be gone. Else the next settle records on such a slot.
+static void test_private_hand_back_skips_given_back_slots(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  watch_given_back(p, be);
+  for (int i = 0; i < 64; i++) pairs(p, (nf_stream_t)(uintptr_t)(0x100 + i), 1);
+  nf_stream_t s = (nf_stream_t)(uintptr_t)0x5000;
+  assert_int_equal(nf_private_incref(p, 1), NF_OK);
+  void *x = nf_alloc_private(p, 1, 8 * KB, s); // the 65th: slots given back
+  assert_non_null(x);
+  assert_true(p->stream_free != 0);
+  assert_int_equal(nf_free(p, x), NF_OK);
+  assert_int_equal(nf_private_trim(p, 1), NF_OK);
+  assert_int_equal(nf_private_release(p, 1), NF_OK); // hand-back: stamped on every stream
+  assert_int_equal(nf_trim(p), NF_OK);                // settles every stream
+  void *y = nf_alloc(p, 8 * KB, s);
+  assert_non_null(y);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  assert_int_equal(nf_trim(p), NF_OK);
+  assert_int_equal(gone_uses, 0);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  be->ops = inner_ops;
+  done(p, be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cold_frees_record_nothing),
@@ -444,6 +503,7 @@ int main(void) {
       cmocka_unit_test(test_streams_recycled),
       cmocka_unit_test(test_streams_all_named),
       cmocka_unit_test(test_recycled_slot_first_free_settles),
+      cmocka_unit_test(test_private_hand_back_skips_given_back_slots),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

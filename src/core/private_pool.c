@@ -91,9 +91,11 @@ static void routes_drop(nf_pool_t *p, const nf_priv_t *pv) {
 // Graph replays may have used pv's non-live blocks on any stream, unseen:
 // they are stamped as freed on every stream now.
 static void stamp_all(nf_pool_t *p, const nf_priv_t *pv) {
-  uint64_t all = p->nstreams >= 64 ? ~0ull : (1ull << p->nstreams) - 1;
+  // Not the slots given back (stream.c, streams_recycle): their streams may
+  // be gone, and a stamp would make the next settle record on them.
+  uint64_t all = (p->nstreams >= 64 ? ~0ull : (1ull << p->nstreams) - 1) & ~p->stream_free;
   uint64_t t = ++p->tick;
-  for (uint32_t x = 0; x < p->nstreams; x++) p->streams[x].last_free = t;
+  for (uint64_t m = all; m; m &= m - 1) p->streams[__builtin_ctzll(m)].last_free = t;
   for (nf_chunk_t *c = p->chunks; c; c = c->next)
     for (nf_block_t *b = c->priv == pv ? c->first : NULL; b; b = b->next)
       if (b->state != NF_BLK_LIVE) { // pending ones too: freed later, by nf__pending_poll, with these
