@@ -84,25 +84,29 @@ def enable(conf: Optional[str] = None, **config: Any) -> Pool:
 
         def make(d: int) -> Pool:
             # Defaults first: later keys win in a nofrag config string.
-            return Pool(",".join(s for s in (f"backend:cuda,device:{d}", conf) if s), **config)
+            q = Pool(",".join(s for s in (f"backend:cuda,device:{d}", conf) if s), **config)
+            # Stream handle -> CuPy's stream object: alive while the pool
+            # knows the handle (it may record events on it), dropped once
+            # the pool has forgotten it, which lets CuPy destroy the stream.
+            # On the pool: its blocks keep it (and so these) past disable().
+            q._cupy_streams = {}
+            return q
 
         p = make(device)
         m = re.search(r"(?:^|,)device:(\d+)", p.config())  # the device the pool is on, config included
         dev_id = int(m.group(1)) if m else device
         pools = {dev_id: p}
-        # (device, stream handle) -> CuPy's stream object: alive while the
-        # pool knows the handle (it may record events on it), dropped once
-        # the pool has forgotten it, which lets CuPy destroy the stream.
-        held: Dict[Any, Any] = {}
-
-        def hold(d: int, stream: Any) -> None:
-            key = (d, stream.ptr)
-            if key in held:
-                return
+        def hold(q: Pool, stream: Any) -> None:
+            # Under the lock, the look-up too: a prune running in another
+            # thread may have found this stream forgotten just before this
+            # allocation made the pool know it again; it must not drop it.
             with _lock:
-                held[key] = stream
-                if len(held) > 64 * len(pools) + 16:  # amortised: a pool knows 64 at most
-                    for k in [k for k in held if not pools[k[0]].stream_known(k[1])]:
+                held = q._cupy_streams
+                if stream.ptr in held:
+                    return
+                held[stream.ptr] = stream
+                if len(held) > 64 + 16:  # amortised: a pool knows 64 at most
+                    for k in [k for k in held if not q.stream_known(k)]:
                         del held[k]
 
         def pool_of(d: int) -> Pool:
@@ -132,7 +136,7 @@ def enable(conf: Optional[str] = None, **config: Any) -> Pool:
                     raise
                 st = q.stats()
                 raise cupy.cuda.memory.OutOfMemoryError(size, st["physical"], st["limit"]) from e
-            hold(d, stream)
+            hold(q, stream)
             mem = cupy.cuda.UnownedMemory(ptr, size, _Block(q, ptr), d)
             return cupy.cuda.MemoryPointer(mem, 0)
 

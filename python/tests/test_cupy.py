@@ -202,6 +202,83 @@ class TestCupy(unittest.TestCase):
         self.assertEqual(pool.stats()["live"], 0)
         pool.check()
 
+    def test_streams_held_after_disable(self):
+        """disable() drops the allocator (and with it what held the streams),
+        but the pool lives on while CuPy holds its blocks, and may still
+        record events on their streams: those must stay alive."""
+        import weakref
+        pool = self.nfc.enable(backend="host", limit="64MiB")
+
+        class Stream:
+            def __init__(self, ptr):
+                self.ptr = ptr
+
+        st = Stream(0x4321)
+        ref = weakref.ref(st)
+        self.state["stream"] = st
+        mp = self.state["allocator"](MiB)  # live on st: the pool knows it
+        self.state["stream"] = types.SimpleNamespace(ptr=0)
+        del st
+        self.nfc.disable()
+        gc.collect()
+        self.assertTrue(pool.stream_known(0x4321))
+        self.assertIsNotNone(ref(), "a stream the pool knows was let go at disable()")
+        del mp
+        gc.collect()
+
+    def test_stream_held_when_known_again_during_prune(self):
+        """A prune that found a stream forgotten must not drop it once
+        another thread's allocation on it made the pool know it again (its
+        hold() saw the stream still held and returned)."""
+        import threading
+        import weakref
+        pool = self.nfc.enable(backend="host", limit="64MiB")
+        malloc = self.state["allocator"]
+
+        class Stream:
+            def __init__(self, ptr):
+                self.ptr = ptr
+
+        target = Stream(0x20000)
+        ref = weakref.ref(target)
+        self.state["stream"] = target
+        malloc(MiB)  # held; freed at once: nothing live names it
+        cls = type(pool)
+        orig = cls.stream_known
+        box = {}
+        other = threading.Thread(target=lambda: box.setdefault("mp", malloc(MiB)))
+
+        def known(self_, s):
+            r = orig(self_, s)
+            if s == 0x20000 and not r and not other.is_alive() and "mp" not in box:
+                other.start()  # another thread allocates on it right now
+                other.join(0.5)
+            return r
+
+        threads_stream = threading.local()
+        cupy_stream = self.cp.cuda.get_current_stream
+        self.cp.cuda.get_current_stream = lambda: getattr(threads_stream, "s", target)
+        cls.stream_known = known
+        try:
+            for i in range(200):  # forgotten at a 65th; the prune follows
+                threads_stream.s = Stream(0x30000 + i)
+                malloc(MiB)
+                if other.ident is not None:
+                    break
+        finally:
+            cls.stream_known = orig
+            self.cp.cuda.get_current_stream = cupy_stream
+        other.join()
+        threads_stream.s = None
+        self.state["stream"] = types.SimpleNamespace(ptr=0)
+        self.assertIn("mp", box)
+        del target
+        gc.collect()
+        self.assertTrue(pool.stream_known(0x20000))  # box["mp"] is live on it
+        self.assertIsNotNone(ref(), "a stream the pool knows was let go")
+        del box["mp"]
+        gc.collect()
+
     def test_enable_twice_and_disable(self):
         self.nfc.enable(backend="host", limit="64MiB")
         with self.assertRaises(RuntimeError):
