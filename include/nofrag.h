@@ -75,11 +75,11 @@ typedef enum nf_tier_e {
 //! time after a free on it (lazily: when another stream wants the memory, or
 //! before unmapping it), so a stream must stay alive while the pool knows it:
 //! destroy it only after the pool is destroyed or once nf_stream_known says
-//! the pool forgot it (a record on a destroyed stream fails, or crashes the
-//! driver). A pool keeps 64 streams; when a 65th comes, it forgets those that
-//! no live or pending block names, after one wait for the whole device
-//! (NF_ERR_UNSUPPORTED if every one is named). nofrag.cupy keeps CuPy's stream
-//! objects alive for exactly as long.
+//! the pool forgot it (a record on a destroyed stream is undefined in CUDA: it
+//! failed, and likely crashed, on an H100). A pool keeps 64 streams; when a
+//! 65th comes, it forgets those that no live or pending block names, after one
+//! wait for the whole device (NF_ERR_UNSUPPORTED if every one is named).
+//! nofrag.cupy keeps CuPy's stream objects alive for exactly as long.
 typedef void *nf_stream_t;
 
 typedef struct nf_pool_s nf_pool_t;
