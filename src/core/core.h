@@ -339,6 +339,11 @@ struct nf_pool_s {
 static inline uint64_t nf__need_tick(const nf_stream_rec_t *r, uint64_t tick) {
   return tick < r->last_free ? tick : r->last_free;
 }
+// The slots that hold a stream: below the high-water mark, not given back
+// (stream.c, streams_recycle).
+static inline uint64_t nf__streams_held(const nf_pool_t *p) {
+  return (p->nstreams >= 64 ? ~0ull : (1ull << p->nstreams) - 1) & ~p->stream_free;
+}
 // Stream x's work up to `need` (nf__need_tick) is known complete.
 static inline bool nf__need_done(const nf_stream_rec_t *r, uint64_t need) { return !need || r->done_tick > need; }
 

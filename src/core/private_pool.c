@@ -93,7 +93,7 @@ static void routes_drop(nf_pool_t *p, const nf_priv_t *pv) {
 static void stamp_all(nf_pool_t *p, const nf_priv_t *pv) {
   // Not the slots given back (stream.c, streams_recycle): their streams may
   // be gone, and a stamp would make the next settle record on them.
-  uint64_t all = (p->nstreams >= 64 ? ~0ull : (1ull << p->nstreams) - 1) & ~p->stream_free;
+  uint64_t all = nf__streams_held(p);
   uint64_t t = ++p->tick;
   for (uint64_t m = all; m; m &= m - 1) p->streams[__builtin_ctzll(m)].last_free = t;
   for (nf_chunk_t *c = p->chunks; c; c = c->next)

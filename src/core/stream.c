@@ -66,17 +66,22 @@ static nf_status_t streams_recycle(nf_pool_t *p) {
   return NF_OK;
 }
 
+// The slot holding stream s, or -1.
+static int stream_find(const nf_pool_t *p, nf_stream_t s) {
+  for (uint64_t m = nf__streams_held(p); m; m &= m - 1)
+    if (p->streams[__builtin_ctzll(m)].handle == s) return __builtin_ctzll(m);
+  return -1;
+}
+
 nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out) {
   if (NF_LIKELY(p->nstreams && p->streams[p->last_stream].handle == s)) {
     *out = p->last_stream;
     return NF_OK;
   }
-  for (uint32_t i = 0; i < p->nstreams; i++) {
-    if (p->streams[i].handle == s && !(p->stream_free >> i & 1)) {
-      p->last_stream = i;
-      *out = i;
-      return NF_OK;
-    }
+  int found = stream_find(p, s);
+  if (found >= 0) {
+    p->last_stream = *out = (uint32_t)found;
+    return NF_OK;
   }
   nf_status_t st = p->be->ops->stream_check ? p->be->ops->stream_check(p->be, s) : NF_OK;
   if (st != NF_OK) return nf__error(st, "nofrag: stream %p cannot be used with this pool: %s", s, nf__backend_err());
@@ -98,8 +103,7 @@ nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out) {
 int nf_stream_known(nf_pool_t *p, nf_stream_t s) {
   if (!p) { nf__error(NF_ERR_INVALID, "nofrag: nf_stream_known: NULL pool"); return -1; }
   nf__pool_lock(p);
-  int known = 0;
-  for (uint32_t i = 0; i < p->nstreams && !known; i++) known = p->streams[i].handle == s && !(p->stream_free >> i & 1);
+  int known = stream_find(p, s) >= 0;
   nf__pool_unlock(p);
   return known;
 }
@@ -221,11 +225,9 @@ static nf_status_t streams_settle(nf_pool_t *p, bool blocking) {
     nf_stream_rec_t *r = &p->streams[x];
     if (r->done_tick >= r->last_free) continue;
     nf_status_t st;
+    bool done;
     if (r->rec_tick <= r->last_free && (st = nf__stream_record(p, x)) != NF_OK) return st;
-    st = blocking ? NF_BE(p, event_sync, event_sync, nf__stream_event(r)) : NF_BE(p, event_query, event_query, nf__stream_event(r));
-    if (st == NF_OK) { if (r->rec_tick > r->done_tick) r->done_tick = r->rec_tick; }
-    else if (blocking || st != NF_ERR_NOT_READY)
-      return nf__error(st, "nofrag: event %s failed: %s", blocking ? "synchronize" : "query", nf__backend_err());
+    if ((st = nf__stream_done(p, x, r->last_free, blocking, &done)) != NF_OK) return st;
   }
   return NF_OK;
 }

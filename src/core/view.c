@@ -91,7 +91,7 @@ static void views_on(nf_pool_t *p) {
       if (b->state != NF_BLK_FREE) bits_put(c->busy, g0, g1, true);
     }
   }
-  uint64_t all = (p->nstreams >= 64 ? ~0ull : (1ull << p->nstreams) - 1) & ~p->stream_free; // (not given-back slots)
+  uint64_t all = nf__streams_held(p);
   for (uint64_t i = 0; i < p->gran_cap; i++)
     if (p->gran[i].state != NF_GR_UNUSED) {
       p->gran[i].vmask = all;
