@@ -447,6 +447,41 @@ static void test_prefetch_other_stream(void **state) {
   }
 }
 
+// A 65th stream gives back the slots of streams nothing names after one
+// device wait. An offload copy listed but not yet polled refused it
+// ("offload copies are in flight") though the wait completes every copy: now
+// the copies are finished there, the block is offloaded and its bytes intact.
+static void test_streams_recycled_with_copies_listed(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:1MiB");
+  nf_backend_host_set_manual_events(be, 1);
+  nf_stream_t A = (nf_stream_t)(uintptr_t)0x500;
+  void *a = nf_alloc(p, 4 * G, A);
+  assert_non_null(a);
+  nft_fill(a, 4 * G, 9);
+  assert_int_equal(nf_offload(p, a, A, NF_TIER_HOST), NF_OK); // in flight: listed
+  for (int i = 0; i < 64; i++) { // 63 more slots, then the 65th stream
+    nf_stream_t s = (nf_stream_t)(uintptr_t)(0x1000 + i);
+    void *x = nf_alloc(p, 1024, s);
+    if (!x) fail_msg("stream %d: %s", i, nf_last_error());
+    nft_fill(x, 1024, (uint64_t)i);
+    assert_true(nft_check(x, 1024, (uint64_t)i));
+    assert_int_equal(nf_free(p, x), NF_OK);
+  }
+  nf_stats_t st;
+  nft_stats(p, &st);
+  assert_true(st.offloaded == 4 * G && st.offloads == 1); // finished by the recycling
+  assert_int_equal(nf_stream_known(p, A), 1);             // a's stream: a names it
+  assert_true(nft_check(a, 4 * G, 9));
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  nf_backend_host_set_manual_events(be, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 // During a capture (a stream route of nf_private_begin) offload, prefetch and
 // offload_wait are refused with a clear error and change nothing: they make
 // event calls and queue copies, which a CUDA graph capture forbids.
@@ -520,6 +555,7 @@ int main(void) {
       cmocka_unit_test(test_offload_disk),          cmocka_unit_test(test_random),
       cmocka_unit_test(test_random_faults),         cmocka_unit_test(test_prefetch_other_stream),
       cmocka_unit_test(test_offload_disk_offsets),  cmocka_unit_test(test_offload_refused_in_capture),
+      cmocka_unit_test(test_streams_recycled_with_copies_listed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

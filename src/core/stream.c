@@ -17,6 +17,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+// The slots no live or pending block, route or capture names.
+static uint64_t streams_unnamed(const nf_pool_t *p) {
+  uint64_t named = p->capture_mask;
+  for (nf_chunk_t *c = p->chunks; c; c = c->next)
+    for (const nf_block_t *b = c->first; b; b = b->next)
+      if (b->state != NF_BLK_FREE) named |= 1ull << b->stream | b->extra;
+  for (uint32_t i = 0; i < p->nroutes; i++)
+    if (!p->routes[i].by_thread) named |= 1ull << p->routes[i].s;
+  return ~named;
+}
+
+static nf_status_t recycle_refused(const char *why) {
+  return nf__error(NF_ERR_UNSUPPORTED, "nofrag: more than %d distinct streams used with one pool, and no slot can "
+                   "be given back: %s", NF_MAX_STREAMS, why);
+}
+
 // All NF_MAX_STREAMS slots hold streams: give back the slots of the streams
 // nothing in the pool names (no live or pending block allocated or recorded
 // on it, no route, no capture). Such a stream may be gone (a CuPy stream
@@ -27,26 +43,25 @@
 // slot starts from there (its frees tick later). O(blocks): only when a pool
 // has seen 64 streams and a new one comes.
 static nf_status_t streams_recycle(nf_pool_t *p) {
-  uint64_t named = p->capture_mask;
-  for (nf_chunk_t *c = p->chunks; c; c = c->next)
-    for (const nf_block_t *b = c->first; b; b = b->next)
-      if (b->state != NF_BLK_FREE) named |= 1ull << b->stream | b->extra;
-  for (uint32_t i = 0; i < p->nroutes; i++)
-    if (!p->routes[i].by_thread) named |= 1ull << p->routes[i].s;
-  uint64_t m = ~named;
+  uint64_t m = streams_unnamed(p);
   const char *why = !m ? "every one of them has live or pending blocks (or a route or capture)"
                   : p->capture_mask ? "a stream is being captured (no host wait is allowed)"
-                  : p->xfers ? "offload copies are in flight"
                   : !p->be->ops->sync ? "the backend cannot wait for the whole device"
                   : NULL;
-  if (why)
-    return nf__error(NF_ERR_UNSUPPORTED, "nofrag: more than %d distinct streams used with one pool, and no slot can "
-                     "be given back: %s", NF_MAX_STREAMS, why);
+  if (why) return recycle_refused(why);
   p->st.calls.event_sync++; // a host wait, counted with the event ones (PyTorch: num_sync_all_streams)
   nf_status_t st = p->be->ops->sync(p->be);
   if (st != NF_OK)
     return nf__error(st, "nofrag: %d streams used: device synchronize (to give back the slots of unused streams) "
                      "failed: %s", NF_MAX_STREAMS, nf__backend_err());
+  // Offload copies name their streams: after the device wait every one is
+  // complete, so finishing them (a blocking poll: a record it makes on an
+  // idle stream is done at once) empties the list. Before, one copy listed
+  // but not yet polled refused the new stream.
+  if (p->xfers && (st = p->tier.poll(p, true)) != NF_OK) return st;
+  if (p->xfers) return recycle_refused("offload copies are in flight");
+  m = streams_unnamed(p); // (finishing copies names no new stream; asked again all the same)
+  if (!m) return recycle_refused("every one of them has live or pending blocks (or a route or capture)");
   for (uint64_t k = m; k; k &= k - 1) {
     uint32_t x = (uint32_t)__builtin_ctzll(k);
     nf_stream_rec_t *r = &p->streams[x];
