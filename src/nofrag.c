@@ -47,7 +47,7 @@ nf_status_t nf_pool_create_from_string(nf_pool_t **out, const char *conf) {
   char err[768]; // the unknown-key message lists every key
   if (nf_config_parse(&cfg, conf, err, sizeof err) != NF_OK) return nf__error(NF_ERR_CONFIG, "nofrag: %s", err);
   nf_backend_t *be;
-  nf_status_t st = nf__backend_from_config(&be, &cfg);
+  nf_status_t st = nf__backend_from_config(&be, &cfg, true);
   if (st != NF_OK) {
     // The backend's own message; one "nofrag: " prefix, whoever wrote it.
     char msg[600];

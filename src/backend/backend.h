@@ -98,7 +98,11 @@ nf_status_t nf__backend_fail(nf_backend_t *be, nf_status_t st, const char *fmt, 
 // The backend a configuration names (backend:, device:, host_capacity:,
 // granule:), for nf_pool_create_from_string and the PyTorch plug-in. Errors
 // go to nf_last_error() (no backend object exists yet to carry them).
-nf_status_t nf__backend_from_config(nf_backend_t **out, const nf_config_t *cfg);
+// `bind`: a CUDA backend made on a thread with no context makes the device's
+// primary context current there (nf_backend_cuda_create); the plug-in passes
+// false, leaving PyTorch's current device alone (cuda.c).
+nf_status_t nf__backend_from_config(nf_backend_t **out, const nf_config_t *cfg, bool bind);
+nf_status_t nf__backend_cuda_open(nf_backend_t **out, int device, bool bind);
 
 // Fault backend (fault.c), for tests: besides its plan, call `from + i`
 // fails for each bit i set in `mask` (absolute call numbers; from 0: off).

@@ -20,9 +20,9 @@ NF_API void nf_backend_destroy(nf_backend_t *be) {
   if (be && be->ops && be->ops->destroy) be->ops->destroy(be);
 }
 
-nf_status_t nf__backend_from_config(nf_backend_t **out, const nf_config_t *cfg) {
+nf_status_t nf__backend_from_config(nf_backend_t **out, const nf_config_t *cfg, bool bind) {
   *out = NULL;
-  if (cfg->backend == NF_BACKEND_CUDA) return nf_backend_cuda_create(out, cfg->device);
+  if (cfg->backend == NF_BACKEND_CUDA) return nf__backend_cuda_open(out, cfg->device, bind);
   // The simulated device: an H200's 141 GiB unless host_capacity says otherwise.
   return nf_backend_host_create(out, cfg->host_capacity ? cfg->host_capacity : (uint64_t)141 * NF_GiB,
                                 cfg->granule ? cfg->granule : 2 * NF_MiB);

@@ -13,8 +13,12 @@
 // Whatever the caller had current -- another context, or none -- is restored
 // afterwards, so we never leave foreign threads in a surprising state (a
 // thread left with device 1's context would report device 1 as its current
-// device). The one exception is creation, which binds the primary context
-// on a thread that has none, for plain C programs' own driver calls.
+// device). The one exception is nf_backend_cuda_create, which binds the
+// primary context on a thread that has none, for plain C programs' own driver
+// calls; the PyTorch plug-in creates its backends unbound
+// (nf__backend_cuda_open): a pool made for device 1 on a thread that had not
+// touched CUDA (set_per_process_memory_fraction(f, 1) first) would otherwise
+// make device 1 that thread's current device.
 //
 // Thread safety: the driver entry points are thread-safe; this file's only
 // shared state is the function table (filled once under pthread_once) and a
@@ -569,7 +573,7 @@ static nf_status_t create_fail(nf_status_t st, CUresult r, const char *call) {
   return nf__error(st, "%s: %s: %s", call, cu_name(r), cu_str(r));
 }
 
-nf_status_t nf_backend_cuda_create(nf_backend_t **out, int device) {
+nf_status_t nf__backend_cuda_open(nf_backend_t **out, int device, bool bind) {
   if (!out) return NF_ERR_INVALID;
   *out = NULL;
   if (device < 0) return create_fail(NF_ERR_INVALID, CUDA_SUCCESS, "cuda backend: negative device ordinal");
@@ -608,7 +612,9 @@ nf_status_t nf_backend_cuda_create(nf_backend_t **out, int device) {
   // A thread without any context (a plain C program) gets the primary one,
   // so that its own later driver calls (e.g. cuMemcpy in tests) work too.
   CUcontext cur = NULL;
-  if (cu.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == NULL) (void)cu.CtxSetCurrent(c->ctx);
+  if (bind && cu.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == NULL) (void)cu.CtxSetCurrent(c->ctx);
   *out = &c->base;
   return NF_OK;
 }
+
+nf_status_t nf_backend_cuda_create(nf_backend_t **out, int device) { return nf__backend_cuda_open(out, device, true); }

@@ -99,9 +99,11 @@ void NofragAllocator::emptyCache(MempoolId_t mempool_id) {
 void NofragAllocator::beginAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id, std::function<bool(cudaStream_t)> filter) {
   nf_pool_t* p = pool(device);
   std::lock_guard<std::mutex> g(routes_mu_);
+  // Per device, as PyTorch's allocator keeps its routes per device: one
+  // MemPool may be routed to on two devices at once (each has its own pool).
   for (const Route& r : routes_)
-    TORCH_CHECK(r.id != mempool_id, "nofrag: beginAllocateToPool: already allocating to pool (", mempool_id.first,
-                ", ", mempool_id.second, ")");
+    TORCH_CHECK(r.id != mempool_id || r.device != device, "nofrag: beginAllocateToPool: already allocating to pool (",
+                mempool_id.first, ", ", mempool_id.second, ") on device ", (int)device);
   uint64_t key = key_of(mempool_id);
   check(nf_private_incref(p, key), "beginAllocateToPool");
   Route r{mempool_id, key, device, std::move(filter), false, {}};
@@ -124,9 +126,10 @@ void NofragAllocator::endAllocateToPool(c10::DeviceIndex device, MempoolId_t mem
   std::vector<std::pair<c10::DeviceIndex, uint64_t>> release;
   {
     std::lock_guard<std::mutex> g(routes_mu_);
-    auto it = std::find_if(routes_.rbegin(), routes_.rend(), [&](const Route& r) { return r.id == mempool_id; });
+    auto it = std::find_if(routes_.rbegin(), routes_.rend(),
+                           [&](const Route& r) { return r.id == mempool_id && r.device == device; });
     TORCH_CHECK(it != routes_.rend(), "nofrag: endAllocateToPool: not allocating to pool (", mempool_id.first, ", ",
-                mempool_id.second, ")");
+                mempool_id.second, ") on device ", (int)device);
     if (it->capture) {
       nf_private_end(pool(device), it->key);
       captures_.fetch_sub(1);

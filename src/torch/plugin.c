@@ -143,7 +143,7 @@ static nf_pool_t *nft_create_locked(int device) {
     return NULL;
   }
   nf_backend_t *be = NULL;
-  nf_status_t st = nf__backend_from_config(&be, &cfg);
+  nf_status_t st = nf__backend_from_config(&be, &cfg, false); // unbound: PyTorch owns the current device
   if (st != NF_OK) {
     snprintf(g_err, sizeof g_err, "device %d: cannot create the %s backend: %s: %s", device,
              cfg.backend == NF_BACKEND_HOST ? "host" : "CUDA", nf_status_str(st), nf_last_error());

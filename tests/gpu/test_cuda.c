@@ -17,6 +17,7 @@
 // that section alone; "units": the units section, test_cuda_units.c, alone;
 // "streams": test_cuda_streams.c alone).
 #include "cuda_test.h"
+#include "torch/torch.h"
 
 #include <pthread.h>
 
@@ -488,6 +489,45 @@ static void test_pool_foreign_thread(nf_backend_t *be) {
   nf_pool_destroy(pool);
 }
 
+// The PyTorch plug-in making its pool on a thread with no context (e.g.
+// set_per_process_memory_fraction(f, device=1) before any CUDA work) must
+// leave it with none: a bound primary context would make that device the
+// thread's current one (cudaGetDevice). nf_backend_cuda_create binds (plain C).
+static void *plugin_thread(void *arg) {
+  foreign_t *f = arg;
+  cuCtxGetCurrent(&f->before);
+  f->pool = nf_torch_pool_get(0, 1);
+  void *x = f->pool ? nf_alloc(f->pool, 8u << 20, NULL) : NULL;
+  f->ok = x != NULL && nf_free(f->pool, x) == NF_OK;
+  cuCtxGetCurrent(&f->after);
+  return NULL;
+}
+static void *bind_thread(void *arg) {
+  foreign_t *f = arg;
+  nf_backend_t *b = NULL;
+  cuCtxGetCurrent(&f->before);
+  f->ok = nf_backend_cuda_create(&b, 0) == NF_OK;
+  cuCtxGetCurrent(&f->after);
+  nf_backend_destroy(b);
+  return NULL;
+}
+static void test_plugin_pool_unbound(void) {
+  printf("-- plug-in: its pool made on a thread with no context leaves it with none\n");
+  nf_torch_shutdown();
+  foreign_t f = {0}, g = {0};
+  pthread_t t;
+  pthread_create(&t, NULL, plugin_thread, &f);
+  pthread_join(t, NULL);
+  CHECK(f.pool && f.ok, "plug-in pool and alloc on a thread with no context: %s", nf_torch_last_error());
+  CHECK(f.before == NULL, "a new thread already had a context");
+  CHECK(f.after == NULL, "the plug-in left the thread with a context (%p): its current device changed", f.after);
+  nf_torch_shutdown();
+  pthread_create(&t, NULL, bind_thread, &g);
+  pthread_join(t, NULL);
+  CHECK(g.ok && g.before == NULL && g.after != NULL, "nf_backend_cuda_create on a bare thread binds its context "
+        "(plain C): ok %d, after %p", g.ok, g.after);
+}
+
 // A stream of another context (here one this test makes on device 0; in a
 // job, another device's stream) is refused by the call that brings it, with
 // nothing changed: the pool's events could not be recorded on it.
@@ -578,6 +618,7 @@ int main(int argc, char **argv) {
       test_pool_views(be);
       test_pool_destroy_returns_memory(be);
       test_pool_foreign_thread(be);
+      test_plugin_pool_unbound();
       test_pool_foreign_stream(be);
       test_pool_many_streams(be);
       test_pool_peers(be);
