@@ -54,19 +54,23 @@ def torch_rounds(alloc, rounds):
     distinct = len({s.cuda_stream for s in streams})
     n = 1 << 20
     ok, per_round, allocs = True, [], 0
+    # Results go to one tensor of the default stream: a result kept per
+    # stream would leave 128 streams named by live blocks at once (nofrag
+    # takes 64: docs/pytorch.md "Streams"). Each stream waits for the zeroing.
+    res = torch.zeros(len(streams), device="cuda")
     for r in range(rounds):
-        outs = []
+        res.zero_()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for i, s in enumerate(streams):
             with torch.cuda.stream(s):
                 x = torch.full((n,), float(i % 13), device="cuda")
-                outs.append((i, (x * 2.0).sum()))
+                res[i] = (x * 2.0).sum()
                 del x
                 allocs += 3  # x, the product and the sum
         torch.cuda.synchronize()
         per_round.append((time.perf_counter() - t0) / len(streams))
-        ok &= all(int(v.item()) == 2 * (i % 13) * n for i, v in outs)
+        ok &= all(int(v) == 2 * (i % 13) * n for i, v in enumerate(res.tolist()))
     st = None
     if alloc == "nofrag":
         import nofrag.torch as nft
