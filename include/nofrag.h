@@ -198,6 +198,10 @@ NF_API void nf_backend_host_usage(nf_backend_t *be, uint64_t *granules, uint64_t
 
 //! CUDA backend on the driver's VMM API for `device`; libcuda.so.1 is loaded at
 //! run time. Returns NF_ERR_UNSUPPORTED with a message where no driver exists.
+//! On a thread with no current CUDA context it makes the device's primary
+//! context current (a plain C program's own driver calls then work); a thread
+//! that has one keeps it. (The PyTorch plug-in binds nothing: it leaves
+//! PyTorch's current device alone.)
 NF_API nf_status_t nf_backend_cuda_create(nf_backend_t **out, int device);
 
 //! Fault injection around `inner` (which it then owns): call number
