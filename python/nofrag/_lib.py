@@ -10,7 +10,9 @@ The library is searched, in order, at:
 3. ``../../build/libnofrag.so`` relative to the package, only when the package
    is a source checkout's ``python/nofrag`` (``../..`` has CMakeLists.txt and
    include/nofrag.h: built with ``cmake -S . -B build && cmake --build build``);
-   a package copied elsewhere never picks up an unrelated build/,
+   a package copied elsewhere never picks up an unrelated build/. In a
+   checkout that has both (an editable install's copy beside a build), the
+   newer of 2 and 3 is tried first,
 4. for the copy ``cmake --install`` puts under ``PREFIX/share/nofrag/python``:
    ``PREFIX/LIBDIR/libnofrag.so``, LIBDIR being the install's
    CMAKE_INSTALL_LIBDIR (lib, lib64, lib/x86_64-linux-gnu...) as
@@ -273,12 +275,28 @@ def _install_libdir():
     return libdir or None
 
 
+def _mtime(path):
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return None
+
+
 def _candidates():
     here = os.path.dirname(os.path.abspath(__file__))
-    yield os.path.join(here, "libnofrag.so")
+    bundled = os.path.join(here, "libnofrag.so")
     root = os.path.dirname(os.path.dirname(here))
     if os.path.isfile(os.path.join(root, "CMakeLists.txt")) and os.path.isfile(os.path.join(root, "include", "nofrag.h")):
-        yield os.path.join(root, "build", "libnofrag.so")
+        # A source checkout. An editable install (pip install -e) leaves a
+        # copy in the package directory that a later cmake --build does not
+        # update: the newer of the two comes first, so a rebuilt library is
+        # the one loaded.
+        built = os.path.join(root, "build", "libnofrag.so")
+        tb, tp = _mtime(built), _mtime(bundled)
+        newer_built = tb is not None and (tp is None or tb > tp)
+        yield from ((built, bundled) if newer_built else (bundled, built))
+    else:
+        yield bundled
     libdir = _install_libdir()
     if libdir:
         yield os.path.normpath(os.path.join(here, libdir, "libnofrag.so"))

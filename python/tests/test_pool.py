@@ -493,6 +493,22 @@ class TestLibrary(unittest.TestCase):
                 open(os.path.join(root, f), "w").close()
             self.assertIn(os.path.join(root, "build", "libnofrag.so"), self.candidates_of_copy(root))
 
+    def test_newer_library_first_in_a_checkout(self):
+        """In a checkout, an editable install's copy in the package directory
+        and a later cmake --build's build/libnofrag.so: the newer is tried
+        first (the copy shadowed every rebuild before)."""
+        for newer in ("build", "package"):
+            with tempfile.TemporaryDirectory() as root:
+                for f in ("CMakeLists.txt", os.path.join("include", "nofrag.h"), os.path.join("build", "libnofrag.so")):
+                    os.makedirs(os.path.dirname(os.path.join(root, f)), exist_ok=True)
+                    open(os.path.join(root, f), "w").close()
+                built = os.path.join(root, "build", "libnofrag.so")
+                t = time.time() + (1000 if newer == "build" else -1000)
+                os.utime(built, (t, t))
+                cands = self.candidates_of_copy(root, {"libnofrag.so": ""})
+                bundled = os.path.join(root, "python", "nofrag", "libnofrag.so")
+                self.assertEqual(cands.index(built) < cands.index(bundled), newer == "build", (newer, cands))
+
     def test_install_libdir_from_version_module(self):
         """A cmake --install copy finds PREFIX/LIBDIR (lib64, lib/<multiarch>)
         through _version.libdir, relative to the package; without it, no
