@@ -30,7 +30,9 @@ static uint64_t streams_unnamed(const nf_pool_t *p) {
 
 static nf_status_t recycle_refused(const char *why) {
   return nf__error(NF_ERR_UNSUPPORTED, "nofrag: more than %d distinct streams used with one pool, and no slot can "
-                   "be given back: %s", NF_MAX_STREAMS, why);
+                   "be given back: %s (at most %d streams may hold live or record_stream'ed blocks at once; "
+                   "streams nothing names are forgotten when a new one comes)",
+                   NF_MAX_STREAMS, why, NF_MAX_STREAMS);
 }
 
 // All NF_MAX_STREAMS slots hold streams: give back the slots of the streams

@@ -252,7 +252,7 @@ static void *alloc_impl(size_t size, int device, void *stream, uint64_t id) {
   }
   if (size == 0) return NULL; // PyTorch expects NULL for empty storages
   atomic_fetch_add_explicit(&devs[device].ooms, 1, memory_order_relaxed);
-  char why[1100], cause[300], hint[400] = "";
+  char why[1100], cause[600], hint[400] = ""; // cause: nf_last_error (the streams refusal is ~300 bytes)
   nf_status_t ls = nf_last_status(); // read before anything else can touch it
   snprintf(cause, sizeof cause, "%s", nf_last_error());
   // The exception carries the OOM report's suggestion (the full report goes
