@@ -258,6 +258,41 @@ static void test_tier_counters_after_free(void **state) {
   }
 }
 
+// A 65th stream gives back unnamed slots after a device wait and finishes the
+// offload copies listed then (stream.c, streams_recycle): the offloaded bytes
+// change with no mapping change, so the allocation's publish must carry them,
+// else top shows the block as still on the device until some later slow path.
+// The monitor is read before nf_stats_get, which may publish itself.
+static void test_offloaded_after_stream_recycling(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1024 * 64 * 1024ull, 64 * 1024ull, "limit:1MiB");
+  assert_non_null(p);
+  nf_backend_host_set_manual_events(be, 1); // the copy stays listed until the recycling
+  nf_stream_t A = (nf_stream_t)(uintptr_t)0x500;
+  void *a = nf_alloc(p, 256 * 1024, A);
+  assert_non_null(a);
+  assert_int_equal(nf_offload(p, a, A, NF_TIER_HOST), NF_OK);
+  for (int i = 0; i < 64; i++) { // 63 more slots, then the 65th stream
+    void *x = nf_alloc(p, 1024, (nf_stream_t)(uintptr_t)(0x1000 + i));
+    assert_non_null(x);
+    if (i == 63) {
+      nf_mon_entry_t *v;
+      assert_int_equal(nf__mon_list(NULL, false, &v, NULL), 1);
+      nf_stats_t s;
+      nf_stats_get(p, &s);
+      assert_int_equal(s.offloads, 1); // finished by the recycling
+      assert_int_equal(v[0].v[NF_PUB_OFFLOADED], s.offloaded);
+      free(v);
+    }
+    assert_int_equal(nf_free(p, x), NF_OK);
+  }
+  assert_int_equal(nf_free(p, a), NF_OK);
+  nf_backend_host_complete_events(be);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 // ------------------------------------------------------------------ race
 
 #define RACE_SIZE 4096
@@ -328,6 +363,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_largest_free_idle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_offloaded_and_old_layout, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tier_counters_after_free, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_offloaded_after_stream_recycling, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reader_races_writer, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

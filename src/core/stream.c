@@ -60,7 +60,12 @@ static nf_status_t streams_recycle(nf_pool_t *p) {
   // complete, so finishing them (a blocking poll: a record it makes on an
   // idle stream is done at once) empties the list. Before, one copy listed
   // but not yet polled refused the new stream.
-  if (p->xfers && (st = p->tier.poll(p, true)) != NF_OK) return st;
+  // Finished copies change the tier counters with no mapping change: the
+  // next publish carries them (nf__pub_dirty, as after nf_free's poll).
+  if (p->xfers) {
+    nf__pub_dirty(p);
+    if ((st = p->tier.poll(p, true)) != NF_OK) return st;
+  }
   if (p->xfers) return recycle_refused("offload copies are in flight");
   m = streams_unnamed(p); // (finishing copies names no new stream; asked again all the same)
   if (!m) return recycle_refused("every one of them has live or pending blocks (or a route or capture)");
