@@ -190,8 +190,14 @@ static void test_cross_stream_waits_on_covering_record(void **state) {
 // every stream after: each new stream waits on at most the two before it,
 // where it waited on every stream before (31 waits per allocation in run 76's
 // PyTorch loop of 128 streams; here 210 waits before the change).
-static void test_many_streams_query_first(void **state) {
-  (void)state;
+static nf_status_t query_fails(nf_backend_t *be, nf_event_t ev) {
+  (void)be, (void)ev;
+  return nf__error(NF_ERR_BACKEND, "injected: event query");
+}
+
+// N streams in turn on one block with their work in flight, then N more with
+// each step's work done before it (queries failing when `bad_query`).
+static void streams_in_turn(bool bad_query) {
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
   void *guard = nf_alloc(p, G, A); // ends the chunk: the block below merges with nothing past it
@@ -211,24 +217,45 @@ static void test_many_streams_query_first(void **state) {
   }
   assert_int_equal(nf_backend_host_violations(be), 0);
   assert_true(stats(p).calls.event_query <= N); // in flight: one query each at most
+  const nf_backend_ops_t *ops = be->ops;
+  nf_backend_ops_t failing = *ops;
+  failing.event_query = query_fails;
+  if (bad_query) be->ops = &failing;
   uint64_t w0 = stats(p).calls.stream_wait, q0 = stats(p).calls.event_query;
   for (int i = 0; i < N; i++) {
     nf_backend_host_complete_events(be); // the steps before this one are done
     nf_stream_t s = (nf_stream_t)(uintptr_t)(0x200 + i);
     char *x = nf_alloc(p, 8 * G, s);
+    if (!x) fail_msg("stream %d: %s", i, nf_last_error());
     assert_ptr_equal(x, first);
     nf_backend_host_use_new(be, s, x, 8 * G);
     nft_fill(x, 8 * G, 50 + (uint64_t)i);
     assert_true(nft_check(x, 8 * G, 50 + (uint64_t)i));
     assert_int_equal(nf_free(p, x), NF_OK);
   }
+  be->ops = ops;
   nf_stats_t st = stats(p);
-  assert_true(st.calls.stream_wait - w0 <= 2 * N);
   assert_true(st.calls.event_query - q0 >= N - 1 && st.calls.event_query - q0 <= 3 * N);
+  if (bad_query) // every query failed: the waits ordered each stream, as without queries
+    assert_true(st.calls.stream_wait - w0 > 2 * N);
+  else
+    assert_true(st.calls.stream_wait - w0 <= 2 * N);
   assert_int_equal(nf_backend_host_violations(be), 0);
   assert_true(nft_check(guard, G, 3));
   assert_int_equal(nf_free(p, guard), NF_OK);
   done(p, be);
+}
+
+static void test_many_streams_query_first(void **state) {
+  (void)state;
+  streams_in_turn(false);
+}
+
+// The query is a shortcut: where the backend fails it, the stream waits as it
+// would have without it, and the allocation succeeds.
+static void test_failed_query_falls_back_to_the_wait(void **state) {
+  (void)state;
+  streams_in_turn(true);
 }
 
 // A free's record is optional: when the backend fails it, the free still
@@ -545,6 +572,7 @@ int main(void) {
       cmocka_unit_test(test_recording_ends_without_waits),
       cmocka_unit_test(test_cross_stream_waits_on_covering_record),
       cmocka_unit_test(test_many_streams_query_first),
+      cmocka_unit_test(test_failed_query_falls_back_to_the_wait),
       cmocka_unit_test(test_failed_records_do_not_fail_frees),
       cmocka_unit_test(test_cross_stream),
       cmocka_unit_test(test_refused_stream),

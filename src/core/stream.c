@@ -254,8 +254,10 @@ nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s) {
         if (r->ev_tick[h] > r->done_tick) r->done_tick = r->ev_tick[h];
         continue;
       }
-      if (st != NF_ERR_NOT_READY) return nf__error(st, "nofrag: event query failed: %s", nf__backend_err());
-      query = false; // work in flight: likely the others' too, so one query at most is spent on it
+      // Work in flight: likely the others' too, so one query at most is spent
+      // on it. A failed query stops them as well: it is only a shortcut, and
+      // the wait below orders s all the same (or fails with its own error).
+      query = false;
     }
     st = NF_BE(p, stream_wait, stream_wait, p->streams[s].handle, r->ev[h]);
     if (st != NF_OK) return nf__error(st, "nofrag: stream wait failed: %s", nf__backend_err());
