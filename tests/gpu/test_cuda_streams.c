@@ -7,6 +7,7 @@
 // handed to the next stream, must read that stream's value; blocks live on
 // the default stream all along keep theirs. (An event record on a destroyed
 // stream crashed the driver in run 73: what the pool must never make.)
+// One kept block is offloaded with its copy in flight when the 65th comes.
 #include "cuda_test.h"
 #include "core/core.h"
 
@@ -28,6 +29,10 @@ void test_pool_many_streams(nf_backend_t *be) {
     CHECK(keep[k] != 0, "alloc: %s", nf_last_error());
     if (keep[k]) dev_fill(keep[k], sz, 7000u + (uint32_t)k);
   }
+  // One of them offloaded to host memory, its copy left in flight: the 65th
+  // stream's slot recycling finishes listed copies after its device wait
+  // (it refused the new stream while one was listed before).
+  if (keep[1]) OKP(nf_offload(pool, (void *)keep[1], NULL, NF_TIER_HOST));
   int fails = 0, wrong = 0, still_known = 0;
   uint32_t *h = malloc(sz);
   CUstream made[200] = {0};
@@ -60,6 +65,10 @@ void test_pool_many_streams(nf_backend_t *be) {
   free(h);
   CHECK(fails == 0, "%d of 200 allocations on new streams failed", fails);
   CHECK(wrong == 0, "%d of 200 blocks did not read their stream's value", wrong);
+  uint64_t t[3] = {0};
+  if (keep[1]) OKP(nf_block_tiers(pool, (void *)keep[1], t));
+  CHECK(!keep[1] || t[1] == sz, "the offloaded block is not on the host after the recycling (%llu B there)",
+        (unsigned long long)t[1]);
   for (int k = 0; k < KEEP; k++)
     if (keep[k]) {
       CHECK(dev_check(keep[k], sz, 7000u + (uint32_t)k), "block %d on the default stream lost its data", k);
