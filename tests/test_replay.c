@@ -360,6 +360,19 @@ static void test_cli(void **state) {
   assert_int_equal(nft_run_cli(args, out, n), 1);
   snprintf(want, sizeof want, "%s:2: OOM at event 2", path);
   if (!strstr(out, want)) fail_msg("output '%s' lacks '%s'", out, want);
+  // Stopped in the first half of the ops (event 2 of 4): no call was made in
+  // the second half. It printed every call as "in 2nd half ... (steady state)".
+  fd = open(path, O_WRONLY | O_APPEND);
+  const char tail[] = "free_completed 4096 1048576 0 3\nalloc 4096 4096 0 4\n";
+  assert_int_equal(write(fd, tail, sizeof tail - 1), (ssize_t)(sizeof tail - 1));
+  close(fd);
+  snprintf(args, sizeof args, "replay %s --limit 4MiB --granule 1MiB", path);
+  assert_int_equal(nft_run_cli(args, out, n), 1);
+  if (!strstr(out, "in 2nd half         0 (the replay stopped before the trace's second half)"))
+    fail_msg("output '%s'", out);
+  snprintf(args, sizeof args, "replay %s --limit 4MiB --granule 1MiB --json", path);
+  assert_int_equal(nft_run_cli(args, out, n), 1);
+  if (!strstr(out, "\"calls_second_half\":0,")) fail_msg("output '%s'", out);
   snprintf(args, sizeof args, "replay %s --granule 1MiB --min-capacity --json", path);
   assert_int_equal(nft_run_cli(args, out, n), 0);
   // 1 MiB + 4 MiB live: 5 granules at best, 6 by the guarantee.

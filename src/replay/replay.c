@@ -111,6 +111,7 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
   const int verify = opts->verify;
   double t0 = now_s();
   size_t i = 0;
+  int at_half = 0; // the loop reached the trace's second half
   for (; i < ops->n_ops; i++) {
     const nf__trace_op *op = &ops->ops[i];
     slot_t *s = &slots[op->slot];
@@ -119,6 +120,7 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
       nf_stats_t mid;
       nf_stats_get(pool, &mid);
       res->calls_first_half = mid.backend_calls;
+      at_half = 1;
     }
     if (op->kind == NF_TRACE_OP_ALLOC) {
       s->size = op->size;
@@ -170,6 +172,9 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
   }
   res->ops_done = i;
   nf_stats_get(pool, &res->stats);
+  // A replay stopped (an OOM under --limit) before the second half made no
+  // call there: every call it made belongs to the first half.
+  if (!at_half) res->calls_first_half = res->stats.backend_calls;
   res->calls_second_half = res->stats.backend_calls - res->calls_first_half;
   if (res->status == NF_OK && verify) { // blocks still live at the end
     for (size_t k = 0; k < ops->n_slots; k++) {
