@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/setup-deps.sh --build
+bash scripts/setup-deps.sh --build >&2 # stdout is the replay's: --json must stay one JSON object
 . scripts/build-dir.sh
 fresh_build_dir build # a copied checkout's build/ belongs to the original tree
 mkdir -p build

@@ -24,9 +24,10 @@
 #      installs in a fresh venv, and the package imports and allocates;
 #   7. a copied checkout (only its source files, then configured build/ and
 #      build-pip/, then copied again): scripts/run.sh in the copy configures and
-#      builds the copy, not the original; `pip install -e` in the copy (the
-#      legacy `setup.py develop` and PEP 660) imports nofrag from the copy's
-#      python/ and loads the libnofrag.so it built there.
+#      builds the copy, not the original, and its --json is one JSON object;
+#      `pip install -e` in the copy (the legacy `setup.py develop` and PEP 660)
+#      imports nofrag from the copy's python/ and loads the libnofrag.so it
+#      built there.
 #
 # The venv is made from /usr/bin/python3 (Debian's, with python3-setuptools and
 # python3-wheel: scripts/setup-deps.sh installs them); NF_PYTHON overrides.
@@ -281,6 +282,13 @@ copy_run() {
     if [ -e "$ORIG/build/nofrag" ]; then echo "run.sh in the copy built the original's build/"; return 1; fi
 }
 check "copied checkout: scripts/run.sh reconfigures and builds the copy (not the original)" copy_run
+# run.sh --json: stdout is one JSON object (setup-deps' "all packages present"
+# line came first on stdout, so `run.sh --json | python3 -m json.tool` failed).
+run_json() {
+  (cd "$COPY" && bash scripts/run.sh --json) >"$TMP/run.json" || return 1
+  "$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["nofrag"]["status"] == "ok", d' "$TMP/run.json"
+}
+check "scripts/run.sh --json prints one JSON object on stdout" run_json
 # pip install -e in the copy: the package is the copy's python/nofrag, with
 # libnofrag.so and _bin/nofrag built there (build-pip/cmake of the original
 # wiped and configured afresh). $1: extra pip options (--use-pep517: the
