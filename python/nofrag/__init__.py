@@ -117,7 +117,7 @@ def configure(conf=None, **config):
     ``spill="host"`` or ``spill=True``, ``spill_limit="64GiB"``,
     ``offload_dir="/scratch"``). Raises ValueError if it does not parse or if
     a pool already exists."""
-    s = ",".join(p for p in (conf, conf_string(**config)) if p)
+    s = _lib.conf_join(conf, config, "nofrag.configure")
     if load().nf_torch_configure(s.encode() if s else None) != 0:
         raise ValueError(last_error())
     return s

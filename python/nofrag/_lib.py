@@ -470,3 +470,17 @@ def conf_string(**config):
             raise ValueError(f"config value for {k!r} cannot contain ',': {v!r}")
         parts.append(f"{k}:{v}")
     return ",".join(parts)
+
+
+def conf_join(conf, config, what):
+    """`conf` (a config string or None) and keywords `config` (conf_string)
+    as one config string ("" for neither). TypeError when `conf` is not a
+    str, ValueError for a NUL character: the C parser would stop at it and
+    silently drop the rest ("limit:1GiB\\0,spill:host" -> "limit:1GiB")."""
+    if conf is not None and not isinstance(conf, str):
+        raise TypeError(f"{what}: conf must be a config string such as 'limit:40GiB' (or None), "
+                        f"not {type(conf).__name__}")
+    s = ",".join(p for p in (conf, conf_string(**config)) if p)
+    if "\0" in s:
+        raise ValueError(f"{what}: the configuration contains a NUL character: {s!r}")
+    return s

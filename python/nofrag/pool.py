@@ -17,7 +17,7 @@ import threading
 from typing import Any, Dict, Optional
 
 from . import _lib
-from ._lib import NF_ERR_INVALID, NF_OK, NfStats, NofragError, conf_string
+from ._lib import NF_ERR_INVALID, NF_OK, NfStats, NofragError, conf_join
 
 __all__ = ["Pool"]
 
@@ -47,8 +47,7 @@ class Pool:
         self._lock = threading.Lock()
         self._busy = 0  # calls in flight (_use) that hold the handle
         self._closing = False
-        parts = [p for p in (conf, conf_string(**config)) if p]
-        self.conf: Optional[str] = ",".join(parts) if parts else None
+        self.conf: Optional[str] = conf_join(conf, config, "nofrag.Pool") or None
         lib = _lib.load()
         out = ctypes.c_void_p()
         rc = lib.nf_pool_create_from_string(ctypes.byref(out), self.conf.encode() if self.conf else None)

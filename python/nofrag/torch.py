@@ -264,7 +264,7 @@ def enable(conf=None, **config):
             "use and cannot be swapped. Call nofrag.torch.enable() at the top of the script, right "
             "after `import torch`.")
     lib = load()
-    s = ",".join(p for p in (conf, _lib.conf_string(**config)) if p)
+    s = _lib.conf_join(conf, config, "nofrag.torch.enable")
     if lib.nf_torch_configure(s.encode() if s else None) != 0:
         raise ValueError(f"nofrag.torch.enable: {_lib.last_error()}")
 

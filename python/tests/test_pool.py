@@ -101,6 +101,24 @@ class TestPool(unittest.TestCase):
         self.assertEqual(cm.exception.status_name, "NF_ERR_CONFIG")
         self.assertIn("limitt", str(cm.exception))
 
+    def test_config_not_a_string_or_with_nul(self):
+        # A NUL cut the string at the C parser: "limit:1GiB\0,limitt:1" made a
+        # pool with limit 1GiB and no error; Pool(123) raised "sequence item 0:
+        # expected str instance, int found".
+        with self.assertRaises(ValueError) as cm:
+            nofrag.Pool("backend:host,limit:64MiB\0,limitt:1")
+        self.assertIn("NUL", str(cm.exception))
+        with self.assertRaises(ValueError):
+            nofrag.Pool("backend:host", trace="/tmp/x\0y")
+        with self.assertRaises(ValueError):
+            nofrag.configure("limit:1GiB\0")
+        for bad in (123, b"backend:host", ["backend:host"]):
+            with self.assertRaises(TypeError) as cm:
+                nofrag.Pool(bad)
+            self.assertIn("conf must be a config string", str(cm.exception))
+        with nofrag.Pool(CONF) as pool:  # still fine
+            self.assertIn("limit:268435456", pool.config())
+
     def test_context_manager_closes(self):
         with nofrag.Pool(CONF) as pool:
             pool.alloc(MiB)  # live blocks are dropped with the pool
