@@ -178,6 +178,35 @@ if bdist_wheel is not None:
             return "py3", "none", super().get_tag()[2]
 
     cmdclass["bdist_wheel"] = PlatformWheel
+else:
+    NO_WHEEL = ("nofrag: building a wheel needs the 'wheel' package, which this Python (" + sys.executable
+                + ") lacks and an offline pip cannot fetch. Use a venv made from Debian's Python with its packages "
+                "in view (apt-get install python3-wheel; /usr/bin/python3 -m venv --system-site-packages VENV), "
+                "or install 'wheel' into this environment first")
+    if "bdist_wheel" in sys.argv[1:]:  # an older pip's legacy `setup.py bdist_wheel -d DIR`
+        sys.exit("error: " + NO_WHEEL)
+    from setuptools import Command
+    try:
+        from setuptools.errors import ModuleError
+    except ImportError:  # setuptools < 59
+        from distutils.errors import DistutilsModuleError as ModuleError
+
+    class NoWheel(Command):
+        """Without it, pip's PEP 517 build (a newer pip, or --no-build-isolation)
+        failed with "error: invalid command 'bdist_wheel'", naming no cause."""
+
+        user_options = []
+
+        def initialize_options(self):
+            pass
+
+        def finalize_options(self):  # pip's metadata step finalizes it, never running it
+            raise ModuleError(NO_WHEEL)
+
+        def run(self):
+            pass
+
+    cmdclass["bdist_wheel"] = NoWheel
 
 setup(
     name="nofrag",

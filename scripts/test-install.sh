@@ -217,6 +217,19 @@ print(nofrag._lib.path())' &&
     in_venv "$TMP/venv2/bin/nofrag" version
 }
 check "pip wheel: platform wheel that installs in another venv" wheel_check
+# A venv without `wheel` (plain, not --system-site-packages): pip wheel must
+# fail naming the cause (it said "error: invalid command 'bdist_wheel'").
+no_wheel_check() {
+  "$PY" -m venv "$TMP/venv-nowheel" || return 1
+  if "$TMP/venv-nowheel/bin/python" -c 'import wheel' 2>/dev/null; then echo "this venv has wheel: nothing to check"; return 0; fi
+  if "$TMP/venv-nowheel/bin/pip" wheel --no-index --no-build-isolation --no-deps -w "$TMP/wheels-no" "$ROOT" \
+    >"$TMP/nowheel.log" 2>&1; then
+    echo "pip wheel succeeded without the wheel package?"
+    return 1
+  fi
+  grep -F "building a wheel needs the 'wheel' package" "$TMP/nowheel.log" || { cat "$TMP/nowheel.log"; return 1; }
+}
+check "pip wheel in a venv without wheel: fails naming the missing package" no_wheel_check
 
 py_help() {
   local m out
