@@ -209,6 +209,22 @@ static void test_cli_subcommand_help(void **state) {
     int rc = nft_run_cli(cmd, out, sizeof out);
     if (rc != 0 || !strstr(out, cases[i][1])) fail_msg("nofrag %s: exit %d, output:\n%s", cases[i][0], rc, out);
   }
+  // Usage errors exit 2: no command at all (it printed the help on stdout and
+  // exited 0), and arguments to version (ignored: `nofrag version --bogus`
+  // printed the version and exited 0).
+  static const char *const bad[][2] = {
+      {"", "usage: nofrag replay"},
+      {"version --bogus", "nofrag: version takes no arguments, not '--bogus'"},
+      {"--version extra", "nofrag: --version takes no arguments, not 'extra'"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    int rc = nft_run_cli(bad[i][0], out, sizeof out);
+    if (rc != 2 || !strstr(out, bad[i][1])) fail_msg("nofrag %s: exit %d, output:\n%s", bad[i][0], rc, out);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "%s 2>/dev/null | wc -c", bad[i][0]); // nothing on stdout
+    nft_run_cli(cmd, out, sizeof out);
+    if (atoi(out) != 0) fail_msg("nofrag %s: %s bytes on stdout", bad[i][0], out);
+  }
 }
 
 // Write `len` bytes to a new temporary file named by `path` (a mkstemps

@@ -464,7 +464,11 @@ int main(int argc, char **argv) {
   // unless the user asks for it (NOFRAG_QUIET_OOM=0).
   setenv("NOFRAG_QUIET_OOM", "1", 0);
   setenv("NOFRAG_QUIET_SPILL", "1", 0); // the report has a "spilled" line
-  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+  if (argc < 2) { // no command: a usage error (help asked for is not one)
+    fputs(usage, stderr);
+    return 2;
+  }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
     fputs(usage, stdout);
     return 0;
   }
@@ -472,6 +476,10 @@ int main(int argc, char **argv) {
     if (argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)) {
       fputs("usage: nofrag version\nPrint the version of nofrag (NF_VERSION of nofrag.h).\n", stdout);
       return 0;
+    }
+    if (argc > 2) {
+      fprintf(stderr, "nofrag: %s takes no arguments, not '%s' (see nofrag --help)\n", argv[1], argv[2]);
+      return 2;
     }
     printf("nofrag %s\n", NF_VERSION);
     return 0;
