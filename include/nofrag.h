@@ -151,8 +151,8 @@ typedef struct nf_config_s {
 //! offload_dir "" ($TMPDIR), views 16384, release_idle_ms 10000, units 0.
 NF_API nf_status_t nf_config_default(nf_config_t *cfg);
 
-//! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB
-//! (binary) or KB/MB/GB/TB (decimal) suffixes. Unknown keys or bad values
+//! Apply a "key:value,key:value" string to `cfg`. Sizes take B/KiB/MiB/GiB/TiB/PiB
+//! (binary) or KB/MB/GB/TB/PB (decimal) suffixes. Unknown keys or bad values
 //! return NF_ERR_CONFIG with a message in `err` (if non-NULL) and leave `cfg`
 //! unchanged. NULL or "" is valid and changes nothing. `trace:PATH` takes the
 //! rest of the item as a path (trimmed; it cannot contain ',' and must be

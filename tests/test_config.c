@@ -265,7 +265,9 @@ static void test_errors(void **state) {
   bad("limit:18446744073.709551615GB", "(18446744073709551615 B) exceeds", NULL); // exact, then bounded
   bad("limit:18446744073709551615.5", "(18446744073709551615 B) exceeds", NULL);
   bad("limit:40XB", "unknown size suffix 'XB'", NULL);
-  bad("limit:40PiB", "unknown size suffix 'PiB'", NULL);
+  bad("limit:40PiB", "exceeds the maximum of 1 PiB", NULL); // a suffix now: the bound is stated in it
+  bad("limit:40EiB", "unknown size suffix 'EiB'", NULL);
+  assert_true(ok("limit:1PiB").limit == 1ull << 50 && ok("limit:1PB").limit == 1000000000000000ull);
   bad("limit:40GiBs", "unknown size suffix", NULL);
   bad("limit:90%", "percentages are not supported", NULL);
   bad("limit:40GiB junk", "unexpected characters", NULL);

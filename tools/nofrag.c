@@ -37,7 +37,7 @@ static const char usage[] =
     "\n"
     "options:\n"
     "  --limit BYTES     physical memory limit, > 0 (default: none; leave it out for no limit).\n"
-    "                    BYTES takes B, KiB, MiB, GiB, TiB or KB, MB, GB, TB suffixes, e.g. 24GiB\n"
+    "                    BYTES takes B, KiB, MiB, GiB, TiB, PiB or KB, MB, GB, TB, PB suffixes, e.g. 24GiB\n"
     "  --granule BYTES   granule size, a power of two >= 4 KiB (default 2MiB, as on CUDA)\n"
     "  --conf STRING     pool configuration 'key:value,...' (as NOFRAG_CONF); --limit and\n"
     "                    --granule override it\n"

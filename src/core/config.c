@@ -127,6 +127,8 @@ static const suffix_t SUFFIXES[] = {
     {"m", 1000000ull},       {"mb", 1000000ull},       {"mib", (uint64_t)1 << 20},
     {"g", 1000000000ull},    {"gb", 1000000000ull},    {"gib", (uint64_t)1 << 30},
     {"t", 1000000000000ull}, {"tb", 1000000000000ull}, {"tib", (uint64_t)1 << 40},
+    // The bound itself (NF_CONFIG_MAX_BYTES) is 1 PiB: it must be writable the way errors state it.
+    {"p", 1000000000000000ull}, {"pb", 1000000000000000ull}, {"pib", (uint64_t)1 << 50},
 };
 
 // Parse a size such as "123", "40GiB", "1.5 GiB", "512mb". Fractions are
@@ -190,7 +192,7 @@ static nf_status_t parse_size(tok_t v, const char *what, uint64_t *out, char *er
       char qs[QUOTE_MAX + 4];
       quote(qs, suf);
       return fail(err, errlen,
-                  "%s: unknown size suffix '%s' in '%s' (use B, K/KB, KiB, M/MB, MiB, G/GB, GiB, T/TB, TiB)",
+                  "%s: unknown size suffix '%s' in '%s' (use B, K/KB, KiB, M/MB, MiB, G/GB, GiB, T/TB, TiB, P/PB, PiB)",
                   what, qs, q);
     }
     mult = SUFFIXES[i].mult;
