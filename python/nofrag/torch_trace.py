@@ -169,7 +169,11 @@ def convert(src, dst, device=0):
     opener = gzip.open if dst.endswith(".gz") else open
     tmp = dst + ".tmp"
     try:
-        with opener(tmp, "wt", encoding="utf-8") as f:  # file names in #site lines may be non-ASCII
+        try:
+            f = opener(tmp, "wt", encoding="utf-8")  # file names in #site lines may be non-ASCII
+        except OSError as e:  # name the file asked for, not the temporary beside it
+            raise OSError(e.errno, f"cannot write {dst}: {e.strerror}") from None
+        with f:
             f.write(f"# converted by nofrag.torch_trace from {os.path.basename(src)}, device {device}\n")
             f.write("# ACTION ADDR SIZE STREAM TIME_US\n")
             if stats["skipped"] or stats["dropped_frees"]:
@@ -344,7 +348,11 @@ def export_torch_snapshot(snap, path, device=None, trace=None):
     opener = gzip.open if str(path).endswith(".gz") else open
     tmp = f"{path}.tmp"
     try:
-        with opener(tmp, "wb") as f:
+        try:
+            f = opener(tmp, "wb")
+        except OSError as e:  # name the file asked for, not the temporary beside it
+            raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from None
+        with f:
             pickle.dump(data, f, protocol=4)
         os.replace(tmp, path)
     finally:

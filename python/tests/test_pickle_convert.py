@@ -224,6 +224,13 @@ class TestPickleConvert(unittest.TestCase):
         r = subprocess.run([sys.executable, "-m", "nofrag"], env=env, capture_output=True, text=True)
         self.assertEqual(r.returncode, 2)
         self.assertIn("usage", r.stderr)
+        # An output that cannot be written: the error names it, not its .tmp.
+        bad = os.path.join(self.tmp.name, "no-such-dir", "o.trace")
+        r = subprocess.run([sys.executable, "-m", "nofrag.torch_trace", p, bad], env=env, capture_output=True,
+                           text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn(f"cannot write {bad}: ", r.stderr)
+        self.assertNotIn(".tmp", r.stderr)
 
 
 if __name__ == "__main__":
