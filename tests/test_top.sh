@@ -29,6 +29,17 @@ rm -rf "$edir" "$edir.err"
 [ "$cerr" = "removed 0 files of dead processes; 0 live pools" ] ||
   { echo "FAIL: top --once --json --clean: stderr '$cerr'"; exit 1; }
 
+# The live view into a file or pipe (stdin at EOF: one frame, then out):
+# the table without terminal codes (it wrote cursor and clear-screen codes).
+edir=$(mktemp -d /tmp/nf_top_pipe_XXXXXX)
+"$CLI" top --dir "$edir" </dev/null >"$edir.out" 2>&1
+rc=$?
+esc=$(printf '\033')
+grep -q "$esc" "$edir.out" && { rm -rf "$edir" "$edir.out"; echo "FAIL: top into a file wrote terminal codes"; exit 1; }
+grep -q "nofrag top" "$edir.out" || { cat "$edir.out"; rm -rf "$edir" "$edir.out"; echo "FAIL: top into a file: no table"; exit 1; }
+rm -rf "$edir" "$edir.out"
+[ $rc -eq 0 ] || { echo "FAIL: top into a file: exit $rc"; exit 1; }
+
 command -v tmux >/dev/null 2>&1 || { echo "tmux not installed: skipped"; exit 77; }
 : "${TERM:=xterm}"
 export TERM

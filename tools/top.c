@@ -122,7 +122,10 @@ static int run_live(const char *dir) {
   // A reader that goes away (`nofrag top | head`) must not kill us with
   // SIGPIPE before the terminal is restored: the failed write ends the loop.
   signal(SIGPIPE, SIG_IGN);
-  fputs("\033[?25l", stdout); // hide the cursor while redrawing
+  // Into a pipe or a file, no terminal codes: one table after another, with a
+  // blank line between them (`nofrag top | tee log`).
+  const int ansi = isatty(STDOUT_FILENO);
+  if (ansi) fputs("\033[?25l", stdout); // hide the cursor while redrawing
   nf_mon_entry_t *prev = NULL;
   long nprev = 0;
   double tprev = 0;
@@ -136,7 +139,7 @@ static int run_live(const char *dir) {
       break;
     }
     double t = now_s(CLOCK_MONOTONIC);
-    fputs("\033[H\033[2J", stdout);
+    fputs(ansi ? "\033[H\033[2J" : tprev ? "\n" : "", stdout);
     printf("nofrag top — %s — %ld pool%s — q quits\n\n", dir, n, n == 1 ? "" : "s");
     print_table(stdout, v, n, prev, nprev, t - tprev);
     int out_failed = fflush(stdout) != 0 || ferror(stdout);
@@ -160,7 +163,7 @@ static int run_live(const char *dir) {
     }
   }
   free(prev);
-  fputs("\033[?25h\n", stdout);
+  fputs(ansi ? "\033[?25h\n" : "", stdout);
   fflush(stdout);
   if (tty) tcsetattr(STDIN_FILENO, TCSANOW, &saved);
   return rc;
