@@ -1,0 +1,121 @@
+// Stream ordering (src/core/stream.c), the cases test_stream.c leaves out:
+// which record nf__order_after queries and what a done query tells, the
+// pending list of record_stream'ed blocks, and the slots given back to the
+// 65th stream. White box where the count of backend calls is the point
+// (core.h's stream records); the host backend's manual events stand in for
+// GPU work in flight and count a block handed to a stream while another
+// stream's unordered work still uses it (violations).
+#include "nf_test.h"
+#include "core/core.h"
+#include "backend/backend.h"
+
+#define KB 1024ull
+#define G (64 * KB)
+#define S(x) ((nf_stream_t)(uintptr_t)(x))
+static const nf_stream_t A = S(1);
+
+static nf_pool_t *pool(nf_backend_t **be) {
+  nf_pool_t *p = nft_pool(be, 1ull << 30, G, "limit:64MiB,small_max:8KiB");
+  assert_non_null(p);
+  nf_backend_host_set_manual_events(*be, 1);
+  return p;
+}
+
+static uint32_t sidx(nf_pool_t *p, nf_stream_t s) {
+  uint32_t x = UINT32_MAX;
+  assert_int_equal(nf__stream_index(p, s, &x), NF_OK);
+  return x;
+}
+
+static nf_stats_t stats(nf_pool_t *p) {
+  nf_stats_t s;
+  nf_stats_get(p, &s);
+  return s;
+}
+
+static void done(nf_pool_t *p, nf_backend_t *be) {
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// An allocation of n bytes on s that s's kernel uses (in flight).
+static char *use(nf_pool_t *p, nf_backend_t *be, nf_stream_t s, size_t n, uint64_t tag) {
+  char *x = nf_alloc(p, n, s);
+  if (!x) fail_msg("alloc: %s", nf_last_error());
+  nf_backend_host_use_new(be, s, x, n);
+  nft_fill(x, n, tag);
+  return x;
+}
+
+// k streams (0x100 + i) use adjacent 8-granule blocks x[i], between two
+// guards (g[0], g[1], on A); the streams' indexes in ix[].
+static void run_of(nf_pool_t *p, nf_backend_t *be, int k, uint32_t *ix, char **g, char **x) {
+  g[0] = use(p, be, A, G, 1);
+  for (int i = 0; i < k; i++) {
+    x[i] = use(p, be, S(0x100 + i), 8 * G, (uint64_t)i);
+    assert_ptr_equal(x[i], i ? x[i - 1] + 8 * G : g[0] + G);
+    ix[i] = sidx(p, S(0x100 + i));
+  }
+  g[1] = use(p, be, A, G, 2);
+  assert_ptr_equal(g[1], x[k - 1] + 8 * G);
+}
+
+// ... and free them with their work in flight: one free block of 8k
+// granules that names the k streams. Returns its address.
+static char *run_free(nf_pool_t *p, int k, char **x) {
+  for (int i = 0; i < k; i++) assert_int_equal(nf_free(p, x[i]), NF_OK);
+  return x[0];
+}
+
+// The query is for blocks that would make a stream wait on NF_QUERY_FIRST (3)
+// streams or more: with two, the waits are the cheaper calls (no query);
+// with three, the records made before are queried and their streams skip
+// the wait. A fresh record (made for the block: its work is queued) is not
+// queried: that query would be spent, and would stop the queries of the
+// streams after it.
+static void reuse_of_a_run(int k, uint64_t queries, uint64_t waits) {
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  uint32_t ix[8];
+  char *g[2], *xs[8];
+  run_of(p, be, k, ix, g, xs);
+  char *x = run_free(p, k, xs);
+  // Every stream but the last has a record covering its free.
+  for (int i = 0; i + 1 < k; i++) assert_int_equal(nf__stream_record(p, ix[i]), NF_OK);
+  nf_backend_host_complete_events(be); // their work is done (the pool does not know yet)
+  nf_stats_t s0 = stats(p);
+  char *y = nf_alloc(p, 8 * G * (size_t)k, S(0x200));
+  assert_ptr_equal(y, x);
+  nf_backend_host_use_new(be, S(0x200), y, 8 * G * (size_t)k);
+  nf_stats_t s1 = stats(p);
+  assert_int_equal(s1.calls.event_query - s0.calls.event_query, queries);
+  assert_int_equal(s1.calls.stream_wait - s0.calls.stream_wait, waits);
+  assert_int_equal(s1.calls.event_record - s0.calls.event_record, 1); // the last stream's, fresh
+  for (int i = 0; i < k; i++) // the ones waited on are ordered, the ones queried known done
+    assert_true(p->waited[sidx(p, S(0x200))][ix[i]] || nf__need_done(&p->streams[ix[i]], p->streams[ix[i]].last_free));
+  assert_int_equal(nf_free(p, y), NF_OK);
+  assert_int_equal(nf_free(p, g[0]), NF_OK);
+  assert_int_equal(nf_free(p, g[1]), NF_OK);
+  done(p, be);
+}
+
+static void test_two_streams_wait(void **state) {
+  (void)state;
+  reuse_of_a_run(2, 0, 2);
+}
+
+static void test_three_streams_query_kept_records(void **state) {
+  (void)state;
+  reuse_of_a_run(3, 2, 1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_two_streams_wait),
+      cmocka_unit_test(test_three_streams_query_kept_records),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
