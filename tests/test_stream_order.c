@@ -112,10 +112,50 @@ static void test_three_streams_query_kept_records(void **state) {
   reuse_of_a_run(3, 2, 1);
 }
 
+// A done query tells that the record it asked is complete: the work on its
+// stream up to that record, not up to the stream's newest record. Here
+// stream 0x100 frees y after the record the query takes, and records again
+// with y's kernel in flight: a stream taking y must still wait.
+static void test_query_tells_only_its_record(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  uint32_t ix[3];
+  char *g[2], *xs[3];
+  run_of(p, be, 3, ix, g, xs);
+  char *y = use(p, be, S(0x100), 5 * G, 9), *g2 = use(p, be, A, G, 3); // g2: y merges with nothing
+  char *x = run_free(p, 3, xs);
+  nf_stream_rec_t *r = &p->streams[ix[0]];
+  assert_int_equal(nf__stream_record(p, ix[0]), NF_OK); // covers x's free, not y's
+  uint64_t r1 = r->rec_tick;
+  nf_backend_host_complete_events(be);
+  nf_backend_host_use(be, S(0x100), y, 5 * G); // a new kernel on y, in flight
+  assert_int_equal(nf_free(p, y), NF_OK);
+  assert_int_equal(nf__stream_record(p, ix[0]), NF_OK); // after y's free: not complete
+  uint64_t q0 = stats(p).calls.event_query;
+  char *z = nf_alloc(p, 24 * G, S(0x200)); // the run: 0x100's record r1 is queried, done
+  assert_ptr_equal(z, x);
+  assert_true(stats(p).calls.event_query > q0);
+  assert_int_equal(r->done_tick, r1);
+  assert_false(nf__need_done(r, r->last_free)); // y's free: not known complete
+  uint64_t w0 = stats(p).calls.stream_wait;
+  char *v = nf_alloc(p, 5 * G, S(0x300));
+  assert_ptr_equal(v, y);
+  nf_backend_host_use_new(be, S(0x300), v, 5 * G); // ordered after 0x100's kernel on y
+  assert_int_equal(stats(p).calls.stream_wait, w0 + 1);
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  assert_int_equal(nf_free(p, v), NF_OK);
+  assert_int_equal(nf_free(p, z), NF_OK);
+  for (int i = 0; i < 2; i++) assert_int_equal(nf_free(p, g[i]), NF_OK);
+  assert_int_equal(nf_free(p, g2), NF_OK);
+  done(p, be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_streams_wait),
       cmocka_unit_test(test_three_streams_query_kept_records),
+      cmocka_unit_test(test_query_tells_only_its_record),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
