@@ -151,11 +151,45 @@ static void test_query_tells_only_its_record(void **state) {
   done(p, be);
 }
 
+// Blocks freed with a record_stream wait on the pending list until their
+// extra streams' work is done. A poll asks each stream once: a query that
+// finds B's newest record in flight makes the other blocks on B wait for
+// the next poll with no query of their own (a poll runs on each allocation
+// that maps memory: one query per pending block there would be O(pending)
+// backend calls each time). Once B's work is done, one query releases all.
+static void test_pending_poll_asks_a_stream_once(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  const nf_stream_t B = S(2);
+  enum { N = 8 };
+  char *x[N];
+  for (int i = 0; i < N; i++) {
+    x[i] = use(p, be, A, 4 * G, (uint64_t)i);
+    assert_int_equal(nf_record_stream(p, x[i], B), NF_OK);
+    nf_backend_host_use(be, B, x[i], 4 * G); // B's kernel on it, in flight
+  }
+  for (int i = 0; i < N; i++) assert_int_equal(nf_free(p, x[i]), NF_OK);
+  int pending = 0;
+  for (nf_block_t *b = p->pending; b; b = b->fnext) pending++;
+  assert_int_equal(pending, N);
+  uint64_t q0 = stats(p).calls.event_query;
+  assert_int_equal(nf__pending_poll(p, false), NF_OK);
+  assert_int_equal(stats(p).calls.event_query, q0 + 1);
+  assert_non_null(p->pending);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf__pending_poll(p, false), NF_OK);
+  assert_int_equal(stats(p).calls.event_query, q0 + 2);
+  assert_null(p->pending);
+  done(p, be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_streams_wait),
       cmocka_unit_test(test_three_streams_query_kept_records),
       cmocka_unit_test(test_query_tells_only_its_record),
+      cmocka_unit_test(test_pending_poll_asks_a_stream_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
