@@ -184,12 +184,49 @@ static void test_pending_poll_asks_a_stream_once(void **state) {
   done(p, be);
 }
 
+// The 65th stream: the slots nothing names are given back after one device
+// wait, which completes every stream's work; a given-back slot's done_tick
+// passes every tick so far. A free block still names the old streams of
+// those slots (their bits stay in its mask): the stream that takes such a
+// slot next must not stand for them, or the next stream to take the block
+// waits on the newcomer's unrelated work (a record and a wait it never
+// needed: the old work is done).
+static void test_recycled_slot_stands_for_no_old_work(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *g0 = use(p, be, A, G, 1), *x[63]; // A: slot 0, named by its live guards throughout
+  for (int i = 0; i < 63; i++) {
+    x[i] = use(p, be, S(0x100 + i), 4 * G, (uint64_t)i);
+    assert_ptr_equal(x[i], g0 + G + 4 * G * (size_t)i);
+  }
+  char *g1 = use(p, be, A, G, 2);
+  for (int i = 0; i < 63; i++) assert_int_equal(nf_free(p, x[i]), NF_OK); // one free run naming slots 1..63
+  nf_stream_t n = S(0x5000), m = S(0x6000);
+  char *y = use(p, be, n, 4 * KB, 3); // the 65th stream: slots 1..63 given back, n takes slot 1
+  assert_int_equal(p->streams_recycled, 63);
+  assert_int_equal(sidx(p, n), 1);
+  assert_int_equal(nf_free(p, y), NF_OK); // n's own free, after the device wait
+  nf_stats_t s0 = stats(p);
+  char *z = nf_alloc(p, 63 * 4 * G, m);
+  assert_ptr_equal(z, x[0]);
+  nf_backend_host_use_new(be, m, z, 63 * 4 * G);
+  nf_stats_t s1 = stats(p);
+  assert_int_equal(s1.calls.event_record, s0.calls.event_record); // nothing on n
+  assert_int_equal(s1.calls.stream_wait, s0.calls.stream_wait);
+  assert_int_equal(nf_free(p, z), NF_OK);
+  assert_int_equal(nf_free(p, g0), NF_OK);
+  assert_int_equal(nf_free(p, g1), NF_OK);
+  done(p, be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_two_streams_wait),
       cmocka_unit_test(test_three_streams_query_kept_records),
       cmocka_unit_test(test_query_tells_only_its_record),
       cmocka_unit_test(test_pending_poll_asks_a_stream_once),
+      cmocka_unit_test(test_recycled_slot_stands_for_no_old_work),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
