@@ -124,6 +124,33 @@ static void test_capture_no_events(void **state) {
   nf_backend_destroy(&s->be);
 }
 
+// A 65th stream during a capture: giving slots back takes a host wait for
+// the whole device, which a capture forbids (CUDA: it invalidates the
+// capture). The new stream is refused with the reason and no wait; after the
+// capture it comes in (slots given back after one device wait).
+static void test_capture_refuses_the_65th_stream(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 256ull << 20, G, NULL);
+  assert_int_equal(nf_private_incref(p, 1), NF_OK);
+  assert_int_equal(nf_private_begin(p, 1, S(0x100)), NF_OK); // captured: its slot is named
+  for (int i = 1; i < 64; i++) nf_free(p, nf_alloc(p, 512, S(0x100 + i))); // nothing names these
+  uint64_t syncs = nft_stats_of(p).calls.event_sync;
+  assert_null(nf_alloc(p, 512, S(0x5000)));
+  assert_int_equal(nf_last_status(), NF_ERR_UNSUPPORTED);
+  nft_last_error_has("being captured");
+  assert_int_equal(nft_stats_of(p).calls.event_sync, syncs); // no device wait
+  assert_int_equal(nf_private_end(p, 1), NF_OK);
+  void *y = nf_alloc(p, 512, S(0x5000));
+  assert_non_null(y);
+  assert_int_equal(nft_stats_of(p).calls.event_sync, syncs + 1);
+  nf_free(p, y);
+  assert_int_equal(nf_private_release(p, 1), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 // ------------------------------------------------------------ replays on other streams
 // A graph replays on any stream, unseen by the pool: what a released or
 // trimmed pool hands on must come after every stream's work. Streams: A
@@ -346,6 +373,7 @@ static void test_randomized(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_capture_no_events),
+      cmocka_unit_test(test_capture_refuses_the_65th_stream),
       cmocka_unit_test(test_hand_back_views_ordered),
       cmocka_unit_test(test_private_trim_waits_for_replays),
       cmocka_unit_test(test_hand_back_pending),
