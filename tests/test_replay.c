@@ -238,6 +238,14 @@ static void put_file(char *path, int suffix, const void *data, size_t len) {
   close(fd);
 }
 
+// Rewrite (O_TRUNC) or extend (O_APPEND) the existing file `path` with `text`.
+static void put_text(const char *path, int how, const char *text) {
+  int fd = open(path, O_WRONLY | how);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+  close(fd);
+}
+
 // Run the CLI with `args`; expect exit `rc` and every non-NULL needle in its output.
 static void cli_expect(const char *args, int rc, const char *n1, const char *n2) {
   static char out[1 << 16];
@@ -370,20 +378,14 @@ static void test_cli(void **state) {
   snprintf(args, sizeof args, "replay %s --bogus", path);
   assert_int_equal(nft_run_cli(args, out, n), 2);
   // A tiny trace that cannot fit its limit: exit 1 with the OOM's line.
-  fd = open(path, O_WRONLY | O_TRUNC);
-  const char oom[] = "alloc 4096 1048576 0 1\nalloc 8192 4194304 0 2\n";
-  assert_int_equal(write(fd, oom, sizeof oom - 1), (ssize_t)(sizeof oom - 1));
-  close(fd);
+  put_text(path, O_TRUNC, "alloc 4096 1048576 0 1\nalloc 8192 4194304 0 2\n");
   snprintf(args, sizeof args, "replay %s --limit 4MiB --granule 1MiB", path);
   assert_int_equal(nft_run_cli(args, out, n), 1);
   snprintf(want, sizeof want, "%s:2: OOM at event 2", path);
   if (!strstr(out, want)) fail_msg("output '%s' lacks '%s'", out, want);
   // Stopped in the first half of the ops (event 2 of 4): no call was made in
   // the second half. It printed every call as "in 2nd half ... (steady state)".
-  fd = open(path, O_WRONLY | O_APPEND);
-  const char tail[] = "free_completed 4096 1048576 0 3\nalloc 4096 4096 0 4\n";
-  assert_int_equal(write(fd, tail, sizeof tail - 1), (ssize_t)(sizeof tail - 1));
-  close(fd);
+  put_text(path, O_APPEND, "free_completed 4096 1048576 0 3\nalloc 4096 4096 0 4\n");
   snprintf(args, sizeof args, "replay %s --limit 4MiB --granule 1MiB", path);
   assert_int_equal(nft_run_cli(args, out, n), 1);
   if (!strstr(out, "in 2nd half         0 (the replay stopped before the trace's second half)"))

@@ -6,32 +6,9 @@
 // wait covers every earlier free there. White box: the stream records
 // (core.h) show which record a wait took. The host backend's manual events
 // stand in for GPU work in flight.
-#include "nf_test.h"
-#include "core/core.h"
-#include "backend/backend.h"
+#include "stream_test.h"
 
-#define KB 1024ull
-#define G (64 * KB)
 static const nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
-
-static nf_pool_t *pool(nf_backend_t **be) {
-  nf_pool_t *p = nft_pool(be, 1ull << 30, G, "limit:64MiB,small_max:8KiB");
-  assert_non_null(p);
-  nf_backend_host_set_manual_events(*be, 1);
-  return p;
-}
-
-static uint32_t sidx(nf_pool_t *p, nf_stream_t s) {
-  uint32_t x = UINT32_MAX;
-  assert_int_equal(nf__stream_index(p, s, &x), NF_OK);
-  return x;
-}
-
-static nf_stats_t stats(nf_pool_t *p) {
-  nf_stats_t s;
-  nf_stats_get(p, &s);
-  return s;
-}
 
 // n alloc/free pairs of a small cached block on stream s: n frees (ticks).
 static void pairs(nf_pool_t *p, nf_stream_t s, int n) {

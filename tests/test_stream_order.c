@@ -5,33 +5,10 @@
 // (core.h's stream records); the host backend's manual events stand in for
 // GPU work in flight and count a block handed to a stream while another
 // stream's unordered work still uses it (violations).
-#include "nf_test.h"
-#include "core/core.h"
-#include "backend/backend.h"
+#include "stream_test.h"
 
-#define KB 1024ull
-#define G (64 * KB)
 #define S(x) ((nf_stream_t)(uintptr_t)(x))
 static const nf_stream_t A = S(1);
-
-static nf_pool_t *pool(nf_backend_t **be) {
-  nf_pool_t *p = nft_pool(be, 1ull << 30, G, "limit:64MiB,small_max:8KiB");
-  assert_non_null(p);
-  nf_backend_host_set_manual_events(*be, 1);
-  return p;
-}
-
-static uint32_t sidx(nf_pool_t *p, nf_stream_t s) {
-  uint32_t x = UINT32_MAX;
-  assert_int_equal(nf__stream_index(p, s, &x), NF_OK);
-  return x;
-}
-
-static nf_stats_t stats(nf_pool_t *p) {
-  nf_stats_t s;
-  nf_stats_get(p, &s);
-  return s;
-}
 
 static void done(nf_pool_t *p, nf_backend_t *be) {
   assert_int_equal(nf_backend_host_violations(be), 0);
