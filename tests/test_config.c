@@ -241,6 +241,10 @@ static void test_errors(void **state) {
   bad("limt:1GiB", "unknown key 'limt'", "limit, reserve, release_threshold, retain, granule, "
                                          "small_max, va_chunk, device, backend, host_capacity");
   bad("LIMIT:1GiB", "unknown key 'LIMIT'", "valid keys");
+  // Bytes outside printable ASCII read as \xNN: a non-ASCII and a control
+  // character were both '?' (a UTF-8 key read '??').
+  bad("limit\xc3\xa9:1GiB", "unknown key 'limit\\xc3\\xa9'", NULL);
+  bad("lim\x01it:1GiB", "unknown key 'lim\\x01it'", NULL);
   bad("limit:1GiB,bogus:3", "'bogus'", NULL);
 
   // Values.

@@ -31,6 +31,7 @@
 // At most this many characters of user input are quoted back in a message, so
 // that a megabyte of garbage yields a short, readable error.
 #define QUOTE_MAX 48
+#define QUOTE_BUF (QUOTE_MAX * 4 + 4) // each byte may read \xNN, then "..."
 
 static const char VALID_KEYS[] =
     "limit, reserve, release_threshold, retain, granule, small_max, va_chunk, "
@@ -88,14 +89,22 @@ static int tok_ieq(tok_t t, const char *s) {
 
 // Copy a token into `out` for quoting in a message: control and non-ASCII
 // bytes become '?', and long tokens are cut with "...".
-static void quote(char out[QUOTE_MAX + 4], tok_t t) {
-  size_t n = t.n > QUOTE_MAX ? QUOTE_MAX : t.n, i;
+static void quote(char out[QUOTE_BUF], tok_t t) {
+  size_t n = t.n > QUOTE_MAX ? QUOTE_MAX : t.n, i, o = 0;
+  // Printable ASCII as itself; any other byte as \xNN, so that a non-ASCII
+  // or control character is told apart (both read '?') and the message
+  // stays ASCII.
   for (i = 0; i < n; i++) {
     unsigned char c = (unsigned char)t.p[i];
-    out[i] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';
+    if (c >= 0x20 && c < 0x7f) {
+      out[o++] = (char)c;
+    } else {
+      static const char hex[] = "0123456789abcdef";
+      out[o++] = '\\', out[o++] = 'x', out[o++] = hex[c >> 4], out[o++] = hex[c & 15];
+    }
   }
-  if (t.n > QUOTE_MAX) out[i++] = '.', out[i++] = '.', out[i++] = '.';
-  out[i] = '\0';
+  if (t.n > QUOTE_MAX) out[o++] = '.', out[o++] = '.', out[o++] = '.';
+  out[o] = '\0';
 }
 
 // snprintf into the caller's buffer; safe for err == NULL and errlen 0 or 1.
@@ -135,7 +144,7 @@ static const suffix_t SUFFIXES[] = {
 // exact and round down to whole bytes. On error, writes a message and returns
 // NF_ERR_CONFIG; `what` names the key for the message.
 static nf_status_t parse_size(tok_t v, const char *what, uint64_t *out, char *err, size_t errlen) {
-  char q[QUOTE_MAX + 4];
+  char q[QUOTE_BUF];
   quote(q, v);
   if (v.n == 0) return fail(err, errlen, "%s: empty value", what);
   const char *s = v.p, *e = v.p + v.n;
@@ -189,7 +198,7 @@ static nf_status_t parse_size(tok_t v, const char *what, uint64_t *out, char *er
     for (i = 0; i < ns; i++)
       if (tok_ieq(suf, SUFFIXES[i].name)) break;
     if (i == ns) {
-      char qs[QUOTE_MAX + 4];
+      char qs[QUOTE_BUF];
       quote(qs, suf);
       return fail(err, errlen,
                   "%s: unknown size suffix '%s' in '%s' (use B, K/KB, KiB, M/MB, MiB, G/GB, GiB, T/TB, TiB, P/PB, PiB)",
@@ -219,7 +228,7 @@ static nf_status_t parse_bytes(tok_t v, const char *what, uint64_t *out, char *e
   nf_status_t st = parse_size(v, what, &x, err, errlen);
   if (st != NF_OK) return st;
   if (x > NF_CONFIG_MAX_BYTES) {
-    char q[QUOTE_MAX + 4];
+    char q[QUOTE_BUF];
     quote(q, v);
     return fail(err, errlen, "%s: '%s' (%" PRIu64 " B) exceeds the maximum of 1 PiB (%" PRIu64 " B)", what, q, x,
                 NF_CONFIG_MAX_BYTES);
@@ -230,7 +239,7 @@ static nf_status_t parse_bytes(tok_t v, const char *what, uint64_t *out, char *e
 
 // Plain non-negative decimal integer in [0, max] (no suffixes).
 static nf_status_t parse_int(tok_t v, const char *what, int max, int *out, char *err, size_t errlen) {
-  char q[QUOTE_MAX + 4];
+  char q[QUOTE_BUF];
   quote(q, v);
   if (v.n == 0) return fail(err, errlen, "%s: empty value", what);
   if (v.p[0] == '-') return fail(err, errlen, "%s: negative value '%s' is not allowed", what, q);
@@ -333,7 +342,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
     // still leaves cfg unchanged.
     char *dst = tok_eq(k, "trace") ? c->trace : c->offload_dir;
     if (v.n >= NF_TRACE_PATH_MAX) {
-      char q[QUOTE_MAX + 4];
+      char q[QUOTE_BUF];
       quote(q, v);
       return fail(err, errlen, "%s: path '%s' is %zu bytes, longer than the maximum of %d",
                   tok_eq(k, "trace") ? "trace" : "offload_dir", q, v.n, NF_TRACE_PATH_MAX - 1);
@@ -348,7 +357,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
     } else if (tok_ieq(v, "off") || tok_ieq(v, "0") || tok_ieq(v, "none")) {
       c->spill = 0;
     } else {
-      char q[QUOTE_MAX + 4];
+      char q[QUOTE_BUF];
       quote(q, v);
       return fail(err, errlen, "spill: unknown value '%s' (use host or off)", q);
     }
@@ -360,7 +369,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
     } else if (tok_ieq(v, "cuda")) {
       c->backend = NF_BACKEND_CUDA;
     } else {
-      char q[QUOTE_MAX + 4];
+      char q[QUOTE_BUF];
       quote(q, v);
       if (v.n == 0) return fail(err, errlen, "backend: empty value");
       return fail(err, errlen, "backend: unknown backend '%s' (use host or cuda)", q);
@@ -368,7 +377,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
     return NF_OK;
   }
 
-  char q[QUOTE_MAX + 4];
+  char q[QUOTE_BUF];
   quote(q, k);
   return fail(err, errlen, "unknown key '%s' (valid keys: %s)", q, VALID_KEYS);
 }
@@ -392,7 +401,7 @@ nf_status_t nf_config_parse(nf_config_t *cfg, const char *str, char *err, size_t
     if (it.n == 0)
       return fail(err, errlen, "empty item %d (two commas in a row, or a leading/trailing comma)", item);
     const char *colon = memchr(it.p, ':', it.n);
-    char q[QUOTE_MAX + 4];
+    char q[QUOTE_BUF];
     quote(q, it);
     if (!colon) return fail(err, errlen, "item '%s' has no ':' (expected key:value)", q);
     tok_t k = trim(it.p, colon), v = trim(colon + 1, it.p + it.n);
