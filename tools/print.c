@@ -161,11 +161,9 @@ void nfc_print_text(const nfc_cli *cli, const nf__trace_ops *ops, const nf__repl
   CALLS(X)
 #undef X
   printf(")\n");
-  if (r->ops_done < ops->n_ops / 2) // stopped early: no call of the second half was made
-    printf("  in 2nd half         %" PRIu64 " (the replay stopped before the trace's second half)\n",
-           r->calls_second_half);
-  else
-    printf("  in 2nd half         %" PRIu64 " (steady state: the trace's later steps)\n", r->calls_second_half);
+  printf("  in 2nd half         %" PRIu64 " (%s)\n", r->calls_second_half,
+         r->ops_done < ops->n_ops / 2 ? "the replay stopped before the trace's second half" // no call made there
+                                      : "steady state: the trace's later steps");
   printf("reclaims              %" PRIu64 " (%" PRIu64 " granules stitched)\n", s->reclaims, s->reclaimed_granules);
   printf("views                 %" PRIu64 " granules taken back by a view, %" PRIu64 " moved to a new view, %" PRIu64
          " views evicted, %" PRIu64 " parked at the end\n", s->view_reuses, s->view_moves, s->view_evictions, s->views);

@@ -87,13 +87,12 @@ static int tok_ieq(tok_t t, const char *s) {
   return 1;
 }
 
-// Copy a token into `out` for quoting in a message: control and non-ASCII
-// bytes become '?', and long tokens are cut with "...".
+// Copy a token into `out` for quoting in a message: bytes outside printable
+// ASCII become \xNN, and long tokens are cut with "...".
 static void quote(char out[QUOTE_BUF], tok_t t) {
   size_t n = t.n > QUOTE_MAX ? QUOTE_MAX : t.n, i, o = 0;
-  // Printable ASCII as itself; any other byte as \xNN, so that a non-ASCII
-  // or control character is told apart (both read '?') and the message
-  // stays ASCII.
+  // (Both a non-ASCII and a control character read '?' before; the message
+  // stays ASCII.)
   for (i = 0; i < n; i++) {
     unsigned char c = (unsigned char)t.p[i];
     if (c >= 0x20 && c < 0x7f) {

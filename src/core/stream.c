@@ -65,10 +65,10 @@ static nf_status_t streams_recycle(nf_pool_t *p) {
   if (p->xfers) {
     nf__pub_dirty(p);
     if ((st = p->tier.poll(p, true)) != NF_OK) return st;
+    if (p->xfers) return recycle_refused("offload copies are in flight");
+    m = streams_unnamed(p); // (finishing copies names no new stream; asked again all the same)
+    if (!m) return recycle_refused("every one of them has live or pending blocks (or a route or capture)");
   }
-  if (p->xfers) return recycle_refused("offload copies are in flight");
-  m = streams_unnamed(p); // (finishing copies names no new stream; asked again all the same)
-  if (!m) return recycle_refused("every one of them has live or pending blocks (or a route or capture)");
   for (uint64_t k = m; k; k &= k - 1) {
     uint32_t x = (uint32_t)__builtin_ctzll(k);
     nf_stream_rec_t *r = &p->streams[x];
