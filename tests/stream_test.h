@@ -31,4 +31,24 @@ static inline nf_stats_t stats(nf_pool_t *p) {
   return s;
 }
 
+// n alloc/free pairs of a small cached block on stream s: n frees (ticks).
+static inline void pairs(nf_pool_t *p, nf_stream_t s, int n) {
+  for (int i = 0; i < n; i++) {
+    void *x = nf_alloc(p, 4 * KB, s);
+    assert_non_null(x);
+    assert_int_equal(nf_free(p, x), NF_OK);
+  }
+}
+
+static const nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+
+// The pool's end: no unordered reuse, every event completes, the pool checks out.
+static inline void done(nf_pool_t *p, nf_backend_t *be) {
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 #endif

@@ -8,17 +8,6 @@
 // stand in for GPU work in flight.
 #include "stream_test.h"
 
-static const nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
-
-// n alloc/free pairs of a small cached block on stream s: n frees (ticks).
-static void pairs(nf_pool_t *p, nf_stream_t s, int n) {
-  for (int i = 0; i < n; i++) {
-    void *x = nf_alloc(p, 4 * KB, s);
-    assert_non_null(x);
-    assert_int_equal(nf_free(p, x), NF_OK);
-  }
-}
-
 // One free on s, then a host wait for it (on a fresh record): from here on
 // frees record as they go. *x: s's index.
 static nf_stream_rec_t *heat(nf_pool_t *p, nf_stream_t s, uint32_t *x) {
@@ -27,13 +16,6 @@ static nf_stream_rec_t *heat(nf_pool_t *p, nf_stream_t s, uint32_t *x) {
   nf_stream_rec_t *r = &p->streams[*x];
   assert_int_equal(nf__stream_wait(p, *x, r->last_free), NF_OK);
   return r;
-}
-
-static void done(nf_pool_t *p, nf_backend_t *be) {
-  nf_backend_host_complete_events(be);
-  assert_int_equal(nf_pool_check(p), NF_OK);
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
 }
 
 // No eviction wait yet: frees record nothing (a steady state stays
@@ -380,167 +362,6 @@ static void test_refused_stream(void **state) {
   nf_backend_destroy(&w->be);
 }
 
-// More streams over a pool's life than it has slots (64): a stream nothing
-// names any more (no live or pending block, route, capture) gives its slot
-// back after one host wait for the whole device, since it may be gone and
-// its handle may not be recorded on. Every stream's last block is freed with
-// its kernel in flight; the host backend counts a block handed to a stream
-// while another stream's unordered work still uses it. Slots named by live
-// blocks (an allocation's stream, a record_stream's) are kept throughout.
-static void test_streams_recycled(void **state) {
-  (void)state;
-  nf_backend_t *be;
-  nf_pool_t *p = pool(&be);
-  char *held = nf_alloc(p, 8 * KB, A), *rec = nf_alloc(p, 8 * KB, A);
-  assert_true(held && rec);
-  nft_fill(held, 8 * KB, 1);
-  assert_int_equal(nf_record_stream(p, rec, B), NF_OK); // B is named by rec's extra mask
-  uint32_t ia = sidx(p, A), ib = sidx(p, B);
-  uint64_t syncs0 = stats(p).calls.event_sync;
-  nft_live_t keep[8] = {{0}};
-  for (int i = 0; i < 400; i++) {
-    nf_stream_t s = (nf_stream_t)(uintptr_t)(0x1000 + i);
-    size_t n = (size_t)(1 + i % 7) * 4 * KB;
-    char *x = nf_alloc(p, n, s);
-    if (!x) fail_msg("stream %d: %s", i, nf_last_error());
-    nf_backend_host_use_new(be, s, x, n); // s's kernel on x, in flight until an event completes
-    nft_fill(x, n, 100 + (uint64_t)i);
-    nft_live_t *k = &keep[i % 8];
-    if (k->p) assert_int_equal(nf_free(p, k->p), NF_OK); // freed with its stream's work in flight
-    *k = (nft_live_t){.p = x, .n = n, .tag = 100 + (uint64_t)i};
-    nft_check_all(keep, 8);
-    assert_true(nft_check(held, 8 * KB, 1));
-    if (i % 40 == 0) assert_int_equal(nf_pool_check(p), NF_OK);
-  }
-  assert_int_equal(nf_backend_host_violations(be), 0);
-  assert_true(p->streams_recycled >= 400 - 64);
-  assert_true(stats(p).calls.event_sync > syncs0); // the device waits
-  assert_int_equal(sidx(p, A), ia); // never given back: live blocks name them
-  assert_int_equal(sidx(p, B), ib);
-  for (int i = 0; i < 8; i++) assert_int_equal(nf_free(p, keep[i].p), NF_OK);
-  assert_int_equal(nf_free(p, rec), NF_OK);
-  assert_int_equal(nf_free(p, held), NF_OK);
-  done(p, be);
-}
-
-// Every slot named by a live block: the 65th stream is refused with the
-// reason and nothing changes; once one of them is freed, it comes in.
-static void test_streams_all_named(void **state) {
-  (void)state;
-  nf_backend_t *be;
-  nf_pool_t *p = pool(&be);
-  char *x[64];
-  for (int i = 0; i < 64; i++) {
-    x[i] = nf_alloc(p, 4 * KB, (nf_stream_t)(uintptr_t)(0x100 + i));
-    assert_non_null(x[i]);
-    nft_fill(x[i], 4 * KB, (uint64_t)i);
-  }
-  nf_stats_t s0 = stats(p);
-  nf_stream_t s65 = (nf_stream_t)(uintptr_t)0x5000;
-  assert_null(nf_alloc(p, 4 * KB, s65));
-  assert_int_equal(nf_last_status(), NF_ERR_UNSUPPORTED);
-  nft_last_error_has("no slot can be given back");
-  nf_stats_t s1 = stats(p);
-  assert_int_equal(s1.live_blocks, s0.live_blocks);
-  assert_int_equal(s1.calls.event_sync, s0.calls.event_sync);
-  assert_int_equal(p->stream_free, 0);
-  assert_int_equal(nf_free(p, x[7]), NF_OK);
-  char *y = nf_alloc(p, 4 * KB, s65); // slot 7 given back after one device wait
-  assert_non_null(y);
-  assert_int_equal(stats(p).calls.event_sync, s0.calls.event_sync + 1);
-  assert_int_equal(sidx(p, s65), 7);
-  assert_int_equal(p->streams_recycled, 1);
-  for (int i = 0; i < 64; i++)
-    if (i != 7) {
-      assert_true(nft_check(x[i], 4 * KB, (uint64_t)i));
-      assert_int_equal(nf_free(p, x[i]), NF_OK);
-    }
-  assert_int_equal(nf_free(p, y), NF_OK);
-  done(p, be);
-}
-
-// A recycled slot's done_tick is p->tick + 1; the new stream's first free
-// must not tick to that same value, or streams_settle takes its frees for
-// done (done_tick >= last_free) and never records or waits for them: a
-// blocking settle (nf_trim) then leaves its freed memory mapped for good.
-static void test_recycled_slot_first_free_settles(void **state) {
-  (void)state;
-  nf_backend_t *be;
-  nf_pool_t *p = pool(&be);
-  for (int i = 0; i < 64; i++) pairs(p, (nf_stream_t)(uintptr_t)(0x100 + i), 1);
-  nf_backend_host_complete_events(be);
-  assert_int_equal(nf_trim(p), NF_OK);
-  assert_int_equal(stats(p).mapped, 0);
-  nf_stream_t s = (nf_stream_t)(uintptr_t)0x5000;
-  char *x = nf_alloc(p, 256 * KB, s); // the 65th: slots given back
-  assert_non_null(x);
-  assert_true(p->streams_recycled > 0);
-  nf_backend_host_use_new(be, s, x, 256 * KB); // s's kernel on x, in flight
-  assert_int_equal(nf_free(p, x), NF_OK);
-  assert_int_equal(nf_trim(p), NF_OK); // waits for s's free, then unmaps
-  assert_int_equal(stats(p).mapped, 0);
-  assert_int_equal(nf_backend_host_violations(be), 0);
-  done(p, be);
-}
-
-// A backend whose event records and stream waits count those on a stream
-// the pool has given back (its handle may be a destroyed stream's; CUDA
-// fails or crashes on it), white box: the host backend's ops, wrapped.
-static const nf_backend_ops_t *inner_ops;
-static nf_pool_t *gone_pool;
-static int gone_uses;
-static bool handle_given_back(nf_stream_t s) {
-  for (uint32_t i = 0; i < gone_pool->nstreams; i++)
-    if (gone_pool->stream_free >> i & 1 && gone_pool->streams[i].handle == s) return true;
-  return false;
-}
-static nf_status_t gone_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s) {
-  gone_uses += handle_given_back(s);
-  return inner_ops->event_record(be, ev, s);
-}
-static nf_status_t gone_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) {
-  gone_uses += handle_given_back(s);
-  return inner_ops->stream_wait(be, s, ev);
-}
-static nf_backend_ops_t gone_ops;
-static void watch_given_back(nf_pool_t *p, nf_backend_t *be) {
-  inner_ops = be->ops;
-  gone_ops = *be->ops;
-  gone_ops.event_record = gone_record;
-  gone_ops.stream_wait = gone_wait;
-  be->ops = &gone_ops;
-  gone_pool = p;
-  gone_uses = 0;
-}
-
-// A private pool handed back (or trimmed) stamps its free blocks as freed
-// on every stream the pool knows: not on the slots given back, whose
-// streams may be gone. Else the next settle records on such a slot.
-static void test_private_hand_back_skips_given_back_slots(void **state) {
-  (void)state;
-  nf_backend_t *be;
-  nf_pool_t *p = pool(&be);
-  watch_given_back(p, be);
-  for (int i = 0; i < 64; i++) pairs(p, (nf_stream_t)(uintptr_t)(0x100 + i), 1);
-  nf_stream_t s = (nf_stream_t)(uintptr_t)0x5000;
-  assert_int_equal(nf_private_incref(p, 1), NF_OK);
-  void *x = nf_alloc_private(p, 1, 8 * KB, s); // the 65th: slots given back
-  assert_non_null(x);
-  assert_true(p->stream_free != 0);
-  assert_int_equal(nf_free(p, x), NF_OK);
-  assert_int_equal(nf_private_trim(p, 1), NF_OK);
-  assert_int_equal(nf_private_release(p, 1), NF_OK); // hand-back: stamped on every stream
-  assert_int_equal(nf_trim(p), NF_OK);                // settles every stream
-  void *y = nf_alloc(p, 8 * KB, s);
-  assert_non_null(y);
-  assert_int_equal(nf_free(p, y), NF_OK);
-  assert_int_equal(nf_trim(p), NF_OK);
-  assert_int_equal(gone_uses, 0);
-  assert_int_equal(nf_pool_check(p), NF_OK);
-  be->ops = inner_ops;
-  done(p, be);
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cold_frees_record_nothing),
@@ -554,10 +375,6 @@ int main(void) {
       cmocka_unit_test(test_cross_stream),
       cmocka_unit_test(test_refused_stream),
       cmocka_unit_test(test_record_stream_blocks_come_back),
-      cmocka_unit_test(test_streams_recycled),
-      cmocka_unit_test(test_streams_all_named),
-      cmocka_unit_test(test_recycled_slot_first_free_settles),
-      cmocka_unit_test(test_private_hand_back_skips_given_back_slots),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,16 +8,6 @@
 #include "stream_test.h"
 
 #define S(x) ((nf_stream_t)(uintptr_t)(x))
-static const nf_stream_t A = S(1);
-
-static void done(nf_pool_t *p, nf_backend_t *be) {
-  assert_int_equal(nf_backend_host_violations(be), 0);
-  nf_backend_host_complete_events(be);
-  assert_int_equal(nf_pool_check(p), NF_OK);
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
-}
-
 // An allocation of n bytes on s that s's kernel uses (in flight).
 static char *use(nf_pool_t *p, nf_backend_t *be, nf_stream_t s, size_t n, uint64_t tag) {
   char *x = nf_alloc(p, n, s);
@@ -138,7 +128,6 @@ static void test_pending_poll_asks_a_stream_once(void **state) {
   (void)state;
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
-  const nf_stream_t B = S(2);
   enum { N = 8 };
   char *x[N];
   for (int i = 0; i < N; i++) {

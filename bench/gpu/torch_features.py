@@ -30,6 +30,9 @@ Cases:
  7 mempool  MemPool + use_mem_pool: allocations in the pool, freed with it
  8 train    bench/gpu/train.py gpt2 (issue 3): native / nofrag / nofrag-ctypes
  pair       CPU cost of torch.empty + del (ns per pair), native vs nofrag
+ streams    100 streams (ExternalStream) holding live tensors at once, more than
+            nofrag's 64 slots; each freed with work queued and its memory taken
+            by another stream: every tensor must read its own value
  llama      a trace of a Llama-style 1.1B with 4-micro-batch gradient
             accumulation and activation checkpointing under the native
             allocator, gzipped into $OUT (for `nofrag replay --allocator native`)
@@ -514,9 +517,66 @@ def case_llama(torch, alloc, out_dir):
             "pass": os.path.getsize(path + ".gz") < (16 << 20)}
 
 
+def _cudart():
+    import ctypes
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            pass
+    raise RuntimeError("libcudart not found")
+
+
+def case_streams(torch, alloc):
+    """100 raw streams (torch.cuda.ExternalStream; PyTorch's own pool has 32 per
+    priority) each fill a 4 MiB tensor that stays live: more streams hold live
+    blocks than nofrag's 64 slots. Then each tensor gets 20 more fills queued
+    and is dropped with them in flight, and a tensor of the same size is made
+    on another of the streams and filled once: it must read its own value
+    (the new stream ordered after the old one's queued work)."""
+    import ctypes
+    lib = _cudart()
+    streams = []
+    for _ in range(100):
+        h = ctypes.c_void_p()
+        rc = lib.cudaStreamCreateWithFlags(ctypes.byref(h), 1)  # non-blocking
+        if rc != 0:
+            raise RuntimeError(f"cudaStreamCreateWithFlags: {rc}")
+        streams.append(torch.cuda.ExternalStream(h.value))
+    n = 1 << 20
+    xs = []
+    for i, s in enumerate(streams):
+        with torch.cuda.stream(s):
+            x = torch.empty(n, device="cuda")
+            for k in range(20):
+                x.fill_(-1.0 - k)
+            x.fill_(float(i))
+        xs.append(x)
+    ys = []
+    for i, s in enumerate(streams):
+        with torch.cuda.stream(s):
+            for k in range(20):
+                xs[i].fill_(-100.0 - k)
+        xs[i] = None  # freed with its fills queued on s
+        with torch.cuda.stream(streams[(i + 37) % 100]):
+            y = torch.empty(n, device="cuda")
+            y.fill_(1000.0 + i)
+        ys.append(y)
+    torch.cuda.synchronize()
+    wrong = sum(1 for i, y in enumerate(ys) if not bool((y == 1000.0 + i).all()))
+    res = {"streams": 100, "wrong": wrong}
+    if alloc.startswith("nofrag") and not alloc.startswith("nofrag-ctypes"):
+        res["calls"] = {k: v for k, v in _nofrag_stats()["calls"].items() if "event" in k or "stream" in k}
+    del ys
+    torch.cuda.synchronize()
+    if wrong:
+        raise AssertionError(f"{wrong} of 100 tensors did not read their value")
+    return res  # the streams stay: a pool may record on a stream it knows until it is destroyed
+
+
 CASES = {"pair": case_pair, "graph": case_graph, "graphed": case_graphed, "compile": case_compile, "cudnn": case_cudnn,
          "history": case_history, "oom": case_oom, "ipc": case_ipc, "mempool": case_mempool, "llama": case_llama,
-         "contract": case_contract}
+         "contract": case_contract, "streams": case_streams}
 
 
 def worker(a):
@@ -549,6 +609,7 @@ PLAN = [("contract", ("native", "nofrag"), 90),
         ("oom", ("native", "nofrag"), 90),
         ("ipc", ("native", "nofrag"), 90),
         ("mempool", ("native", "nofrag"), 60),
+        ("streams", ("native", "nofrag"), 90),
         ("history", ("native", "nofrag"), 120),
         ("graphed", ("native", "nofrag"), 90),
         ("train", ("native", "nofrag", "nofrag-ctypes"), 150),

@@ -267,22 +267,33 @@ class TestPluginOnHost(unittest.TestCase):
         self.assertEqual(lib.nf_torch_last_status(), 0)
         self.assertEqual(lib.nf_torch_free_any(p), -1)  # double free
         self.assertEqual(lib.nf_torch_last_status(), _lib.NF_ERR_INVALID)
-        # 64 distinct streams is the pool's bound: the 65th is refused, and it
-        # is not an out-of-memory error.
-        ptrs = [lib.nf_torch_alloc(512, 0, s) for s in range(1, 64)]
+        # A pool keeps 64 streams. A 65th takes the slot of a stream that only
+        # live blocks' allocations name; their frees find a slot again.
+        ptrs = [lib.nf_torch_alloc(512, 0, s) for s in range(1, 65)]
         self.assertTrue(all(ptrs), _lib.last_error())
+        t = lib.nf_torch_alloc(512, 0, 2000)
+        self.assertTrue(t, _lib.last_error())
+        self.assertTrue(nft.stream_known(1, 0))  # stream 1's slot went, its live block still names it
+        self.assertEqual(lib.nf_torch_free_any(t), 0, nofrag.last_error())
+        self.assertEqual(lib.nf_torch_free_any(ptrs[0]), 0, nofrag.last_error())
+        ptrs[0] = lib.nf_torch_alloc(512, 0, 1)
+        self.assertTrue(ptrs[0], _lib.last_error())
+        # Where record_stream names every slot, the 65th is refused, and it is
+        # not an out-of-memory error.
+        for k, x in enumerate(ptrs):
+            lib.nf_torch_record_stream(x, k + 2 if k < 63 else 1)  # every stream named
+            self.assertEqual(lib.nf_torch_last_status(), 0, nofrag.last_error())
         self.assertIsNone(lib.nf_torch_alloc(512, 0, 1000))
         st = lib.nf_torch_last_status()
         self.assertNotIn(st, (0, _lib.NF_ERR_OOM))
         self.assertIn("not out of memory", nofrag.last_error())
         # What to do about it, whole (the plug-in's message kept 299 bytes of the cause before)
-        self.assertIn("streams nothing names are forgotten when a new one comes) (live", nofrag.last_error())
-        self.assertTrue(nft.stream_known(5, 0))  # live blocks name streams 1..63
+        self.assertIn("routes and captures keep theirs) (live", nofrag.last_error())
+        self.assertTrue(nft.stream_known(5, 0))  # live blocks name streams 1..64
         self.assertFalse(nft.stream_known(1000, 0))
-        q = lib.nf_torch_alloc(512, 0, None)
-        lib.nf_torch_record_stream(q, 1001)
+        lib.nf_torch_record_stream(ptrs[5], 1001)
         self.assertEqual(lib.nf_torch_last_status(), st)
-        for x in ptrs + [q]:
+        for x in ptrs:
             lib.nf_torch_free_any(x)
         # Nothing names them now: a 65th stream makes the pool forget them
         # (one device wait) instead of failing.

@@ -31,6 +31,9 @@
 // (4.25 B each) stays within a few GiB of host memory.
 #define NF_CHUNK_MAX_GRANULES ((uint64_t)1 << 30)
 #define NF_MAX_STREAMS 64 // streams are tracked in a 64-bit mask
+// nf_block_t.stream of a live block whose allocation stream lost its slot to
+// a 65th stream (stream.c, streams_steal): the handle is in nf_block_t.orphan.
+#define NF_STREAM_ORPHAN 0xFFFFu
 #define NF_RELEASE_AUTO (UINT64_MAX - 1)
 #define NF_RELEASE_NEVER UINT64_MAX
 // Every byte-size key is at most 1 PiB: far above any device or host (an H200
@@ -67,6 +70,7 @@ struct nf_block_s {
   uint8_t memo;              // its last allocation was where placement puts it (see nf_pool_t.fx)
   uint8_t shared;            // live: exported by nf_ipc_export (its granules must stay where they are)
   uint64_t fx;               // p->fx after its allocation / its park
+  nf_stream_t orphan;        // live, stream NF_STREAM_ORPHAN: its allocation stream (nf__block_home)
 };
 
 // A reserved virtual address range, with per-granule mapping state.
@@ -156,6 +160,7 @@ typedef struct nf_stream_rec_s {
   uint64_t rec_tick;  // tick of the newest record (0: none)
   uint64_t done_tick; // tick of a record known complete (every free before it is done)
   uint64_t last_free; // tick of the newest free on this stream
+  uint64_t used;      // p->stream_clock when a lookup last switched to it (streams_steal takes the oldest)
   uint32_t ev_head;             // ring slot of the newest record
   nf_event_t ev[NF_EVENTS];     // the ring
   uint64_t ev_tick[NF_EVENTS];  // tick of each slot's record (0: never recorded)
@@ -240,6 +245,9 @@ struct nf_pool_s {
   uint32_t last_stream; // index of the last stream looked up (fast path; never a free slot)
   uint64_t stream_free; // slots below nstreams given back (stream.c, streams_recycle), taken first
   uint64_t streams_recycled; // slots given back so far
+  uint64_t streams_stolen;   // slots taken from a stream live blocks name (streams_steal)
+  uint64_t stream_clock;     // lookups that switched streams (nf_stream_rec_t.used)
+  uint64_t orphans;          // live blocks whose stream has no slot (NF_STREAM_ORPHAN)
   uint64_t tick;                                   // pool clock (frees and records)
   uint64_t ev_hot;        // frees up to this tick record events as they go (stream.c, nf__stream_mark)
   uint64_t waited[NF_MAX_STREAMS][NF_MAX_STREAMS]; // [S][A]: tick of the A-record S waits on
@@ -561,6 +569,19 @@ static inline uint64_t nf__cached(const nf_pool_t *p) {
 
 // stream.c
 nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out);
+// A live block whose stream lost its slot (NF_STREAM_ORPHAN) gets one again,
+// maybe taking another stream's (never one of `keep`, the slots the caller
+// holds); any other block: nothing to do. Before anything uses b->stream.
+nf_status_t nf__block_home(nf_pool_t *p, nf_block_t *b, uint64_t keep);
+// nf__stream_index for a call on live block b: never takes b's own slot.
+nf_status_t nf__stream_index_for(nf_pool_t *p, nf_stream_t s, const nf_block_t *b, uint32_t *out);
+// nf__block_home for nf_free: where no slot can be had, a host wait for the
+// block's stream instead (stream.c).
+nf_status_t nf__block_home_any(nf_pool_t *p, nf_block_t *b);
+// The stream a live block was allocated on.
+static inline nf_stream_t nf__block_stream(const nf_pool_t *p, const nf_block_t *b) {
+  return b->stream == NF_STREAM_ORPHAN ? b->orphan : p->streams[b->stream].handle;
+}
 nf_status_t nf__order_after(nf_pool_t *p, nf_block_t *b, uint32_t s);
 nf_status_t nf__streams_sync(nf_pool_t *p);
 nf_status_t nf__streams_poll(nf_pool_t *p);

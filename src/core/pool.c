@@ -436,7 +436,7 @@ static inline void free_count(nf_pool_t *p, const nf_block_t *b) {
 static NF_ALWAYS_INLINE bool free_hot(nf_pool_t *p, nf_block_t *b) {
   bool large = b->arena != NF_ARENA_SMALL, memo = b->memo && b->fx == p->fx;
   if (b->where | b->extra | (p->bin_large != NULL) | (p->obs.op != NULL) | (p->xfers != 0) |
-      (p->tick + 1 < p->ev_hot))
+      (p->tick + 1 < p->ev_hot) | (b->stream >= NF_MAX_STREAMS)) // (NF_STREAM_ORPHAN: free_locked)
     return false;
   nf_bin_t *bin = nf__bin_parkable(p, b, memo);
   if (!bin) return false;
@@ -489,6 +489,13 @@ static NF_NOINLINE nf_status_t free_locked(nf_pool_t *p, nf_block_t *b, void *pt
     nf_status_t st = bad_free(p, ptr, flags & NF_FREE_PROBE);
     nf__pool_unlock(p);
     return st;
+  }
+  // Its stream lost its slot to another (stream.c, streams_steal): it gets
+  // one again, which its free's tick and mask name. Failed: nothing changed.
+  nf_status_t hs = nf__block_home_any(p, b);
+  if (NF_UNLIKELY(hs != NF_OK)) {
+    nf__pool_unlock(p);
+    return hs;
   }
   size_t req = b->req; // b may be merged away below
   uint32_t bs = b->stream;
@@ -545,7 +552,7 @@ nf_status_t nf_record_stream(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   nf__pool_lock(p);
   nf_block_t *b = nf__map_find(p, (uintptr_t)ptr);
   uint32_t s = 0;
-  nf_status_t st = b ? nf__stream_index(p, stream, &s)
+  nf_status_t st = b ? nf__stream_index_for(p, stream, b, &s) // (b keeps its slot: it names b's free)
                      : nf__error(NF_ERR_INVALID, "nofrag: record_stream of %p: not a live block", ptr);
   if (st == NF_OK && s != b->stream) b->extra |= 1ull << s;
   nf__pool_unlock(p);

@@ -63,7 +63,7 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
   if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_pool_check: NULL pool");
   nf__pool_lock(p);
   nf_status_t st = NF_OK;
-  uint64_t live = 0, live_r = 0, nlive = 0, mapped = 0, nfree_blocks = 0, tlsf_blocks = 0, nd = 0, nhost = 0;
+  uint64_t live = 0, live_r = 0, nlive = 0, norphans = 0, mapped = 0, nfree_blocks = 0, tlsf_blocks = 0, nd = 0, nhost = 0;
   uint8_t *seen = calloc(p->gran_cap ? p->gran_cap : 1, 1); // physical granule mapped once at most
   CHECK(seen, "check: out of memory");
   for (nf_chunk_t *c = p->chunks; c; c = c->next) {
@@ -78,9 +78,17 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
       CHECK(!(b->state == NF_BLK_FREE && prev && prev->state == NF_BLK_FREE && !b->parked && !prev->parked),
             "check: free blocks %p and %p are adjacent, not coalesced", (void *)prev->addr, (void *)b->addr);
       if (b->state == NF_BLK_FREE) { nfree_blocks++; continue; }
-      // A live or pending block's streams hold their slots (streams_recycle).
-      CHECK(b->stream < p->nstreams && !((1ull << b->stream | b->extra) & p->stream_free),
-            "check: block %p names a stream slot given back", (void *)b->addr);
+      // A live or pending block's streams hold their slots (streams_recycle),
+      // but a live one's allocation stream may have lost its slot (streams_steal).
+      if (b->stream == NF_STREAM_ORPHAN) {
+        CHECK(b->state == NF_BLK_LIVE && !b->where, "check: block %p without a stream slot is not live on the device",
+              (void *)b->addr);
+        norphans++;
+      } else {
+        CHECK(b->stream < p->nstreams && !(1ull << b->stream & p->stream_free),
+              "check: block %p names a stream slot given back", (void *)b->addr);
+      }
+      CHECK(!(b->extra & p->stream_free), "check: block %p names a stream slot given back", (void *)b->addr);
       uint64_t o0, o1;
       if (b->state == NF_BLK_LIVE && p->tier.away && p->tier.away(p, b) && nf__owned(p, b, &o0, &o1)) {
         // Disk- or detached-offloaded: the owned granules are unmapped, the edges ready.
@@ -156,6 +164,8 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
         "check: live counters %llu/%llu/%llu, walk %llu/%llu/%llu", (unsigned long long)p->st.live,
         (unsigned long long)p->st.live_rounded, (unsigned long long)p->st.live_blocks,
         (unsigned long long)live, (unsigned long long)live_r, (unsigned long long)nlive);
+  CHECK(norphans == p->orphans, "check: %llu blocks without a stream slot, %llu counted",
+        (unsigned long long)norphans, (unsigned long long)p->orphans);
   CHECK(nlive + p->bin_blocks == p->map.count, "check: hash holds %llu, live %llu + parked %llu",
         (unsigned long long)p->map.count, (unsigned long long)nlive, (unsigned long long)p->bin_blocks);
   CHECK(!p->last || p->last->state != NF_BLK_LIVE || nf__map_find(p, p->last->addr) == p->last,

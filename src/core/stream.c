@@ -22,17 +22,43 @@ static uint64_t streams_unnamed(const nf_pool_t *p) {
   uint64_t named = p->capture_mask;
   for (nf_chunk_t *c = p->chunks; c; c = c->next)
     for (const nf_block_t *b = c->first; b; b = b->next)
-      if (b->state != NF_BLK_FREE) named |= 1ull << b->stream | b->extra;
+      if (b->state != NF_BLK_FREE) named |= (b->stream == NF_STREAM_ORPHAN ? 0 : 1ull << b->stream) | b->extra;
   for (uint32_t i = 0; i < p->nroutes; i++)
     if (!p->routes[i].by_thread) named |= 1ull << p->routes[i].s;
   return ~named;
 }
 
-static nf_status_t recycle_refused(const char *why) {
+static nf_status_t slots_refused(const char *why) {
   return nf__error(NF_ERR_UNSUPPORTED, "nofrag: more than %d distinct streams used with one pool, and no slot can "
-                   "be given back: %s (at most %d streams may hold live or record_stream'ed blocks at once; "
-                   "streams nothing names are forgotten when a new one comes)",
-                   NF_MAX_STREAMS, why, NF_MAX_STREAMS);
+                   "be given back or taken: %s (a slot is taken from a stream only its live blocks' allocations "
+                   "name; record_stream'ed, pending and offloaded blocks, routes and captures keep theirs)",
+                   NF_MAX_STREAMS, why);
+}
+
+// Slot x starts afresh for a new stream: every free on it so far is complete
+// (the caller waited for it), which done_tick past every tick so far says to
+// the bits of x left in free blocks' and granules' masks; the new stream's
+// frees tick after it. Its events stay, for the slot's next stream.
+static void slot_reset(nf_pool_t *p, uint32_t x) {
+  nf_stream_rec_t *r = &p->streams[x];
+  r->handle = (nf_stream_t)UINTPTR_MAX; // matches nothing: lookups skip free slots anyway
+  r->rec_tick = r->last_free = 0;
+  r->done_tick = p->tick + 1;
+  r->ev_head = 0;
+  memset(r->ev_tick, 0, sizeof r->ev_tick);
+  for (uint32_t y = 0; y < NF_MAX_STREAMS; y++) p->waited[x][y] = p->waited[y][x] = 0;
+}
+
+// Offload copies name their streams. After a wait that covers them, finishing
+// them (a blocking poll: a record it makes on an idle stream is done at once)
+// empties the list. Finished copies change the tier counters with no mapping
+// change: the next publish carries them (nf__pub_dirty, as after nf_free's poll).
+static nf_status_t copies_finish(nf_pool_t *p) {
+  if (!p->xfers) return NF_OK;
+  nf__pub_dirty(p);
+  nf_status_t st = p->tier.poll(p, true);
+  if (st != NF_OK) return st;
+  return p->xfers ? slots_refused("offload copies are in flight") : NF_OK;
 }
 
 // All NF_MAX_STREAMS slots hold streams: give back the slots of the streams
@@ -40,51 +66,87 @@ static nf_status_t recycle_refused(const char *why) {
 // on it, no route, no capture). Such a stream may be gone (a CuPy stream
 // collected, an external stream destroyed): its handle may not be recorded
 // on, so one host wait for the whole device makes its work complete instead.
-// Its bits left in free blocks' and granules' masks then name work that is
-// done: done_tick past every tick so far says so, and a new stream in the
-// slot starts from there (its frees tick later). O(blocks): only when a pool
-// has seen 64 streams and a new one comes.
+// O(blocks): only when a pool has seen 64 streams and a new one comes.
+// Every slot named: NF_OK, none given back (stream_free stays 0).
 static nf_status_t streams_recycle(nf_pool_t *p) {
   uint64_t m = streams_unnamed(p);
-  const char *why = !m ? "every one of them has live or pending blocks (or a route or capture)"
-                  : p->capture_mask ? "a stream is being captured (no host wait is allowed)"
+  nf_status_t st;
+  if (!m && p->pending) { // record_stream'ed blocks whose work is done name nothing once freed
+    if ((st = nf__pending_poll(p, false)) != NF_OK) return st;
+    m = streams_unnamed(p);
+  }
+  if (!m) return NF_OK;
+  const char *why = p->capture_mask ? "a stream is being captured (no host wait is allowed)"
                   : !p->be->ops->sync ? "the backend cannot wait for the whole device"
                   : NULL;
-  if (why) return recycle_refused(why);
+  if (why) return slots_refused(why);
   p->st.calls.event_sync++; // a host wait, counted with the event ones (PyTorch: num_sync_all_streams)
-  nf_status_t st = p->be->ops->sync(p->be);
+  st = p->be->ops->sync(p->be);
   if (st != NF_OK)
     return nf__error(st, "nofrag: %d streams used: device synchronize (to give back the slots of unused streams) "
                      "failed: %s", NF_MAX_STREAMS, nf__backend_err());
-  // Offload copies name their streams: after the device wait every one is
-  // complete, so finishing them (a blocking poll: a record it makes on an
-  // idle stream is done at once) empties the list. Before, one copy listed
-  // but not yet polled refused the new stream.
-  // Finished copies change the tier counters with no mapping change: the
-  // next publish carries them (nf__pub_dirty, as after nf_free's poll).
   if (p->xfers) {
-    nf__pub_dirty(p);
-    if ((st = p->tier.poll(p, true)) != NF_OK) return st;
-    if (p->xfers) return recycle_refused("offload copies are in flight");
+    if ((st = copies_finish(p)) != NF_OK) return st;
     m = streams_unnamed(p); // (finishing copies names no new stream; asked again all the same)
-    if (!m) return recycle_refused("every one of them has live or pending blocks (or a route or capture)");
+    if (!m) return NF_OK;
   }
-  for (uint64_t k = m; k; k &= k - 1) {
-    uint32_t x = (uint32_t)__builtin_ctzll(k);
-    nf_stream_rec_t *r = &p->streams[x];
-    r->handle = (nf_stream_t)UINTPTR_MAX; // matches nothing: lookups skip free slots anyway
-    r->rec_tick = r->last_free = 0;
-    r->done_tick = p->tick + 1;
-    r->ev_head = 0;
-    memset(r->ev_tick, 0, sizeof r->ev_tick); // the events stay, for the slot's next stream
-    for (uint32_t y = 0; y < NF_MAX_STREAMS; y++) p->waited[x][y] = p->waited[y][x] = 0;
-  }
+  for (uint64_t k = m; k; k &= k - 1) slot_reset(p, (uint32_t)__builtin_ctzll(k));
   // The clock passes done_tick: the next stream's frees (and a deferred
   // copy's x->tick = p->tick + 1) tick after it, never at it (streams_settle
   // and nf__stream_done would take such a free for done: done_tick >= tick).
   p->tick++;
   p->stream_free = m;
   p->streams_recycled += (uint64_t)__builtin_popcountll(m);
+  return NF_OK;
+}
+
+// Every slot is named, and a new stream comes (a server with a stream per
+// request, PyTorch's 128 pool streams and its default one): take the slot of
+// the least recently used stream that only live blocks' allocations name.
+// Its handle is alive (its blocks are), so one host wait for that stream
+// alone (not the device) makes its frees so far complete; its live blocks
+// keep the handle (NF_STREAM_ORPHAN) and get a slot again when they are
+// freed or moved (nf__block_home). Slots named otherwise keep their streams:
+// record_stream'ed and pending blocks (their events decide when memory comes
+// back), offloaded blocks (the tier orders copies by slot), routes and
+// captures. Not during a capture (no host wait). O(blocks) per steal.
+static nf_status_t streams_steal(nf_pool_t *p, uint64_t keep, uint32_t *out) {
+  if (p->capture_mask) return slots_refused("a stream is being captured (no host wait is allowed)");
+  nf_status_t st = copies_finish(p);
+  if (st != NF_OK) return st;
+  uint64_t fixed = p->capture_mask | keep;
+  for (nf_chunk_t *c = p->chunks; c; c = c->next)
+    for (const nf_block_t *b = c->first; b; b = b->next)
+      if (b->state != NF_BLK_FREE) {
+        fixed |= b->extra;
+        if (b->stream != NF_STREAM_ORPHAN && (b->state != NF_BLK_LIVE || b->where)) fixed |= 1ull << b->stream;
+      }
+  for (uint32_t i = 0; i < p->nroutes; i++)
+    if (!p->routes[i].by_thread) fixed |= 1ull << p->routes[i].s;
+  uint64_t m = nf__streams_held(p) & ~fixed;
+  if (!m) return slots_refused("every stream is named by a record_stream'ed, pending or offloaded block, a route "
+                               "or a capture");
+  uint32_t x = (uint32_t)__builtin_ctzll(m);
+  for (m &= m - 1; m; m &= m - 1) {
+    uint32_t y = (uint32_t)__builtin_ctzll(m);
+    if (p->streams[y].used < p->streams[x].used) x = y;
+  }
+  nf_stream_rec_t *r = &p->streams[x];
+  if ((st = nf__stream_record(p, x)) != NF_OK) return st;
+  if ((st = NF_BE(p, event_sync, event_sync, nf__stream_event(r))) != NF_OK)
+    return nf__error(st, "nofrag: more than %d streams: event synchronize (to take the slot of stream %p) failed: %s",
+                     NF_MAX_STREAMS, r->handle, nf__backend_err());
+  for (nf_chunk_t *c = p->chunks; c; c = c->next)
+    for (nf_block_t *b = c->first; b; b = b->next)
+      if (b->state == NF_BLK_LIVE && b->stream == x) {
+        b->stream = NF_STREAM_ORPHAN;
+        b->orphan = r->handle;
+        p->orphans++;
+      }
+  slot_reset(p, x);
+  p->tick++; // past done_tick, as in streams_recycle
+  p->streams_stolen++;
+  *out = x;
   return NF_OK;
 }
 
@@ -95,20 +157,28 @@ static int stream_find(const nf_pool_t *p, nf_stream_t s) {
   return -1;
 }
 
-nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out) {
+// nf__stream_index; a slot taken from another stream is never one of `keep`.
+static nf_status_t stream_index(nf_pool_t *p, nf_stream_t s, uint64_t keep, uint32_t *out) {
   if (NF_LIKELY(p->nstreams && p->streams[p->last_stream].handle == s)) {
     *out = p->last_stream;
     return NF_OK;
   }
   int found = stream_find(p, s);
+  uint32_t i = 0;
   if (found >= 0) {
-    p->last_stream = *out = (uint32_t)found;
-    return NF_OK;
+    i = (uint32_t)found;
+    goto out;
   }
   nf_status_t st = p->be->ops->stream_check ? p->be->ops->stream_check(p->be, s) : NF_OK;
   if (st != NF_OK) return nf__error(st, "nofrag: stream %p cannot be used with this pool: %s", s, nf__backend_err());
-  if (!p->stream_free && p->nstreams == NF_MAX_STREAMS && (st = streams_recycle(p)) != NF_OK) return st;
-  uint32_t i;
+  if (!p->stream_free && p->nstreams == NF_MAX_STREAMS) {
+    if ((st = streams_recycle(p)) != NF_OK) return st;
+    if (!p->stream_free) { // every slot named
+      if ((st = streams_steal(p, keep, &i)) != NF_OK) return st;
+      p->streams[i].handle = s;
+      goto out;
+    }
+  }
   if (p->stream_free) { // a given-back slot: its record was reset there, its events kept
     i = (uint32_t)__builtin_ctzll(p->stream_free);
     p->stream_free &= p->stream_free - 1;
@@ -117,8 +187,52 @@ nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out) {
     i = p->nstreams++;
     p->streams[i] = (nf_stream_rec_t){.handle = s};
   }
-  p->last_stream = i;
-  *out = i;
+out:
+  p->streams[i].used = ++p->stream_clock;
+  p->last_stream = *out = i;
+  return NF_OK;
+}
+
+nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out) { return stream_index(p, s, 0, out); }
+
+nf_status_t nf__stream_index_for(nf_pool_t *p, nf_stream_t s, const nf_block_t *b, uint32_t *out) {
+  return stream_index(p, s, b->stream == NF_STREAM_ORPHAN ? 0 : 1ull << b->stream, out);
+}
+
+nf_status_t nf__block_home(nf_pool_t *p, nf_block_t *b, uint64_t keep) {
+  if (NF_LIKELY(b->stream != NF_STREAM_ORPHAN)) return NF_OK;
+  uint32_t s;
+  nf_status_t st = stream_index(p, b->orphan, keep, &s);
+  if (st != NF_OK) return st;
+  b->stream = (uint16_t)s;
+  b->orphan = NULL;
+  p->orphans--;
+  return NF_OK;
+}
+
+// nf_free of an orphan that can get no slot (every one is named by a
+// record_stream'ed, pending or offloaded block, a route or a capture): wait
+// on the host for its stream's work so far, with an event of its own, and
+// hand the block to a slot the pool holds (the last one looked up), whose
+// stream then counts as its user: a later user waits for that stream's work
+// up to the free as well, more than it must, never less. A free must not
+// fail where the caller (PyTorch's deleter) cannot handle it.
+nf_status_t nf__block_home_any(nf_pool_t *p, nf_block_t *b) {
+  nf_status_t st = nf__block_home(p, b, 0);
+  if (st == NF_OK || st != NF_ERR_UNSUPPORTED || p->capture_mask || !p->nstreams) return st;
+  nf_event_t ev = NULL;
+  if ((st = NF_BE(p, event_create, event_create, &ev)) == NF_OK) {
+    if ((st = NF_BE(p, event_record, event_record, ev, b->orphan)) == NF_OK)
+      st = NF_BE(p, event_sync, event_sync, ev);
+    p->be->ops->event_destroy(p->be, ev);
+  }
+  if (st != NF_OK)
+    return nf__error(st, "nofrag: nf_free of %p: a host wait for its stream %p (whose slot another stream took) "
+                     "failed: %s", (void *)b->addr, b->orphan, nf__backend_err());
+  nf__error_clear();
+  b->stream = (uint16_t)p->last_stream;
+  b->orphan = NULL;
+  p->orphans--;
   return NF_OK;
 }
 
@@ -126,6 +240,10 @@ int nf_stream_known(nf_pool_t *p, nf_stream_t s) {
   if (!p) { nf__error(NF_ERR_INVALID, "nofrag: nf_stream_known: NULL pool"); return -1; }
   nf__pool_lock(p);
   int known = stream_find(p, s) >= 0;
+  // A live block whose stream lost its slot records on it when freed.
+  for (nf_chunk_t *c = p->orphans && !known ? p->chunks : NULL; c && !known; c = c->next)
+    for (const nf_block_t *b = c->first; b && !known; b = b->next)
+      known = b->state == NF_BLK_LIVE && b->stream == NF_STREAM_ORPHAN && b->orphan == s;
   nf__pool_unlock(p);
   return known;
 }

@@ -58,7 +58,7 @@ static void snap_blocks(sbuf_t *b, const nf_pool_t *p, const nf_chunk_t *c) {
               (unsigned long long)k->addr, (unsigned long long)k->size, state_name(k->state));
     if (k->state != NF_BLK_FREE) // live, or freed but waiting on record_stream work
       sb_printf(b, ",\"requested\":%llu,\"stream\":\"0x%llx\",\"extra_streams\":\"0x%llx\"",
-                (unsigned long long)k->req, (unsigned long long)(uintptr_t)p->streams[k->stream].handle,
+                (unsigned long long)k->req, (unsigned long long)(uintptr_t)nf__block_stream(p, k),
                 (unsigned long long)k->extra);
     if (k->state != NF_BLK_LIVE) // streams whose work may still use the memory
       sb_printf(b, ",\"stream_mask\":\"0x%llx\"", (unsigned long long)k->smask);
@@ -248,7 +248,7 @@ bool nf__oom_report(nf_pool_t *p, uint64_t size, nf_stream_t s, bool too_large) 
   rep(&r, "  largest live blocks:%s\n", top[0] ? "" : " none");
   for (int i = 0; i < NF_OOM_TOP && top[i]; i++)
     rep(&r, "    %d. %s (%llu B) at %p, stream %p\n", i + 1, B(top[i]->req, b1), (unsigned long long)top[i]->req,
-        (void *)top[i]->addr, p->streams[top[i]->stream].handle);
+        (void *)top[i]->addr, nf__block_stream(p, top[i]));
   // What reclaim did, from the pool's counters. The delta is since the
   // previous OOM (not this call alone): capturing it per call would add a
   // load to every allocation.

@@ -178,7 +178,8 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
   uint64_t g0, g1;
   nf_status_t st = not_capturing(p, "nf_offload");
   if (st == NF_OK) st = lookup(p, ptr, "nf_offload", &b);
-  if (st == NF_OK) st = nf__stream_index(p, stream, &s);
+  if (st == NF_OK) st = nf__stream_index_for(p, stream, b, &s);
+  if (st == NF_OK) st = nf__block_home(p, b, 1ull << s); // before b->stream is read
   if (st == NF_OK && p->xfers) st = nf__xfer_poll(p, false);
   if (st != NF_OK) goto out;
   if (b->where) {
@@ -222,7 +223,8 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   nf_offl_t **link = NULL, *o = NULL;
   nf_status_t st = not_capturing(p, "nf_prefetch");
   if (st == NF_OK) st = lookup(p, ptr, "nf_prefetch", &b);
-  if (st == NF_OK) st = nf__stream_index(p, stream, &s);
+  if (st == NF_OK) st = nf__stream_index_for(p, stream, b, &s);
+  if (st == NF_OK) st = nf__block_home(p, b, 1ull << s); // before b->stream is read
   if (st == NF_OK && p->xfers) st = nf__xfer_poll(p, false);
   if (st != NF_OK || !nf__owned(p, b, &g0, &g1)) goto out;
   if (b->where) o = nf__offl_find(p, b, &link);

@@ -16,7 +16,7 @@ static void walk_run(nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uintptr_t e
     nf_torch_blk_t blk = {.addr = lo, .size = hi - lo, .req = 0, .state = b->state, .stream = NULL};
     if (b->state != NF_BLK_FREE) {
       blk.req = b->addr == lo && b->req <= hi - lo ? b->req : hi - lo;
-      blk.stream = p->streams[b->stream].handle;
+      blk.stream = nf__block_stream(p, b);
     }
     fn(ctx, NULL, &blk);
   }

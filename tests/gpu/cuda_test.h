@@ -73,6 +73,7 @@ void live_step(nf_pool_t *pool, live_t *L, int *n, uint32_t *tag, int big_every,
 void test_pool_peers(nf_backend_t *be);
 void test_pool_units(nf_backend_t *be);
 void test_pool_many_streams(nf_backend_t *be);
+void test_pool_streams_live(nf_backend_t *be);
 void test_pool_spill_offload(nf_backend_t *be);
 void test_pool_backend_faults(nf_backend_t *inner); // owns inner (a CUDA backend of its own)
 void test_pool_wait_faults(nf_backend_t *inner);    // likewise

@@ -610,6 +610,7 @@ int main(int argc, char **argv) {
     test_pool_units(be);
   } else if (!strcmp(only, "streams")) {
     test_pool_many_streams(be);
+    test_pool_streams_live(be);
   } else {
     if (strcmp(only, "waits") != 0) { // "waits": the last section alone
       test_backend(be);
@@ -621,6 +622,7 @@ int main(int argc, char **argv) {
       test_plugin_pool_unbound();
       test_pool_foreign_stream(be);
       test_pool_many_streams(be);
+      test_pool_streams_live(be);
       test_pool_peers(be);
       test_pool_units(be);
       test_pool_spill_offload(be);

@@ -88,3 +88,84 @@ void test_pool_many_streams(nf_backend_t *be) {
   for (int j = 0; j < 200; j++)
     if (made[j]) DRV(cuStreamDestroy(made[j])); // after the pool: it may have recorded on them
 }
+
+// More than 64 streams holding live blocks at once (a server with a stream per
+// request; src/core/stream.c, streams_steal): 100 streams each get a block
+// and queue memsets on it, all left live, so streams past the 64th take the
+// least recently used stream's slot. Then each block gets more queued work
+// and is freed with it in flight (an orphan gets a slot again), and a block
+// of the same size is allocated on another of the streams, which writes its
+// tag once: where that stream were not ordered after the freed block's
+// queued work, that work would overwrite the tag. All read back after one
+// device synchronize.
+void test_pool_streams_live(nf_backend_t *be) {
+  printf("-- pool: 100 streams holding live blocks at once (more than the 64 slots)\n");
+  nf_config_t c;
+  nf_config_default(&c);
+  c.limit = 1ull << 30;
+  nf_pool_t *pool = NULL;
+  OKP(nf_pool_create(&pool, be, &c));
+  if (!pool) return;
+  enum { N = 100, JUNK = 20 };
+  const size_t sz = 4u << 20;
+  CUstream s[N] = {0};
+  void *x[N] = {0}, *y[N] = {0};
+  int fails = 0, wrong = 0;
+  for (int i = 0; i < N; i++) {
+    DRV(cuStreamCreate(&s[i], 1 /* non-blocking */));
+    x[i] = nf_alloc(pool, sz, s[i]);
+    if (!x[i]) {
+      if (++fails <= 3) printf("   stream %d: alloc failed: %s\n", i, nf_last_error());
+      continue;
+    }
+    for (int k = 0; k < JUNK; k++) DRV(cuMemsetD32Async((CUdeviceptr)x[i], 0xDEAD0000u + (unsigned)k, sz / 4, s[i]));
+    DRV(cuMemsetD32Async((CUdeviceptr)x[i], 0x5EED0000u + (unsigned)i, sz / 4, s[i]));
+  }
+  uint64_t stolen = pool->streams_stolen, orphans = pool->orphans;
+  uint32_t *h = malloc(sz);
+  for (int i = 0; i < N && h; i++) { // a block of an early stream is an orphan now: its slot was taken
+    if (!x[i] || i % 9) continue;
+    DRV(cuStreamSynchronize(s[i]));
+    DRV(cuMemcpyDtoH(h, (CUdeviceptr)x[i], sz));
+    for (size_t w = 0; w < sz / 4; w += 1021)
+      if (h[w] != 0x5EED0000u + (unsigned)i) { wrong++; break; }
+  }
+  for (int i = 0; i < N; i++) {
+    if (!x[i]) continue;
+    for (int k = 0; k < JUNK; k++) DRV(cuMemsetD32Async((CUdeviceptr)x[i], 0xBAD00000u + (unsigned)k, sz / 4, s[i]));
+    nf_status_t st = nf_free(pool, x[i]); // its memsets still queued
+    if (st != NF_OK && ++fails <= 3) printf("   free %d: %s\n", i, nf_last_error());
+    int j = (i + 37) % N;
+    y[i] = nf_alloc(pool, sz, s[j]);
+    if (!y[i]) {
+      if (++fails <= 3) printf("   stream %d: alloc failed: %s\n", j, nf_last_error());
+      continue;
+    }
+    DRV(cuMemsetD32Async((CUdeviceptr)y[i], 0x7A900000u + (unsigned)i, sz / 4, s[j]));
+  }
+  DRV(cuCtxSynchronize());
+  for (int i = 0; i < N && h; i++) {
+    if (!y[i]) continue;
+    DRV(cuMemcpyDtoH(h, (CUdeviceptr)y[i], sz));
+    for (size_t w = 0; w < sz / 4; w += 1021)
+      if (h[w] != 0x7A900000u + (unsigned)i) { wrong++; break; }
+    OKP(nf_free(pool, y[i]));
+  }
+  free(h);
+  OKP(nf_pool_check(pool));
+  CHECK(fails == 0, "%d allocations or frees failed", fails);
+  CHECK(wrong == 0, "%d blocks did not read their stream's value", wrong);
+  CHECK(stolen >= N - 64, "only %llu slots taken for %d streams", (unsigned long long)stolen, N);
+  CHECK(pool->orphans == 0, "%llu blocks still without a slot", (unsigned long long)pool->orphans);
+  nf_stats_t st;
+  nf_stats_get(pool, &st);
+  printf("   100 live streams: %d failed, %d wrong; %llu slots taken (%llu orphans after the first round), %llu in "
+         "all, %llu event syncs, %llu stream waits\n", fails, wrong, (unsigned long long)stolen,
+         (unsigned long long)orphans, (unsigned long long)pool->streams_stolen, (unsigned long long)st.calls.event_sync,
+         (unsigned long long)st.calls.stream_wait);
+  fprintf(jout, "\"streams_live\": {\"failed\": %d, \"wrong\": %d, \"stolen\": %llu},\n", fails, wrong,
+          (unsigned long long)pool->streams_stolen);
+  nf_pool_destroy(pool);
+  for (int i = 0; i < N; i++)
+    if (s[i]) DRV(cuStreamDestroy(s[i])); // after the pool: it may have recorded on them
+}
