@@ -78,7 +78,11 @@ typedef enum nf_tier_e {
 //! the pool forgot it (a record on a destroyed stream is undefined in CUDA: it
 //! failed, and likely crashed, on an H100). A pool keeps 64 streams; when a
 //! 65th comes, it forgets those that no live or pending block names, after one
-//! wait for the whole device (NF_ERR_UNSUPPORTED if every one is named).
+//! wait for the whole device. If live blocks' allocations name them all, the
+//! least recently used such stream gives up its slot after one wait on it
+//! alone; its live blocks remember it and take a slot again when freed.
+//! NF_ERR_UNSUPPORTED only where record_stream'ed or pending blocks, private
+//! pool routes and captures name every slot, or during a capture.
 //! nofrag.cupy keeps CuPy's stream objects alive for exactly as long.
 typedef void *nf_stream_t;
 
@@ -243,7 +247,10 @@ NF_API void *nf_alloc(nf_pool_t *pool, size_t size, nf_stream_t stream);
 //! Free a block. The block's memory may be reused at once on the stream it was
 //! allocated on, and on other streams once ordered after that stream's work.
 //! Unknown, interior or already freed pointers return NF_ERR_INVALID and
-//! change nothing. `ptr` NULL is a no-op.
+//! change nothing. `ptr` NULL is a no-op. A block whose stream gave up its
+//! slot to another (see nf_stream_t) may need a host wait on that stream; its
+//! free is refused (NF_ERR_UNSUPPORTED, nothing changed) only during a
+//! capture that leaves no slot, and a failed wait returns NF_ERR_BACKEND.
 NF_API nf_status_t nf_free(nf_pool_t *pool, void *ptr);
 
 //! nf_free_ex flag: a pointer outside every address range of the pool is not
