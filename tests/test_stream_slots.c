@@ -423,6 +423,62 @@ static void test_private_hand_back_skips_given_back_slots(void **state) {
   done(p, be);
 }
 
+// nf_offload / nf_prefetch of an orphan on a stream that holds a slot no
+// block names: the offload's stream slot s is looked up first, then the
+// orphan's stream gets a slot (nf__block_home keeping s). With every slot
+// held and none free, that lookup recycles the unnamed slots, s among them,
+// unless `keep` covers recycling too: the copy then goes to the orphan's own
+// stream (s reused for it) or to a given-back slot's dead handle, not to the
+// caller's stream. Every copy must be queued on the stream the caller named.
+static const nf_backend_ops_t *copy_inner;
+static nf_stream_t copy_want;
+static int copy_wrong;
+static nf_status_t copy_watch(nf_backend_t *be, uintptr_t dst, uintptr_t src, size_t n, nf_stream_t s) {
+  copy_wrong += s != copy_want;
+  return copy_inner->copy(be, dst, src, n, s);
+}
+static void test_orphan_offload_keeps_callers_slot(void **state) {
+  (void)state;
+  for (int tier = 0; tier < 2; tier++) {
+    nf_backend_t *be;
+    nf_pool_t *p = pool(&be);
+    nf_backend_ops_t ops = *be->ops;
+    copy_inner = be->ops;
+    ops.copy = copy_watch;
+    be->ops = &ops;
+    copy_wrong = 0;
+    char *x[64];
+    for (int i = 0; i < 64; i++) {
+      x[i] = nf_alloc(p, 256 * KB, S(0x100 + i));
+      assert_non_null(x[i]);
+      nft_fill(x[i], 256 * KB, (uint64_t)i);
+    }
+    char *y = nf_alloc(p, 4 * KB, S(0x5000)); // takes 0x100's slot: x[0] an orphan
+    assert_non_null(y);
+    assert_int_equal(p->orphans, 1);
+    assert_int_equal(nf_free(p, y), NF_OK); // 0x5000's slot: held, named by nothing
+    nf_backend_host_complete_events(be);
+    copy_want = S(0x5000);
+    assert_int_equal(nf_offload(p, x[0], S(0x5000), tier ? NF_TIER_HOST_DETACHED : NF_TIER_HOST), NF_OK);
+    assert_int_equal(copy_wrong, 0);
+    nf_backend_host_complete_events(be);
+    assert_int_equal(nf_offload_wait(p), NF_OK);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    copy_want = S(0x6000);
+    assert_int_equal(nf_prefetch(p, x[0], S(0x6000)), NF_OK);
+    nf_backend_host_complete_events(be);
+    assert_int_equal(nf_offload_wait(p), NF_OK);
+    assert_int_equal(copy_wrong, 0);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    for (int i = 0; i < 64; i++) {
+      assert_true(nft_check(x[i], 256 * KB, (uint64_t)i));
+      assert_int_equal(nf_free(p, x[i]), NF_OK);
+    }
+    be->ops = copy_inner;
+    done(p, be);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_streams_recycled),
@@ -432,6 +488,7 @@ int main(void) {
       cmocka_unit_test(test_record_stream_keeps_the_blocks_slot),
       cmocka_unit_test(test_steal_wait_fails),
       cmocka_unit_test(test_orphan_offload),
+      cmocka_unit_test(test_orphan_offload_keeps_callers_slot),
       cmocka_unit_test(test_streams_stolen_random),
       cmocka_unit_test(test_recycled_slot_first_free_settles),
       cmocka_unit_test(test_private_hand_back_skips_given_back_slots),

@@ -66,14 +66,17 @@ static nf_status_t copies_finish(nf_pool_t *p) {
 // on it, no route, no capture). Such a stream may be gone (a CuPy stream
 // collected, an external stream destroyed): its handle may not be recorded
 // on, so one host wait for the whole device makes its work complete instead.
+// Never one of `keep`: slots the caller holds in a local (nf_offload's and
+// nf_prefetch's stream, while the orphan they move gets a slot), which
+// nothing else may name yet.
 // O(blocks): only when a pool has seen 64 streams and a new one comes.
 // Every slot named: NF_OK, none given back (stream_free stays 0).
-static nf_status_t streams_recycle(nf_pool_t *p) {
-  uint64_t m = streams_unnamed(p);
+static nf_status_t streams_recycle(nf_pool_t *p, uint64_t keep) {
+  uint64_t m = streams_unnamed(p) & ~keep;
   nf_status_t st;
   if (!m && p->pending) { // record_stream'ed blocks whose work is done name nothing once freed
     if ((st = nf__pending_poll(p, false)) != NF_OK) return st;
-    m = streams_unnamed(p);
+    m = streams_unnamed(p) & ~keep;
   }
   if (!m) return NF_OK;
   const char *why = p->capture_mask ? "a stream is being captured (no host wait is allowed)"
@@ -87,7 +90,7 @@ static nf_status_t streams_recycle(nf_pool_t *p) {
                      "failed: %s", NF_MAX_STREAMS, nf__backend_err());
   if (p->xfers) {
     if ((st = copies_finish(p)) != NF_OK) return st;
-    m = streams_unnamed(p); // (finishing copies names no new stream; asked again all the same)
+    m = streams_unnamed(p) & ~keep; // (finishing copies names no new stream; asked again all the same)
     if (!m) return NF_OK;
   }
   for (uint64_t k = m; k; k &= k - 1) slot_reset(p, (uint32_t)__builtin_ctzll(k));
@@ -172,7 +175,7 @@ static nf_status_t stream_index(nf_pool_t *p, nf_stream_t s, uint64_t keep, uint
   nf_status_t st = p->be->ops->stream_check ? p->be->ops->stream_check(p->be, s) : NF_OK;
   if (st != NF_OK) return nf__error(st, "nofrag: stream %p cannot be used with this pool: %s", s, nf__backend_err());
   if (!p->stream_free && p->nstreams == NF_MAX_STREAMS) {
-    if ((st = streams_recycle(p)) != NF_OK) return st;
+    if ((st = streams_recycle(p, keep)) != NF_OK) return st;
     if (!p->stream_free) { // every slot named
       if ((st = streams_steal(p, keep, &i)) != NF_OK) return st;
       p->streams[i].handle = s;
