@@ -9,6 +9,10 @@
 // unordered work still uses it (violations).
 #include "stream_test.h"
 
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
 #define S(x) ((nf_stream_t)(uintptr_t)(x))
 
 // More streams over a pool's life than it has slots (64): a stream nothing
@@ -479,6 +483,50 @@ static void test_orphan_offload_keeps_callers_slot(void **state) {
   }
 }
 
+// A trace (trace:PATH) row for a free names the stream the block was
+// allocated on (observe/record.c). An orphan freed where no slot can be had
+// is handed to the last looked-up slot (nf__block_home_any): its row must
+// still name the orphan's own stream, not that slot's.
+static void test_orphan_free_trace_stream(void **state) {
+  (void)state;
+  char path[] = "/tmp/nf_orphan_traceXXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  char conf[128];
+  snprintf(conf, sizeof conf, "limit:64MiB,small_max:8KiB,trace:%s", path);
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, conf);
+  assert_non_null(p);
+  nf_backend_host_set_manual_events(be, 1);
+  char *x[64];
+  for (int i = 0; i < 64; i++) assert_non_null(x[i] = nf_alloc(p, 4 * KB, S(0x100 + i)));
+  char *y = nf_alloc(p, 4 * KB, S(0x5000)); // 0x100's block: an orphan
+  assert_non_null(y);
+  for (int i = 1; i < 64; i++) assert_int_equal(nf_record_stream(p, x[i], S(0x100 + i % 63 + 1)), NF_OK);
+  assert_int_equal(nf_record_stream(p, x[1], S(0x5000)), NF_OK);
+  assert_int_equal(nf_free(p, x[0]), NF_OK); // no slot: a host wait, then the last slot looked up
+  for (int i = 1; i < 64; i++) assert_int_equal(nf_free(p, x[i]), NF_OK);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  done(p, be); // flushes the trace
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[256], want[64];
+  snprintf(want, sizeof want, ",free,%p,", (void *)x[0]);
+  bool found = false;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, want)) {
+      found = true;
+      line[strcspn(line, "\n")] = 0;
+      const char *st = strrchr(line, ',') + 1;
+      if (strcmp(st, "0x100") != 0) fail_msg("free row of the orphan names stream %s, not 0x100: %s", st, line);
+    }
+  fclose(f);
+  unlink(path);
+  assert_true(found);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_streams_recycled),
@@ -488,6 +536,7 @@ int main(void) {
       cmocka_unit_test(test_record_stream_keeps_the_blocks_slot),
       cmocka_unit_test(test_steal_wait_fails),
       cmocka_unit_test(test_orphan_offload),
+      cmocka_unit_test(test_orphan_free_trace_stream),
       cmocka_unit_test(test_orphan_offload_keeps_callers_slot),
       cmocka_unit_test(test_streams_stolen_random),
       cmocka_unit_test(test_recycled_slot_first_free_settles),

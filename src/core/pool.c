@@ -492,6 +492,9 @@ static NF_NOINLINE nf_status_t free_locked(nf_pool_t *p, nf_block_t *b, void *pt
   }
   // Its stream lost its slot to another (stream.c, streams_steal): it gets
   // one again, which its free's tick and mask name. Failed: nothing changed.
+  // (Handed to another stream's slot where none can be had: the trace row
+  // names the block's own stream all the same.)
+  nf_stream_t own = nf__block_stream(p, b);
   nf_status_t hs = nf__block_home_any(p, b);
   if (NF_UNLIKELY(hs != NF_OK)) {
     nf__pool_unlock(p);
@@ -526,7 +529,7 @@ static NF_NOINLINE nf_status_t free_locked(nf_pool_t *p, nf_block_t *b, void *pt
     b->state = NF_BLK_FREE;
   }
   if (NF_UNLIKELY(b->where)) { p->tier.forget(p, b); nf__pub_dirty(p); } // cannot fail: after the last fallible step
-  if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, false, b->addr, b->req, p->streams[b->stream].handle);
+  if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, false, b->addr, b->req, own);
   uint64_t freed = b->size; // b may be merged away below
   free_count(p, b);
   if (NF_UNLIKELY(b->chunk->priv != NULL)) { b->chunk->priv->live -= b->req; b->chunk->priv->live_blocks--; }
