@@ -1,0 +1,277 @@
+// Slot stealing (src/core/stream.c, streams_steal and its callers), more
+// cases: which slots a steal spares, the clock past a stolen slot's
+// done_tick, recycling beside orphans and offload copies, the caller's slot
+// in nf_prefetch, and nf_pool_check's orphan checks. White box, on the host
+// backend with manual events (test_stream_slots.c has the main cases).
+#include "stream_test.h"
+
+#define S(x) ((nf_stream_t)(uintptr_t)(x))
+
+// 64 streams 0x100.. each allocate one live block of n bytes (slots 0..63),
+// filled with their index.
+static void fill64(nf_pool_t *p, char **x, size_t n) {
+  for (int i = 0; i < 64; i++) {
+    x[i] = nf_alloc(p, n, S(0x100 + i));
+    assert_non_null(x[i]);
+    nft_fill(x[i], n, (uint64_t)i);
+  }
+}
+
+static void free64(nf_pool_t *p, char **x, size_t n) {
+  for (int i = 0; i < 64; i++) {
+    assert_true(nft_check(x[i], n, (uint64_t)i));
+    assert_int_equal(nf_free(p, x[i]), NF_OK);
+  }
+}
+
+// A steal resets the slot (done_tick = tick + 1) and the clock must pass it:
+// else the new stream's first free ticks at done_tick, streams_settle takes
+// it for done and never records or waits for it, and nf_trim leaves its
+// memory mapped for good (as test_recycled_slot_first_free_settles).
+static void test_stolen_slot_first_free_settles(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *x[64];
+  fill64(p, x, 4 * KB);
+  assert_int_equal(nf_trim(p), NF_OK);
+  uint64_t mapped = stats(p).mapped;
+  nf_stream_t s = S(0x5000);
+  char *y = nf_alloc(p, 256 * KB, s); // the 65th: takes 0x100's slot
+  assert_non_null(y);
+  assert_int_equal(p->streams_stolen, 1);
+  nf_backend_host_use_new(be, s, y, 256 * KB); // s's kernel on y, in flight
+  assert_int_equal(nf_free(p, y), NF_OK);
+  assert_int_equal(nf_trim(p), NF_OK); // waits for s's free, then unmaps
+  assert_int_equal(stats(p).mapped, mapped);
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  free64(p, x, 4 * KB);
+  done(p, be);
+}
+
+// The least recently used stream is named only by a pending block (freed
+// after a record_stream, its work in flight): its slot stays (the pending
+// block's events decide when its memory comes back); the steal takes the
+// next least recently used stream that only live blocks name.
+static void test_steal_spares_pending_blocks_stream(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *x[64];
+  fill64(p, x, 4 * KB);
+  assert_int_equal(nf_record_stream(p, x[0], S(0x101)), NF_OK);
+  nf_backend_host_use(be, S(0x101), x[0], 4 * KB);
+  assert_int_equal(nf_free(p, x[0]), NF_OK); // pending on 0x101's work
+  assert_non_null(p->pending);
+  uint32_t s0 = sidx(p, S(0x100)); // named by the pending block alone
+  for (int i = 1; i < 64; i++) sidx(p, S(0x100 + i)); // 0x100, then 0x101 (an extra: kept), then 0x102
+  uint32_t s2 = sidx(p, S(0x102));
+  for (int i = 3; i < 64; i++) sidx(p, S(0x100 + i));
+  char *y = nf_alloc(p, 4 * KB, S(0x5000));
+  assert_non_null(y);
+  assert_int_equal(p->streams_stolen, 1);
+  assert_int_equal(p->orphans, 1); // 0x102's block
+  assert_int_equal(p->streams[s0].handle, S(0x100));
+  assert_int_equal(sidx(p, S(0x5000)), s2);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_backend_host_complete_events(be);
+  for (int i = 1; i < 64; i++) assert_int_equal(nf_free(p, x[i]), NF_OK);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  assert_int_equal(p->orphans, 0);
+  done(p, be);
+}
+
+// The least recently used stream's block is offloaded: its slot stays (the
+// tier orders its copies by slot; an offloaded block is never an orphan).
+static void test_steal_spares_offloaded_blocks_stream(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *x[64];
+  fill64(p, x, 256 * KB);
+  assert_int_equal(nf_offload(p, x[0], S(0x100), NF_TIER_HOST), NF_OK);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  uint32_t s0 = sidx(p, S(0x100));
+  for (int i = 1; i < 64; i++) sidx(p, S(0x100 + i)); // 0x100 the least recently used, then 0x101
+  char *y = nf_alloc(p, 4 * KB, S(0x5000));
+  assert_non_null(y);
+  assert_int_equal(p->streams_stolen, 1);
+  assert_int_equal(p->orphans, 1); // 0x101's block, not the offloaded one
+  assert_int_equal(p->streams[s0].handle, S(0x100));
+  assert_int_not_equal(nf__map_find(p, (uintptr_t)x[0])->stream, NF_STREAM_ORPHAN);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_prefetch(p, x[0], S(0x100)), NF_OK);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  free64(p, x, 256 * KB);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  done(p, be);
+}
+
+// nf_prefetch of an orphan (never offloaded) on a stream whose slot no block
+// names: the orphan gets a slot, never the caller's (nf__block_home keeps
+// it), so the caller's stream keeps its slot and nothing is given back.
+static void test_prefetch_orphan_keeps_callers_slot(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *x[64];
+  fill64(p, x, 256 * KB);
+  char *y = nf_alloc(p, 4 * KB, S(0x5000)); // takes 0x100's slot: x[0] an orphan
+  assert_non_null(y);
+  assert_int_equal(nf_free(p, y), NF_OK); // 0x5000's slot: held, named by nothing
+  nf_backend_host_complete_events(be);
+  uint32_t s = sidx(p, S(0x5000));
+  assert_int_equal(p->orphans, 1);
+  assert_int_equal(nf_prefetch(p, x[0], S(0x5000)), NF_OK);
+  assert_int_equal(p->streams[s].handle, S(0x5000));
+  assert_int_equal(p->streams_recycled, 0);
+  assert_int_equal(p->streams_stolen, 2);     // x[0] took 0x101's slot
+  assert_int_equal(p->orphans, 1);            // 0x101's block
+  assert_int_not_equal(nf__map_find(p, (uintptr_t)x[0])->stream, s);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  free64(p, x, 256 * KB);
+  done(p, be);
+}
+
+// An orphan names no slot: a slot nothing else names is given back
+// (recycled) for the next stream, not kept for the orphan (which would make
+// the next stream steal one more).
+static void test_orphan_names_no_slot(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *x[64];
+  fill64(p, x, 4 * KB);
+  char *y = nf_alloc(p, 4 * KB, S(0x5000)); // takes slot 0 (0x100's): x[0] an orphan
+  assert_non_null(y);
+  assert_int_equal(p->orphans, 1);
+  assert_int_equal(nf_free(p, x[63]), NF_OK); // slot 63 (0x13f) named by nothing now
+  nf_backend_host_complete_events(be);
+  char *z = nf_alloc(p, 4 * KB, S(0x6000));
+  assert_non_null(z);
+  assert_int_equal(p->streams_recycled, 1);
+  assert_int_equal(p->streams_stolen, 1);
+  assert_int_equal(sidx(p, S(0x6000)), 63);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  for (int i = 0; i < 63; i++) assert_int_equal(nf_free(p, x[i]), NF_OK);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  assert_int_equal(nf_free(p, z), NF_OK);
+  done(p, be);
+}
+
+// Event records and stream waits on a handle of a slot given back (its
+// stream may be gone: CUDA fails or crashes on it), counted.
+static const nf_backend_ops_t *gone_inner;
+static nf_backend_ops_t gone_ops;
+static nf_pool_t *gone_pool;
+static int gone_uses;
+static bool given_back(nf_stream_t s) {
+  for (uint32_t i = 0; i < gone_pool->nstreams; i++)
+    if (gone_pool->stream_free >> i & 1 && gone_pool->streams[i].handle == s) return true;
+  return false;
+}
+static nf_status_t gone_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s) {
+  gone_uses += given_back(s);
+  return gone_inner->event_record(be, ev, s);
+}
+static nf_status_t gone_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) {
+  gone_uses += given_back(s);
+  return gone_inner->stream_wait(be, s, ev);
+}
+
+// Recycling with an offload's copy in flight on a stream nothing names: the
+// copies are finished after the device wait, before the slots are given
+// back; a copy left in the list would later record on its given-back slot.
+static void test_recycle_finishes_copies(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  gone_inner = be->ops;
+  gone_ops = *be->ops;
+  gone_ops.event_record = gone_record;
+  gone_ops.stream_wait = gone_wait;
+  be->ops = &gone_ops;
+  gone_pool = p;
+  gone_uses = 0;
+  char *a = nf_alloc(p, 256 * KB, A); // slot 0
+  assert_non_null(a);
+  nft_fill(a, 256 * KB, 7);
+  for (int i = 1; i < 64; i++) pairs(p, S(0x100 + i), 1); // slots 1..63, named by nothing
+  assert_int_equal(nf_offload(p, a, S(0x13f), NF_TIER_HOST), NF_OK); // the copy on slot 63's stream
+  assert_non_null(p->xfers);
+  char *y = nf_alloc(p, 4 * KB, S(0x5000)); // recycles slots 1..63, takes slot 1
+  assert_non_null(y);
+  assert_true(p->streams_recycled > 0);
+  assert_null(p->xfers);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  assert_int_equal(nf_prefetch(p, a, A), NF_OK);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  assert_int_equal(gone_uses, 0);
+  assert_true(nft_check(a, 256 * KB, 7));
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  be->ops = gone_inner;
+  done(p, be);
+}
+
+// nf_pool_check counts orphans against p->orphans, and an orphan must be
+// live on the device (white box: the state corrupted, then restored).
+static void test_check_orphans(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *x[64];
+  fill64(p, x, 4 * KB);
+  char *y = nf_alloc(p, 4 * KB, S(0x5000));
+  assert_non_null(y);
+  assert_int_equal(p->orphans, 1);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  p->orphans++;
+  assert_int_not_equal(nf_pool_check(p), NF_OK);
+  p->orphans--;
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_block_t *b = nf__map_find(p, (uintptr_t)x[0]);
+  assert_non_null(b);
+  assert_int_equal(b->stream, NF_STREAM_ORPHAN);
+  b->where = NF_TIER_HOST_DETACHED; // an orphan that a tier moved: never made
+  assert_int_not_equal(nf_pool_check(p), NF_OK);
+  b->where = 0;
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  free64(p, x, 4 * KB);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  done(p, be);
+}
+
+// record_stream on the block's own stream adds nothing: the free is not
+// pending, and the memory comes back at once.
+static void test_record_stream_own_stream(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *x = nf_alloc(p, 4 * KB, A);
+  assert_non_null(x);
+  assert_int_equal(nf_record_stream(p, x, A), NF_OK);
+  assert_int_equal(nf__map_find(p, (uintptr_t)x)->extra, 0);
+  assert_int_equal(nf_free(p, x), NF_OK);
+  assert_null(p->pending);
+  done(p, be);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_stolen_slot_first_free_settles),
+      cmocka_unit_test(test_steal_spares_pending_blocks_stream),
+      cmocka_unit_test(test_steal_spares_offloaded_blocks_stream),
+      cmocka_unit_test(test_prefetch_orphan_keeps_callers_slot),
+      cmocka_unit_test(test_orphan_names_no_slot),
+      cmocka_unit_test(test_recycle_finishes_copies),
+      cmocka_unit_test(test_check_orphans),
+      cmocka_unit_test(test_record_stream_own_stream),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
