@@ -90,6 +90,7 @@ def enable(conf: Optional[str] = None, **config: Any) -> Pool:
             # the pool has forgotten it, which lets CuPy destroy the stream.
             # On the pool: its blocks keep it (and so these) past disable().
             q._cupy_streams = {}
+            q._cupy_prune_at = 64 + 16
             return q
 
         p = make(device)
@@ -105,9 +106,13 @@ def enable(conf: Optional[str] = None, **config: Any) -> Pool:
                 if stream.ptr in held:
                     return
                 held[stream.ptr] = stream
-                if len(held) > 64 + 16:  # amortised: a pool knows 64 at most
+                if len(held) > q._cupy_prune_at:
                     for k in [k for k in held if not q.stream_known(k)]:
                         del held[k]
+                    # Amortised: a pool knows 64 streams, and more while live
+                    # blocks name them (a stream per request, each holding
+                    # memory): the next prune comes after a quarter more.
+                    q._cupy_prune_at = len(held) + max(16, len(held) // 4)
 
         def pool_of(d: int) -> Pool:
             q = pools.get(d)

@@ -202,6 +202,50 @@ class TestCupy(unittest.TestCase):
         self.assertEqual(pool.stats()["live"], 0)
         pool.check()
 
+    def test_streams_past_64_with_live_blocks(self):
+        """More than 64 streams each holding a live array (a stream per
+        request): every allocation succeeds (the pool takes the least recently
+        used stream's slot), every stream stays alive while the pool knows it
+        (its live block's does), and all are let go once the arrays are."""
+        import weakref
+        pool = self.nfc.enable(backend="host", limit="256MiB")
+
+        class Stream:
+            def __init__(self, ptr):
+                self.ptr = ptr
+
+        refs, mps = [], []
+        for i in range(150):
+            st = Stream(0x20000 + i)
+            refs.append(weakref.ref(st))
+            self.state["stream"] = st
+            mp = self.state["allocator"](MiB)
+            ctypes.memset(mp.ptr, i & 0xFF, MiB)
+            mps.append(mp)
+            del st
+        self.state["stream"] = types.SimpleNamespace(ptr=0)
+        gc.collect()
+        for i, r in enumerate(refs):
+            self.assertTrue(pool.stream_known(0x20000 + i), f"stream {i}: a live block names it")
+            self.assertIsNotNone(r(), f"stream {i} is known to the pool but was let go")
+        for i, mp in enumerate(mps):
+            self.assertEqual(ctypes.string_at(mp.ptr, 1), bytes([i & 0xFF]))
+        pool.check()
+        del mp
+        mps.clear()
+        gc.collect()
+        for i in range(100):  # new streams: the forgotten ones go
+            st = Stream(0x30000 + i)
+            self.state["stream"] = st
+            del st
+            self.state["allocator"](MiB)
+            gc.collect()
+        self.state["stream"] = types.SimpleNamespace(ptr=0)
+        gc.collect()
+        self.assertLess(sum(r() is not None for r in refs), 64)
+        self.assertEqual(pool.stats()["live"], 0)
+        pool.check()
+
     def test_streams_held_after_disable(self):
         """disable() drops the allocator (and with it what held the streams),
         but the pool lives on while CuPy holds its blocks, and may still
