@@ -51,4 +51,65 @@ static inline void done(nf_pool_t *p, nf_backend_t *be) {
   nf_backend_destroy(be);
 }
 
+#define S(x) ((nf_stream_t)(uintptr_t)(x))
+
+// 64 streams 0x100.. each allocate one live block of n bytes (slots 0..63),
+// filled with their index; be non-NULL: each stream's kernel on it, in flight.
+static inline void fill64(nf_pool_t *p, nf_backend_t *be, char **x, size_t n) {
+  for (int i = 0; i < 64; i++) {
+    x[i] = nf_alloc(p, n, S(0x100 + i));
+    assert_non_null(x[i]);
+    if (be) nf_backend_host_use_new(be, S(0x100 + i), x[i], n);
+    nft_fill(x[i], n, (uint64_t)i);
+  }
+}
+
+// fill64's blocks checked and freed.
+static inline void free64(nf_pool_t *p, char **x, size_t n) {
+  for (int i = 0; i < 64; i++) {
+    assert_true(nft_check(x[i], n, (uint64_t)i));
+    assert_int_equal(nf_free(p, x[i]), NF_OK);
+  }
+}
+
+// A backend whose event records and stream waits count those on a stream
+// the pool has given back (its handle may be a destroyed stream's; CUDA
+// fails or crashes on it), white box: the host backend's ops, wrapped
+// (gone_watch); gone()->uses counts them.
+typedef struct {
+  const nf_backend_ops_t *inner;
+  nf_backend_ops_t ops;
+  nf_pool_t *pool;
+  int uses;
+} nft_gone_t;
+static inline nft_gone_t *gone(void) {
+  static nft_gone_t g;
+  return &g;
+}
+static inline bool gone_given_back(nf_stream_t s) {
+  const nf_pool_t *p = gone()->pool;
+  for (uint32_t i = 0; i < p->nstreams; i++)
+    if (p->stream_free >> i & 1 && p->streams[i].handle == s) return true;
+  return false;
+}
+static inline nf_status_t gone_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s) {
+  gone()->uses += gone_given_back(s);
+  return gone()->inner->event_record(be, ev, s);
+}
+static inline nf_status_t gone_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) {
+  gone()->uses += gone_given_back(s);
+  return gone()->inner->stream_wait(be, s, ev);
+}
+static inline void gone_watch(nf_pool_t *p, nf_backend_t *be) {
+  nft_gone_t *g = gone();
+  g->inner = be->ops;
+  g->ops = *be->ops;
+  g->ops.event_record = gone_record;
+  g->ops.stream_wait = gone_wait;
+  be->ops = &g->ops;
+  g->pool = p;
+  g->uses = 0;
+}
+static inline void gone_unwatch(nf_backend_t *be) { be->ops = gone()->inner; }
+
 #endif

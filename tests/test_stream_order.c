@@ -7,7 +7,6 @@
 // stream's unordered work still uses it (violations).
 #include "stream_test.h"
 
-#define S(x) ((nf_stream_t)(uintptr_t)(x))
 // An allocation of n bytes on s that s's kernel uses (in flight).
 static char *use(nf_pool_t *p, nf_backend_t *be, nf_stream_t s, size_t n, uint64_t tag) {
   char *x = nf_alloc(p, n, s);

@@ -13,8 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define S(x) ((nf_stream_t)(uintptr_t)(x))
-
 // More streams over a pool's life than it has slots (64): a stream nothing
 // names any more (no live or pending block, route, capture) gives its slot
 // back after one host wait for the whole device, since it may be gone and
@@ -68,12 +66,7 @@ static void test_streams_stolen(void **state) {
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
   char *x[64];
-  for (int i = 0; i < 64; i++) {
-    x[i] = nf_alloc(p, 4 * KB, S(0x100 + i));
-    assert_non_null(x[i]);
-    nf_backend_host_use_new(be, S(0x100 + i), x[i], 4 * KB);
-    nft_fill(x[i], 4 * KB, (uint64_t)i);
-  }
+  fill64(p, be, x, 4 * KB);
   uint32_t victim = sidx(p, S(0x100));
   for (int i = 1; i < 64; i++) sidx(p, S(0x100 + i)); // 0x100 is the least recently used
   nf_stats_t s0 = stats(p);
@@ -159,12 +152,7 @@ static void test_orphan_free_no_slot(void **state) {
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
   char *x[64];
-  for (int i = 0; i < 64; i++) {
-    x[i] = nf_alloc(p, 4 * KB, S(0x100 + i));
-    assert_non_null(x[i]);
-    nf_backend_host_use_new(be, S(0x100 + i), x[i], 4 * KB);
-    nft_fill(x[i], 4 * KB, (uint64_t)i);
-  }
+  fill64(p, be, x, 4 * KB);
   char *y = nf_alloc(p, 4 * KB, S(0x5000)); // 0x100's block: an orphan
   assert_non_null(y);
   assert_int_equal(p->orphans, 1);
@@ -267,11 +255,7 @@ static void test_orphan_offload(void **state) {
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
   char *x[64];
-  for (int i = 0; i < 64; i++) {
-    x[i] = nf_alloc(p, 256 * KB, S(0x100 + i));
-    assert_non_null(x[i]);
-    nft_fill(x[i], 256 * KB, (uint64_t)i);
-  }
+  fill64(p, NULL, x, 256 * KB);
   char *y = nf_alloc(p, 4 * KB, S(0x5000));
   assert_non_null(y);
   assert_int_equal(p->orphans, 1);
@@ -283,10 +267,7 @@ static void test_orphan_offload(void **state) {
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
   assert_int_equal(nf_pool_check(p), NF_OK);
-  for (int i = 0; i < 64; i++) {
-    assert_true(nft_check(x[i], 256 * KB, (uint64_t)i));
-    assert_int_equal(nf_free(p, x[i]), NF_OK);
-  }
+  free64(p, x, 256 * KB);
   assert_int_equal(nf_free(p, y), NF_OK);
   done(p, be);
 }
@@ -369,36 +350,6 @@ static void test_recycled_slot_first_free_settles(void **state) {
   done(p, be);
 }
 
-// A backend whose event records and stream waits count those on a stream
-// the pool has given back (its handle may be a destroyed stream's; CUDA
-// fails or crashes on it), white box: the host backend's ops, wrapped.
-static const nf_backend_ops_t *inner_ops;
-static nf_pool_t *gone_pool;
-static int gone_uses;
-static bool handle_given_back(nf_stream_t s) {
-  for (uint32_t i = 0; i < gone_pool->nstreams; i++)
-    if (gone_pool->stream_free >> i & 1 && gone_pool->streams[i].handle == s) return true;
-  return false;
-}
-static nf_status_t gone_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s) {
-  gone_uses += handle_given_back(s);
-  return inner_ops->event_record(be, ev, s);
-}
-static nf_status_t gone_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) {
-  gone_uses += handle_given_back(s);
-  return inner_ops->stream_wait(be, s, ev);
-}
-static nf_backend_ops_t gone_ops;
-static void watch_given_back(nf_pool_t *p, nf_backend_t *be) {
-  inner_ops = be->ops;
-  gone_ops = *be->ops;
-  gone_ops.event_record = gone_record;
-  gone_ops.stream_wait = gone_wait;
-  be->ops = &gone_ops;
-  gone_pool = p;
-  gone_uses = 0;
-}
-
 // A private pool handed back (or trimmed) stamps its free blocks as freed
 // on every stream the pool knows: not on the slots given back, whose
 // streams may be gone. Else the next settle records on such a slot.
@@ -406,7 +357,7 @@ static void test_private_hand_back_skips_given_back_slots(void **state) {
   (void)state;
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
-  watch_given_back(p, be);
+  gone_watch(p, be);
   for (int i = 0; i < 64; i++) pairs(p, (nf_stream_t)(uintptr_t)(0x100 + i), 1);
   nf_stream_t s = (nf_stream_t)(uintptr_t)0x5000;
   assert_int_equal(nf_private_incref(p, 1), NF_OK);
@@ -421,9 +372,9 @@ static void test_private_hand_back_skips_given_back_slots(void **state) {
   assert_non_null(y);
   assert_int_equal(nf_free(p, y), NF_OK);
   assert_int_equal(nf_trim(p), NF_OK);
-  assert_int_equal(gone_uses, 0);
+  assert_int_equal(gone()->uses, 0);
   assert_int_equal(nf_pool_check(p), NF_OK);
-  be->ops = inner_ops;
+  gone_unwatch(be);
   done(p, be);
 }
 

@@ -5,25 +5,6 @@
 // backend with manual events (test_stream_slots.c has the main cases).
 #include "stream_test.h"
 
-#define S(x) ((nf_stream_t)(uintptr_t)(x))
-
-// 64 streams 0x100.. each allocate one live block of n bytes (slots 0..63),
-// filled with their index.
-static void fill64(nf_pool_t *p, char **x, size_t n) {
-  for (int i = 0; i < 64; i++) {
-    x[i] = nf_alloc(p, n, S(0x100 + i));
-    assert_non_null(x[i]);
-    nft_fill(x[i], n, (uint64_t)i);
-  }
-}
-
-static void free64(nf_pool_t *p, char **x, size_t n) {
-  for (int i = 0; i < 64; i++) {
-    assert_true(nft_check(x[i], n, (uint64_t)i));
-    assert_int_equal(nf_free(p, x[i]), NF_OK);
-  }
-}
-
 // A steal resets the slot (done_tick = tick + 1) and the clock must pass it:
 // else the new stream's first free ticks at done_tick, streams_settle takes
 // it for done and never records or waits for it, and nf_trim leaves its
@@ -33,7 +14,7 @@ static void test_stolen_slot_first_free_settles(void **state) {
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
   char *x[64];
-  fill64(p, x, 4 * KB);
+  fill64(p, NULL, x, 4 * KB);
   assert_int_equal(nf_trim(p), NF_OK);
   uint64_t mapped = stats(p).mapped;
   nf_stream_t s = S(0x5000);
@@ -58,7 +39,7 @@ static void test_steal_spares_pending_blocks_stream(void **state) {
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
   char *x[64];
-  fill64(p, x, 4 * KB);
+  fill64(p, NULL, x, 4 * KB);
   assert_int_equal(nf_record_stream(p, x[0], S(0x101)), NF_OK);
   nf_backend_host_use(be, S(0x101), x[0], 4 * KB);
   assert_int_equal(nf_free(p, x[0]), NF_OK); // pending on 0x101's work
@@ -88,7 +69,7 @@ static void test_steal_spares_offloaded_blocks_stream(void **state) {
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
   char *x[64];
-  fill64(p, x, 256 * KB);
+  fill64(p, NULL, x, 256 * KB);
   assert_int_equal(nf_offload(p, x[0], S(0x100), NF_TIER_HOST), NF_OK);
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
@@ -118,7 +99,7 @@ static void test_prefetch_orphan_keeps_callers_slot(void **state) {
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
   char *x[64];
-  fill64(p, x, 256 * KB);
+  fill64(p, NULL, x, 256 * KB);
   char *y = nf_alloc(p, 4 * KB, S(0x5000)); // takes 0x100's slot: x[0] an orphan
   assert_non_null(y);
   assert_int_equal(nf_free(p, y), NF_OK); // 0x5000's slot: held, named by nothing
@@ -145,7 +126,7 @@ static void test_orphan_names_no_slot(void **state) {
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
   char *x[64];
-  fill64(p, x, 4 * KB);
+  fill64(p, NULL, x, 4 * KB);
   char *y = nf_alloc(p, 4 * KB, S(0x5000)); // takes slot 0 (0x100's): x[0] an orphan
   assert_non_null(y);
   assert_int_equal(p->orphans, 1);
@@ -163,26 +144,6 @@ static void test_orphan_names_no_slot(void **state) {
   done(p, be);
 }
 
-// Event records and stream waits on a handle of a slot given back (its
-// stream may be gone: CUDA fails or crashes on it), counted.
-static const nf_backend_ops_t *gone_inner;
-static nf_backend_ops_t gone_ops;
-static nf_pool_t *gone_pool;
-static int gone_uses;
-static bool given_back(nf_stream_t s) {
-  for (uint32_t i = 0; i < gone_pool->nstreams; i++)
-    if (gone_pool->stream_free >> i & 1 && gone_pool->streams[i].handle == s) return true;
-  return false;
-}
-static nf_status_t gone_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s) {
-  gone_uses += given_back(s);
-  return gone_inner->event_record(be, ev, s);
-}
-static nf_status_t gone_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) {
-  gone_uses += given_back(s);
-  return gone_inner->stream_wait(be, s, ev);
-}
-
 // Recycling with an offload's copy in flight on a stream nothing names: the
 // copies are finished after the device wait, before the slots are given
 // back; a copy left in the list would later record on its given-back slot.
@@ -190,13 +151,7 @@ static void test_recycle_finishes_copies(void **state) {
   (void)state;
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
-  gone_inner = be->ops;
-  gone_ops = *be->ops;
-  gone_ops.event_record = gone_record;
-  gone_ops.stream_wait = gone_wait;
-  be->ops = &gone_ops;
-  gone_pool = p;
-  gone_uses = 0;
+  gone_watch(p, be);
   char *a = nf_alloc(p, 256 * KB, A); // slot 0
   assert_non_null(a);
   nft_fill(a, 256 * KB, 7);
@@ -211,11 +166,11 @@ static void test_recycle_finishes_copies(void **state) {
   assert_int_equal(nf_prefetch(p, a, A), NF_OK);
   nf_backend_host_complete_events(be);
   assert_int_equal(nf_offload_wait(p), NF_OK);
-  assert_int_equal(gone_uses, 0);
+  assert_int_equal(gone()->uses, 0);
   assert_true(nft_check(a, 256 * KB, 7));
   assert_int_equal(nf_free(p, a), NF_OK);
   assert_int_equal(nf_free(p, y), NF_OK);
-  be->ops = gone_inner;
+  gone_unwatch(be);
   done(p, be);
 }
 
@@ -226,7 +181,7 @@ static void test_check_orphans(void **state) {
   nf_backend_t *be;
   nf_pool_t *p = pool(&be);
   char *x[64];
-  fill64(p, x, 4 * KB);
+  fill64(p, NULL, x, 4 * KB);
   char *y = nf_alloc(p, 4 * KB, S(0x5000));
   assert_non_null(y);
   assert_int_equal(p->orphans, 1);
