@@ -217,8 +217,53 @@ static void test_record_stream_own_stream(void **state) {
   done(p, be);
 }
 
+// A MemPool begun inside a capture already under way (the adapter's
+// beginAllocateToPool on a capturing stream): the pool's capture mask is
+// set only once the route exists, so the route's stream look-up asks the
+// backend (stream_capturing) and, for a capturing stream, gives back or
+// takes no slot: a host wait would break the capture. Refused with the
+// reason, nothing changed; the same begin outside a capture takes a slot.
+static nf_stream_t capturing_stream;
+static const nf_backend_ops_t *cap_inner;
+static nf_status_t cap_query(nf_backend_t *be, nf_stream_t s, int *capturing) {
+  (void)be;
+  *capturing = s == capturing_stream;
+  return NF_OK;
+}
+static void test_route_on_a_capturing_stream_makes_no_host_wait(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  nf_backend_ops_t ops = *be->ops;
+  cap_inner = be->ops;
+  ops.stream_capturing = cap_query;
+  be->ops = &ops;
+  char *x[64];
+  fill64(p, NULL, x, 4 * KB); // every slot named by a live allocation only: stealable
+  capturing_stream = S(0x5000);
+  assert_int_equal(nf_private_incref(p, 1), NF_OK);
+  nf_stats_t s0 = stats(p);
+  assert_int_equal(nf_private_begin(p, 1, S(0x5000)), NF_ERR_UNSUPPORTED);
+  nft_last_error_has("being captured");
+  nf_stats_t s1 = stats(p);
+  assert_int_equal(s1.calls.event_sync, s0.calls.event_sync);
+  assert_int_equal(s1.calls.event_record, s0.calls.event_record);
+  assert_int_equal(p->orphans, 0);
+  assert_int_equal(p->streams_stolen, 0);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  capturing_stream = NULL; // not capturing: the begin takes a slot after one wait
+  assert_int_equal(nf_private_begin(p, 1, S(0x5000)), NF_OK);
+  assert_int_equal(p->streams_stolen, 1);
+  assert_int_equal(nf_private_end(p, 1), NF_OK);
+  assert_int_equal(nf_private_release(p, 1), NF_OK);
+  free64(p, x, 4 * KB);
+  be->ops = cap_inner;
+  done(p, be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_route_on_a_capturing_stream_makes_no_host_wait),
       cmocka_unit_test(test_stolen_slot_first_free_settles),
       cmocka_unit_test(test_steal_spares_pending_blocks_stream),
       cmocka_unit_test(test_steal_spares_offloaded_blocks_stream),

@@ -74,6 +74,12 @@ typedef struct nf_backend_ops_s {
   // are taken, so that it can give back the slots of streams that may be gone
   // without recording an event on their handles.
   nf_status_t (*sync)(nf_backend_t *be);
+  // Optional (NULL: never), a query: *capturing = 1 while stream `s` is being
+  // captured into a CUDA graph (cuStreamIsCapturing). nf_private_begin asks
+  // before it looks the stream up: a capture may have begun before the pool
+  // is told of it (a MemPool begun inside one), and then the look-up must
+  // make no host wait (giving back or taking a stream slot).
+  nf_status_t (*stream_capturing)(nf_backend_t *be, nf_stream_t s, int *capturing);
 } nf_backend_ops_t;
 
 struct nf_backend_s {

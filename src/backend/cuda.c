@@ -118,6 +118,7 @@ typedef struct {
   CUresult (*EventDestroy)(CUevent);
   CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
   CUresult (*StreamGetCtx)(CUstream, CUcontext *);
+  CUresult (*StreamIsCapturing)(CUstream, int *); // CUstreamCaptureStatus: 0 none, 1 active, 2 invalidated
   CUresult (*CtxSynchronize)(void);
   CUresult (*GetErrorName)(CUresult, const char **);
   CUresult (*GetErrorString)(CUresult, const char **);
@@ -156,6 +157,7 @@ static const struct {
     S(EventDestroy, "cuEventDestroy_v2"),
     S(StreamWaitEvent, "cuStreamWaitEvent"),
     S(StreamGetCtx, "cuStreamGetCtx"),
+    S(StreamIsCapturing, "cuStreamIsCapturing"),
     S(CtxSynchronize, "cuCtxSynchronize"),
     S(GetErrorName, "cuGetErrorName"),
     S(GetErrorString, "cuGetErrorString"),
@@ -506,6 +508,13 @@ static nf_status_t op_stream_check(nf_backend_t *be, nf_stream_t s) {
   return NF_OK;
 }
 
+static nf_status_t op_stream_capturing(nf_backend_t *be, nf_stream_t s, int *capturing) {
+  int status = 0;
+  CU_CALL(be, "cuStreamIsCapturing", cu.StreamIsCapturing((CUstream)s, &status));
+  *capturing = status != 0; // an invalidated capture is still one: no host wait on it
+  return NF_OK;
+}
+
 static nf_status_t op_sync(nf_backend_t *be) {
   CU_CALL(be, "cuCtxSynchronize", cu.CtxSynchronize());
   return NF_OK;
@@ -561,6 +570,7 @@ static const nf_backend_ops_t cuda_ops = {
     .event_sync = op_event_sync,
     .stream_wait = op_stream_wait,
     .stream_check = op_stream_check,
+    .stream_capturing = op_stream_capturing,
     .sync = op_sync,
     .destroy = op_destroy,
     .mem_export = op_mem_export,

@@ -118,6 +118,11 @@ static nf_status_t f_stream_check(nf_backend_t *be, nf_stream_t s) {
   nf_backend_t *in = fb(be)->inner;
   return in->ops->stream_check ? in->ops->stream_check(in, s) : NF_OK;
 }
+static nf_status_t f_stream_capturing(nf_backend_t *be, nf_stream_t s, int *capturing) { // a query, not counted
+  nf_backend_t *in = fb(be)->inner;
+  *capturing = 0;
+  return in->ops->stream_capturing ? in->ops->stream_capturing(in, s, capturing) : NF_OK;
+}
 static nf_status_t f_sync(nf_backend_t *be) {
   nf_backend_t *in = fb(be)->inner;
   if (!in->ops->sync) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "the %s backend has no device synchronize", in->ops->name);
@@ -174,6 +179,7 @@ static const nf_backend_ops_t fault_ops = {
     .mem_import = f_mem_import,
     .map_room = f_map_room,
     .stream_check = f_stream_check,
+    .stream_capturing = f_stream_capturing,
     .sync = f_sync,
     .destroy = f_destroy,
 };

@@ -248,6 +248,7 @@ struct nf_pool_s {
   uint64_t streams_stolen;   // slots taken from a stream live blocks name (streams_steal)
   uint64_t stream_clock;     // lookups that switched streams (nf_stream_rec_t.used)
   uint64_t orphans;          // live blocks whose stream has no slot (NF_STREAM_ORPHAN)
+  bool capture_lookup;       // a stream already being captured is looked up (nf_private_begin): no host wait
   uint64_t tick;                                   // pool clock (frees and records)
   uint64_t ev_hot;        // frees up to this tick record events as they go (stream.c, nf__stream_mark)
   uint64_t waited[NF_MAX_STREAMS][NF_MAX_STREAMS]; // [S][A]: tick of the A-record S waits on

@@ -222,7 +222,17 @@ static nf_status_t route_add(nf_pool_t *p, uint64_t id, nf_stream_t stream, bool
   nf_status_t st = pv ? NF_OK
                       : nf__error(NF_ERR_INVALID, "nofrag: nf_private_begin: no private pool %llu (nf_private_incref first)",
                                   (unsigned long long)id);
-  if (st == NF_OK && !by_thread) st = nf__stream_index(p, stream, &s);
+  if (st == NF_OK && !by_thread) {
+    // A capture may have begun before the pool is told of it (a MemPool
+    // begun inside one): then finding the stream a slot must make no host
+    // wait (recycling, stealing), which would break the capture.
+    int capturing = 0;
+    if (p->be->ops->stream_capturing && p->be->ops->stream_capturing(p->be, stream, &capturing) != NF_OK)
+      capturing = 1; // unknown: assume the worst
+    p->capture_lookup = capturing != 0;
+    st = nf__stream_index(p, stream, &s);
+    p->capture_lookup = false;
+  }
   if (st == NF_OK && p->nroutes == p->routes_cap) {
     uint32_t cap = p->routes_cap ? p->routes_cap * 2 : 8;
     nf_route_t *r = realloc(p->routes, cap * sizeof *r);

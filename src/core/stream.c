@@ -74,12 +74,12 @@ static nf_status_t copies_finish(nf_pool_t *p) {
 static nf_status_t streams_recycle(nf_pool_t *p, uint64_t keep) {
   uint64_t m = streams_unnamed(p) & ~keep;
   nf_status_t st;
-  if (!m && p->pending) { // record_stream'ed blocks whose work is done name nothing once freed
+  if (!m && p->pending && !p->capture_lookup) { // record_stream'ed blocks whose work is done name nothing once freed
     if ((st = nf__pending_poll(p, false)) != NF_OK) return st;
     m = streams_unnamed(p) & ~keep;
   }
   if (!m) return NF_OK;
-  const char *why = p->capture_mask ? "a stream is being captured (no host wait is allowed)"
+  const char *why = p->capture_mask | p->capture_lookup ? "a stream is being captured (no host wait is allowed)"
                   : !p->be->ops->sync ? "the backend cannot wait for the whole device"
                   : NULL;
   if (why) return slots_refused(why);
@@ -114,7 +114,7 @@ static nf_status_t streams_recycle(nf_pool_t *p, uint64_t keep) {
 // back), offloaded blocks (the tier orders copies by slot), routes and
 // captures. Not during a capture (no host wait). O(blocks) per steal.
 static nf_status_t streams_steal(nf_pool_t *p, uint64_t keep, uint32_t *out) {
-  if (p->capture_mask) return slots_refused("a stream is being captured (no host wait is allowed)");
+  if (p->capture_mask | p->capture_lookup) return slots_refused("a stream is being captured (no host wait is allowed)");
   nf_status_t st = copies_finish(p);
   if (st != NF_OK) return st;
   uint64_t fixed = p->capture_mask | keep;

@@ -32,6 +32,9 @@ extern CUresult (*cuCtxGetCurrent)(void **);
 extern CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
 extern CUresult (*cuCtxCreate)(void **, unsigned, int); // cuCtxCreate_v2
 extern CUresult (*cuCtxDestroy)(void *);
+extern CUresult (*cuStreamBeginCapture)(CUstream, int); // cuStreamBeginCapture_v2; mode 0: global
+extern CUresult (*cuStreamEndCapture)(CUstream, void **);
+extern CUresult (*cuGraphDestroy)(void *);
 // Load the calls above from libcuda.so.1; exits 77 (skip) if one is missing.
 void cuda_test_load(void);
 
@@ -74,6 +77,7 @@ void test_pool_peers(nf_backend_t *be);
 void test_pool_units(nf_backend_t *be);
 void test_pool_many_streams(nf_backend_t *be);
 void test_pool_streams_live(nf_backend_t *be);
+void test_pool_route_in_capture(nf_backend_t *be);
 void test_pool_spill_offload(nf_backend_t *be);
 void test_pool_backend_faults(nf_backend_t *inner); // owns inner (a CUDA backend of its own)
 void test_pool_wait_faults(nf_backend_t *inner);    // likewise

@@ -24,6 +24,9 @@ CUresult (*cuDevicePrimaryCtxRelease)(int);
 CUresult (*cuCtxSetCurrent)(void *);
 CUresult (*cuCtxGetCurrent)(void **);
 CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
+CUresult (*cuStreamBeginCapture)(CUstream, int);
+CUresult (*cuStreamEndCapture)(CUstream, void **);
+CUresult (*cuGraphDestroy)(void *);
 
 int failures, checks;
 FILE *jout;
@@ -54,6 +57,9 @@ void cuda_test_load(void) {
   cuMemcpyDtoD = sym(lib, "cuMemcpyDtoD_v2");
   cuCtxCreate = sym(lib, "cuCtxCreate_v2");
   cuCtxDestroy = sym(lib, "cuCtxDestroy_v2");
+  cuStreamBeginCapture = sym(lib, "cuStreamBeginCapture_v2");
+  cuStreamEndCapture = sym(lib, "cuStreamEndCapture");
+  cuGraphDestroy = sym(lib, "cuGraphDestroy");
 }
 
 double now_us(void) {

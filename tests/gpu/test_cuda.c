@@ -611,6 +611,7 @@ int main(int argc, char **argv) {
   } else if (!strcmp(only, "streams")) {
     test_pool_many_streams(be);
     test_pool_streams_live(be);
+    test_pool_route_in_capture(be);
   } else {
     if (strcmp(only, "waits") != 0) { // "waits": the last section alone
       test_backend(be);
@@ -623,6 +624,7 @@ int main(int argc, char **argv) {
       test_pool_foreign_stream(be);
       test_pool_many_streams(be);
       test_pool_streams_live(be);
+      test_pool_route_in_capture(be);
       test_pool_peers(be);
       test_pool_units(be);
       test_pool_spill_offload(be);

@@ -169,3 +169,56 @@ void test_pool_streams_live(nf_backend_t *be) {
   for (int i = 0; i < N; i++)
     if (s[i]) DRV(cuStreamDestroy(s[i])); // after the pool: it may have recorded on them
 }
+
+// A MemPool begun on a stream whose capture (global mode, the strictest) is
+// already under way, with every slot named by live blocks: finding the
+// stream a slot would take one (a host wait), which would invalidate the
+// capture. The backend's stream_capturing tells the pool, which refuses
+// instead; the capture then ends intact.
+void test_pool_route_in_capture(nf_backend_t *be) {
+  printf("-- pool: a route on a stream already being captured, every slot named (no host wait)\n");
+  nf_config_t c;
+  nf_config_default(&c);
+  c.limit = 512ull << 20;
+  nf_pool_t *pool = NULL;
+  OKP(nf_pool_create(&pool, be, &c));
+  if (!pool) return;
+  enum { N = 64 };
+  CUstream s[N] = {0}, cap = NULL;
+  void *x[N] = {0};
+  for (int i = 0; i < N; i++) {
+    DRV(cuStreamCreate(&s[i], 1));
+    x[i] = nf_alloc(pool, 1 << 20, s[i]);
+    CHECK(x[i] != NULL, "alloc: %s", nf_last_error());
+  }
+  DRV(cuStreamCreate(&cap, 1));
+  int capturing = -1;
+  OKB(be->ops->stream_capturing(be, cap, &capturing));
+  CHECK(capturing == 0, "stream_capturing says %d before the capture", capturing);
+  DRV(cuStreamBeginCapture(cap, 0));
+  OKB(be->ops->stream_capturing(be, cap, &capturing));
+  CHECK(capturing == 1, "stream_capturing says %d during the capture", capturing);
+  OKP(nf_private_incref(pool, 1));
+  uint64_t stolen = pool->streams_stolen;
+  nf_status_t st = nf_private_begin(pool, 1, cap);
+  CHECK(st == NF_ERR_UNSUPPORTED, "nf_private_begin on the capturing stream: %s (%s)", nf_status_str(st),
+        nf_last_error());
+  CHECK(pool->streams_stolen == stolen, "a slot was taken during the capture");
+  void *g = NULL;
+  CUresult r = cuStreamEndCapture(cap, &g);
+  CHECK(r == 0, "the capture was invalidated (cuStreamEndCapture: %d)", r);
+  if (g) DRV(cuGraphDestroy(g));
+  OKP(nf_private_begin(pool, 1, cap)); // outside the capture: a slot taken after one wait
+  CHECK(pool->streams_stolen == stolen + 1, "no slot taken outside the capture");
+  OKP(nf_private_end(pool, 1));
+  OKP(nf_private_release(pool, 1));
+  for (int i = 0; i < N; i++)
+    if (x[i]) OKP(nf_free(pool, x[i]));
+  OKP(nf_pool_check(pool));
+  printf("   refused during the capture (%s), the capture ended intact; a slot taken after it\n",
+         st == NF_ERR_UNSUPPORTED ? "NF_ERR_UNSUPPORTED" : nf_status_str(st));
+  nf_pool_destroy(pool);
+  for (int i = 0; i < N; i++)
+    if (s[i]) DRV(cuStreamDestroy(s[i]));
+  DRV(cuStreamDestroy(cap));
+}
