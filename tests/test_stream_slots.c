@@ -56,9 +56,9 @@ static void test_streams_recycled(void **state) {
   done(p, be);
 }
 
-// 64 streams each hold a live block with their kernel in flight; the 65th
-// takes the slot of the least recently used one (0x100) after one host wait
-// for that stream alone. Its block keeps its data and its handle; freed, it
+// 64 streams each hold a live block with their kernel in flight, and each
+// freed a block with its work in flight; the 65th takes the slot of the
+// least recently used one (0x100) after one host wait for that stream alone. Its block keeps its data and its handle; freed, it
 // gets a slot again (taking the next least recently used), and the next
 // stream to take its memory is ordered after its kernel.
 static void test_streams_stolen(void **state) {
@@ -67,6 +67,7 @@ static void test_streams_stolen(void **state) {
   nf_pool_t *p = pool(&be);
   char *x[64];
   fill64(p, be, x, 4 * KB);
+  for (int i = 0; i < 64; i++) pairs(p, S(0x100 + i), 1); // a free on each, its work in flight
   uint32_t victim = sidx(p, S(0x100));
   for (int i = 1; i < 64; i++) sidx(p, S(0x100 + i)); // 0x100 is the least recently used
   nf_stats_t s0 = stats(p);
@@ -228,6 +229,7 @@ static void test_steal_wait_fails(void **state) {
   be->ops = &ops;
   char *x[64];
   for (int i = 0; i < 64; i++) assert_non_null(x[i] = nf_alloc(p, 4 * KB, S(0x100 + i)));
+  for (int i = 0; i < 64; i++) pairs(p, S(0x100 + i), 1); // a free on each, not known done: a wait is needed
   uint32_t v = sidx(p, S(0x100));
   for (int i = 1; i < 64; i++) sidx(p, S(0x100 + i));
   sync_fail = true;

@@ -261,8 +261,87 @@ static void test_route_on_a_capturing_stream_makes_no_host_wait(void **state) {
   done(p, be);
 }
 
+// Which slot a steal takes, and at what cost: a stream with no free since
+// its work was last known done gives its slot up with no event call; one
+// whose newest record (covering its last free) a query finds done is taken
+// over the least recently used one, whose frees are in flight (where the
+// few least recently used are all in flight, the least recently used is
+// taken after one host wait: test_streams_stolen). No unordered reuse.
+static void test_steal_picks_a_done_stream(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *x[64];
+  fill64(p, be, x, 4 * KB); // no frees yet: every stream's frees are trivially done
+  nf_stats_t s0 = stats(p);
+  char *y = nf_alloc(p, 4 * KB, S(0x5000)); // takes 0x100's slot with no call
+  assert_non_null(y);
+  nf_stats_t s1 = stats(p);
+  assert_int_equal(p->streams_stolen, 1);
+  assert_int_equal(s1.calls.event_record + s1.calls.event_sync + s1.calls.event_query,
+                   s0.calls.event_record + s0.calls.event_sync + s0.calls.event_query);
+  assert_int_equal(nf_free(p, y), NF_OK); // 0x5000's slot named by nothing now, but a free in flight
+  for (int i = 1; i < 64; i++) pairs(p, S(0x100 + i), 1); // a free on each of 0x101.., in flight
+  nf_backend_host_complete_events(be); // what was recorded so far is done, not the frees after the records
+  pairs(p, S(0x101), 1);               // a newer free on 0x101: no record covers it
+  uint32_t i102 = sidx(p, S(0x102));
+  assert_int_equal(nf__stream_record(p, i102), NF_OK); // 0x102's record covers its free...
+  nf_backend_host_complete_events(be);                 // ...and completes; the others have none
+  for (int i = 3; i < 64; i++) sidx(p, S(0x100 + i));
+  // LRU order now: 0x5000's slot is unnamed (recycling would take it: name it), then 0x101, 0x102, ...
+  char *keep5000 = nf_alloc(p, 4 * KB, S(0x5000));
+  assert_non_null(keep5000);
+  for (int i = 3; i < 64; i++) sidx(p, S(0x100 + i)); // 0x101, then 0x102 the least recently used
+  s0 = stats(p);
+  char *z = nf_alloc(p, 4 * KB, S(0x6000));
+  assert_non_null(z);
+  s1 = stats(p);
+  assert_int_equal(sidx(p, S(0x6000)), i102); // 0x101 passed over: its free is in flight, no record
+  assert_int_equal(s1.calls.event_sync, s0.calls.event_sync);
+  assert_true(s1.calls.event_query > s0.calls.event_query); // the steal's one (placement may query too)
+  char *w = nf_alloc(p, 4 * KB, S(0x7000)); // another steal (test_streams_stolen: all in flight, one wait)
+  assert_non_null(w);
+  nf_backend_host_use_new(be, S(0x6000), z, 4 * KB);
+  nf_backend_host_use_new(be, S(0x7000), w, 4 * KB);
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_free(p, z), NF_OK);
+  assert_int_equal(nf_free(p, w), NF_OK);
+  assert_int_equal(nf_free(p, keep5000), NF_OK);
+  free64(p, x, 4 * KB);
+  done(p, be);
+}
+
+// The stolen stream freed a block with its kernel still running on it; the
+// new stream in its slot takes that very block: the steal must have waited
+// for the old stream's free (the slot's bit in the block's mask then names
+// work that is done), else the new owner races the kernel.
+static void test_steal_waits_for_the_victims_frees(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *x[64];
+  fill64(p, be, x, 4 * KB);
+  for (int i = 0; i < 64; i++) pairs(p, S(0x100 + i), 1); // every stream's frees in flight: no done one to prefer
+  char *b = nf_alloc(p, 64 * KB, S(0x100));
+  assert_non_null(b);
+  nf_backend_host_use_new(be, S(0x100), b, 64 * KB);
+  assert_int_equal(nf_free(p, b), NF_OK); // 0x100's kernel still on it
+  for (int i = 1; i < 64; i++) sidx(p, S(0x100 + i)); // 0x100 the least recently used
+  char *y = nf_alloc(p, 64 * KB, S(0x5000));
+  assert_ptr_equal(y, b);
+  assert_int_equal(p->streams_stolen, 1);
+  nf_backend_host_use_new(be, S(0x5000), y, 64 * KB);
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  free64(p, x, 4 * KB);
+  done(p, be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_steal_waits_for_the_victims_frees),
+      cmocka_unit_test(test_steal_picks_a_done_stream),
       cmocka_unit_test(test_route_on_a_capturing_stream_makes_no_host_wait),
       cmocka_unit_test(test_stolen_slot_first_free_settles),
       cmocka_unit_test(test_steal_spares_pending_blocks_stream),

@@ -103,16 +103,52 @@ static nf_status_t streams_recycle(nf_pool_t *p, uint64_t keep) {
   return NF_OK;
 }
 
+static nf_status_t ev_cover(nf_pool_t *p, uint32_t x, uint64_t need, uint32_t *h);
+
+// The slot streams_steal takes, of candidates m: among the NF_STEAL_LOOK
+// least recently used, the first whose frees are known complete (no call),
+// or whose newest record, covering its last free, one query finds done;
+// *done says so. Else the least recently used, *done false: its frees must
+// be waited for. So a stream that allocates and holds (no free since its
+// work was last seen done) gives its slot up with no call, and one with a
+// kernel still running on what it freed is passed over where another is done.
+#define NF_STEAL_LOOK 4
+static uint32_t steal_pick(nf_pool_t *p, uint64_t m, bool *done) {
+  uint32_t lru[NF_STEAL_LOOK];
+  int n = 0;
+  for (; m; m &= m - 1) { // the NF_STEAL_LOOK least recently used, oldest first (one pass)
+    uint32_t y = (uint32_t)__builtin_ctzll(m);
+    int k = n < NF_STEAL_LOOK ? n++ : NF_STEAL_LOOK;
+    for (; k > 0 && p->streams[lru[k - 1]].used > p->streams[y].used; k--)
+      if (k < NF_STEAL_LOOK) lru[k] = lru[k - 1];
+    if (k < NF_STEAL_LOOK) lru[k] = y;
+  }
+  *done = false;
+  for (int k = 0; k < n; k++) {
+    nf_stream_rec_t *r = &p->streams[lru[k]];
+    if (!nf__need_done(r, r->last_free) && r->rec_tick > r->last_free &&
+        NF_BE(p, event_query, event_query, nf__stream_event(r)) == NF_OK && r->rec_tick > r->done_tick)
+      r->done_tick = r->rec_tick; // (a failed query only means no shortcut: the wait below orders all the same)
+    if (nf__need_done(r, r->last_free)) {
+      *done = true;
+      return lru[k];
+    }
+  }
+  return lru[0];
+}
+
 // Every slot is named, and a new stream comes (a server with a stream per
 // request, PyTorch's 128 pool streams and its default one): take the slot of
-// the least recently used stream that only live blocks' allocations name.
-// Its handle is alive (its blocks are), so one host wait for that stream
-// alone (not the device) makes its frees so far complete; its live blocks
-// keep the handle (NF_STREAM_ORPHAN) and get a slot again when they are
-// freed or moved (nf__block_home). Slots named otherwise keep their streams:
-// record_stream'ed and pending blocks (their events decide when memory comes
-// back), offloaded blocks (the tier orders copies by slot), routes and
-// captures. Not during a capture (no host wait). O(blocks) per steal.
+// a stream that only live blocks' allocations name (steal_pick: the least
+// recently used, or one of the next few whose frees are known done). Its
+// handle is alive (its blocks are), so where its frees are not known
+// complete, one host wait on that stream alone (not the device) makes them
+// so; its live blocks keep the handle (NF_STREAM_ORPHAN) and get a slot
+// again when they are freed or moved (nf__block_home). Slots named otherwise
+// keep their streams: record_stream'ed and pending blocks (their events
+// decide when memory comes back), offloaded blocks (the tier orders copies
+// by slot), routes and captures. Not during a capture (no event calls, no
+// host wait). O(blocks) per steal.
 static nf_status_t streams_steal(nf_pool_t *p, uint64_t keep, uint32_t *out) {
   if (p->capture_mask | p->capture_lookup) return slots_refused("a stream is being captured (no host wait is allowed)");
   nf_status_t st = copies_finish(p);
@@ -129,16 +165,15 @@ static nf_status_t streams_steal(nf_pool_t *p, uint64_t keep, uint32_t *out) {
   uint64_t m = nf__streams_held(p) & ~fixed;
   if (!m) return slots_refused("every stream is named by a record_stream'ed, pending or offloaded block, a route "
                                "or a capture");
-  uint32_t x = (uint32_t)__builtin_ctzll(m);
-  for (m &= m - 1; m; m &= m - 1) {
-    uint32_t y = (uint32_t)__builtin_ctzll(m);
-    if (p->streams[y].used < p->streams[x].used) x = y;
-  }
+  bool done;
+  uint32_t x = steal_pick(p, m, &done), h;
   nf_stream_rec_t *r = &p->streams[x];
-  if ((st = nf__stream_record(p, x)) != NF_OK) return st;
-  if ((st = NF_BE(p, event_sync, event_sync, nf__stream_event(r))) != NF_OK)
-    return nf__error(st, "nofrag: more than %d streams: event synchronize (to take the slot of stream %p) failed: %s",
-                     NF_MAX_STREAMS, r->handle, nf__backend_err());
+  if (!done) { // the oldest record covering its last free (or a fresh one): no wait for work queued after it
+    if ((st = ev_cover(p, x, r->last_free, &h)) != NF_OK) return st;
+    if ((st = NF_BE(p, event_sync, event_sync, r->ev[h])) != NF_OK)
+      return nf__error(st, "nofrag: more than %d streams: event synchronize (to take the slot of stream %p) failed: "
+                       "%s", NF_MAX_STREAMS, r->handle, nf__backend_err());
+  }
   for (nf_chunk_t *c = p->chunks; c; c = c->next)
     for (nf_block_t *b = c->first; b; b = b->next)
       if (b->state == NF_BLK_LIVE && b->stream == x) {
