@@ -55,6 +55,14 @@ def fake_cupy():
     return cp, state
 
 
+class Stream:
+    """A CuPy stream object as nofrag.cupy sees it: CuPy destroys the CUDA
+    stream when the object goes."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
 class TestCupy(unittest.TestCase):
     def setUp(self):
         self.cp, self.state = fake_cupy()
@@ -178,10 +186,6 @@ class TestCupy(unittest.TestCase):
         import weakref
         pool = self.nfc.enable(backend="host", limit="64MiB")
 
-        class Stream:  # CuPy destroys the CUDA stream when the object goes
-            def __init__(self, ptr):
-                self.ptr = ptr
-
         refs = []
         for i in range(300):
             st = Stream(0x10000 + i)
@@ -209,10 +213,6 @@ class TestCupy(unittest.TestCase):
         (its live block's does), and all are let go once the arrays are."""
         import weakref
         pool = self.nfc.enable(backend="host", limit="256MiB")
-
-        class Stream:
-            def __init__(self, ptr):
-                self.ptr = ptr
 
         refs, mps = [], []
         for i in range(150):
@@ -253,10 +253,6 @@ class TestCupy(unittest.TestCase):
         import weakref
         pool = self.nfc.enable(backend="host", limit="64MiB")
 
-        class Stream:
-            def __init__(self, ptr):
-                self.ptr = ptr
-
         st = Stream(0x4321)
         ref = weakref.ref(st)
         self.state["stream"] = st
@@ -278,10 +274,6 @@ class TestCupy(unittest.TestCase):
         import weakref
         pool = self.nfc.enable(backend="host", limit="64MiB")
         malloc = self.state["allocator"]
-
-        class Stream:
-            def __init__(self, ptr):
-                self.ptr = ptr
 
         target = Stream(0x20000)
         ref = weakref.ref(target)

@@ -13,13 +13,19 @@
 
 #include <stdlib.h>
 
-void test_pool_many_streams(nf_backend_t *be) {
-  printf("-- pool: 200 streams made and destroyed (more than the 64 slots)\n");
+// A pool of the default configuration under `limit` (NULL, checked, on failure).
+static nf_pool_t *pool_with_limit(nf_backend_t *be, uint64_t limit) {
   nf_config_t c;
   nf_config_default(&c);
-  c.limit = 256ull << 20;
+  c.limit = limit;
   nf_pool_t *pool = NULL;
   OKP(nf_pool_create(&pool, be, &c));
+  return pool;
+}
+
+void test_pool_many_streams(nf_backend_t *be) {
+  printf("-- pool: 200 streams made and destroyed (more than the 64 slots)\n");
+  nf_pool_t *pool = pool_with_limit(be, 256ull << 20);
   if (!pool) return;
   const size_t sz = 4u << 20;
   enum { KEEP = 4 };
@@ -100,11 +106,7 @@ void test_pool_many_streams(nf_backend_t *be) {
 // device synchronize.
 void test_pool_streams_live(nf_backend_t *be) {
   printf("-- pool: 100 streams holding live blocks at once (more than the 64 slots)\n");
-  nf_config_t c;
-  nf_config_default(&c);
-  c.limit = 1ull << 30;
-  nf_pool_t *pool = NULL;
-  OKP(nf_pool_create(&pool, be, &c));
+  nf_pool_t *pool = pool_with_limit(be, 1ull << 30);
   if (!pool) return;
   enum { N = 100, JUNK = 20 };
   const size_t sz = 4u << 20;
@@ -177,11 +179,7 @@ void test_pool_streams_live(nf_backend_t *be) {
 // instead; the capture then ends intact.
 void test_pool_route_in_capture(nf_backend_t *be) {
   printf("-- pool: a route on a stream already being captured, every slot named (no host wait)\n");
-  nf_config_t c;
-  nf_config_default(&c);
-  c.limit = 512ull << 20;
-  nf_pool_t *pool = NULL;
-  OKP(nf_pool_create(&pool, be, &c));
+  nf_pool_t *pool = pool_with_limit(be, 512ull << 20);
   if (!pool) return;
   enum { N = 64 };
   CUstream s[N] = {0}, cap = NULL;
