@@ -72,6 +72,12 @@ static inline void free64(nf_pool_t *p, char **x, size_t n) {
   }
 }
 
+// Every event recorded so far completes, and the offloads' copies with them.
+static inline void copies_done(nf_pool_t *p, nf_backend_t *be) {
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+}
+
 // A backend whose event records and stream waits count those on a stream
 // the pool has given back (its handle may be a destroyed stream's; CUDA
 // fails or crashes on it), white box: the host backend's ops, wrapped

@@ -71,8 +71,7 @@ static void test_steal_spares_offloaded_blocks_stream(void **state) {
   char *x[64];
   fill64(p, NULL, x, 256 * KB);
   assert_int_equal(nf_offload(p, x[0], S(0x100), NF_TIER_HOST), NF_OK);
-  nf_backend_host_complete_events(be);
-  assert_int_equal(nf_offload_wait(p), NF_OK);
+  copies_done(p, be);
   uint32_t s0 = sidx(p, S(0x100));
   for (int i = 1; i < 64; i++) sidx(p, S(0x100 + i)); // 0x100 the least recently used, then 0x101
   char *y = nf_alloc(p, 4 * KB, S(0x5000));
@@ -83,8 +82,7 @@ static void test_steal_spares_offloaded_blocks_stream(void **state) {
   assert_int_not_equal(nf__map_find(p, (uintptr_t)x[0])->stream, NF_STREAM_ORPHAN);
   assert_int_equal(nf_pool_check(p), NF_OK);
   assert_int_equal(nf_prefetch(p, x[0], S(0x100)), NF_OK);
-  nf_backend_host_complete_events(be);
-  assert_int_equal(nf_offload_wait(p), NF_OK);
+  copies_done(p, be);
   assert_int_equal(nf_pool_check(p), NF_OK);
   free64(p, x, 256 * KB);
   assert_int_equal(nf_free(p, y), NF_OK);
@@ -164,8 +162,7 @@ static void test_recycle_finishes_copies(void **state) {
   assert_null(p->xfers);
   assert_int_equal(nf_offload_wait(p), NF_OK);
   assert_int_equal(nf_prefetch(p, a, A), NF_OK);
-  nf_backend_host_complete_events(be);
-  assert_int_equal(nf_offload_wait(p), NF_OK);
+  copies_done(p, be);
   assert_int_equal(gone()->uses, 0);
   assert_true(nft_check(a, 256 * KB, 7));
   assert_int_equal(nf_free(p, a), NF_OK);
