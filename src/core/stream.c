@@ -17,16 +17,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-// The slots no live or pending block, route or capture names.
-static uint64_t streams_unnamed(const nf_pool_t *p) {
+// The slots that something in the pool names: captures, stream routes, the
+// record_stream masks of live and pending blocks, and their allocation
+// streams: all of them (`allocs`), or only those a slot cannot be taken from
+// (pending and offloaded blocks'; streams_steal). An orphan names no slot.
+static uint64_t streams_named(const nf_pool_t *p, bool allocs) {
   uint64_t named = p->capture_mask;
   for (nf_chunk_t *c = p->chunks; c; c = c->next)
     for (const nf_block_t *b = c->first; b; b = b->next)
-      if (b->state != NF_BLK_FREE) named |= (b->stream == NF_STREAM_ORPHAN ? 0 : 1ull << b->stream) | b->extra;
+      if (b->state != NF_BLK_FREE) {
+        named |= b->extra;
+        if (b->stream != NF_STREAM_ORPHAN && (allocs || b->state != NF_BLK_LIVE || b->where)) named |= 1ull << b->stream;
+      }
   for (uint32_t i = 0; i < p->nroutes; i++)
     if (!p->routes[i].by_thread) named |= 1ull << p->routes[i].s;
-  return ~named;
+  return named;
 }
+
+// The slots no live or pending block, route or capture names.
+static uint64_t streams_unnamed(const nf_pool_t *p) { return ~streams_named(p, true); }
 
 static nf_status_t slots_refused(const char *why) {
   return nf__error(NF_ERR_UNSUPPORTED, "nofrag: more than %d distinct streams used with one pool, and no slot can "
@@ -107,13 +116,13 @@ static nf_status_t ev_cover(nf_pool_t *p, uint32_t x, uint64_t need, uint32_t *h
 
 // The slot streams_steal takes, of candidates m: among the NF_STEAL_LOOK
 // least recently used, the first whose frees are known complete (no call),
-// or whose newest record, covering its last free, one query finds done;
-// *done says so. Else the least recently used, *done false: its frees must
-// be waited for. So a stream that allocates and holds (no free since its
-// work was last seen done) gives its slot up with no call, and one with a
-// kernel still running on what it freed is passed over where another is done.
+// or whose newest record, covering its last free, one query finds done.
+// Else the least recently used, whose frees must be waited for. So a stream
+// that allocates and holds (no free since its work was last seen done) gives
+// its slot up with no call, and one with a kernel still running on what it
+// freed is passed over where another is done.
 #define NF_STEAL_LOOK 4
-static uint32_t steal_pick(nf_pool_t *p, uint64_t m, bool *done) {
+static uint32_t steal_pick(nf_pool_t *p, uint64_t m) {
   uint32_t lru[NF_STEAL_LOOK];
   int n = 0;
   for (; m; m &= m - 1) { // the NF_STEAL_LOOK least recently used, oldest first (one pass)
@@ -123,16 +132,12 @@ static uint32_t steal_pick(nf_pool_t *p, uint64_t m, bool *done) {
       if (k < NF_STEAL_LOOK) lru[k] = lru[k - 1];
     if (k < NF_STEAL_LOOK) lru[k] = y;
   }
-  *done = false;
   for (int k = 0; k < n; k++) {
     nf_stream_rec_t *r = &p->streams[lru[k]];
     if (!nf__need_done(r, r->last_free) && r->rec_tick > r->last_free &&
         NF_BE(p, event_query, event_query, nf__stream_event(r)) == NF_OK && r->rec_tick > r->done_tick)
       r->done_tick = r->rec_tick; // (a failed query only means no shortcut: the wait below orders all the same)
-    if (nf__need_done(r, r->last_free)) {
-      *done = true;
-      return lru[k];
-    }
+    if (nf__need_done(r, r->last_free)) return lru[k];
   }
   return lru[0];
 }
@@ -153,22 +158,12 @@ static nf_status_t streams_steal(nf_pool_t *p, uint64_t keep, uint32_t *out) {
   if (p->capture_mask | p->capture_lookup) return slots_refused("a stream is being captured (no host wait is allowed)");
   nf_status_t st = copies_finish(p);
   if (st != NF_OK) return st;
-  uint64_t fixed = p->capture_mask | keep;
-  for (nf_chunk_t *c = p->chunks; c; c = c->next)
-    for (const nf_block_t *b = c->first; b; b = b->next)
-      if (b->state != NF_BLK_FREE) {
-        fixed |= b->extra;
-        if (b->stream != NF_STREAM_ORPHAN && (b->state != NF_BLK_LIVE || b->where)) fixed |= 1ull << b->stream;
-      }
-  for (uint32_t i = 0; i < p->nroutes; i++)
-    if (!p->routes[i].by_thread) fixed |= 1ull << p->routes[i].s;
-  uint64_t m = nf__streams_held(p) & ~fixed;
+  uint64_t m = nf__streams_held(p) & ~(streams_named(p, false) | keep);
   if (!m) return slots_refused("every stream is named by a record_stream'ed, pending or offloaded block, a route "
                                "or a capture");
-  bool done;
-  uint32_t x = steal_pick(p, m, &done), h;
+  uint32_t x = steal_pick(p, m), h;
   nf_stream_rec_t *r = &p->streams[x];
-  if (!done) { // the oldest record covering its last free (or a fresh one): no wait for work queued after it
+  if (!nf__need_done(r, r->last_free)) { // on the oldest record covering its last free (or a fresh one)
     if ((st = ev_cover(p, x, r->last_free, &h)) != NF_OK) return st;
     if ((st = NF_BE(p, event_sync, event_sync, r->ev[h])) != NF_OK)
       return nf__error(st, "nofrag: more than %d streams: event synchronize (to take the slot of stream %p) failed: "
@@ -237,15 +232,19 @@ nf_status_t nf__stream_index_for(nf_pool_t *p, nf_stream_t s, const nf_block_t *
   return stream_index(p, s, b->stream == NF_STREAM_ORPHAN ? 0 : 1ull << b->stream, out);
 }
 
+// An orphan's allocation stream is slot s's from now on.
+static void orphan_settle(nf_pool_t *p, nf_block_t *b, uint32_t s) {
+  b->stream = (uint16_t)s;
+  b->orphan = NULL;
+  p->orphans--;
+}
+
 nf_status_t nf__block_home(nf_pool_t *p, nf_block_t *b, uint64_t keep) {
   if (NF_LIKELY(b->stream != NF_STREAM_ORPHAN)) return NF_OK;
   uint32_t s;
   nf_status_t st = stream_index(p, b->orphan, keep, &s);
-  if (st != NF_OK) return st;
-  b->stream = (uint16_t)s;
-  b->orphan = NULL;
-  p->orphans--;
-  return NF_OK;
+  if (st == NF_OK) orphan_settle(p, b, s);
+  return st;
 }
 
 // nf_free of an orphan that can get no slot (every one is named by a
@@ -257,7 +256,7 @@ nf_status_t nf__block_home(nf_pool_t *p, nf_block_t *b, uint64_t keep) {
 // fail where the caller (PyTorch's deleter) cannot handle it.
 nf_status_t nf__block_home_any(nf_pool_t *p, nf_block_t *b) {
   nf_status_t st = nf__block_home(p, b, 0);
-  if (st == NF_OK || st != NF_ERR_UNSUPPORTED || p->capture_mask || !p->nstreams) return st;
+  if (st != NF_ERR_UNSUPPORTED || p->capture_mask || !p->nstreams) return st; // (NF_OK included)
   nf_event_t ev = NULL;
   if ((st = NF_BE(p, event_create, event_create, &ev)) == NF_OK) {
     if ((st = NF_BE(p, event_record, event_record, ev, b->orphan)) == NF_OK)
@@ -268,9 +267,7 @@ nf_status_t nf__block_home_any(nf_pool_t *p, nf_block_t *b) {
     return nf__error(st, "nofrag: nf_free of %p: a host wait for its stream %p (whose slot another stream took) "
                      "failed: %s", (void *)b->addr, b->orphan, nf__backend_err());
   nf__error_clear();
-  b->stream = (uint16_t)p->last_stream;
-  b->orphan = NULL;
-  p->orphans--;
+  orphan_settle(p, b, p->last_stream);
   return NF_OK;
 }
 
