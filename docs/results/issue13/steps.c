@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
   nf_stats_t prev;
@@ -40,7 +41,7 @@ int main(int argc, char **argv) {
   nf_trace_t t;
   nf__trace_ops ops;
   char err[512];
-  if (nf__trace_load(&t, argv[1], err, sizeof err) != NF_OK || nf__trace_ops_build(&ops, &t, err, sizeof err) != NF_OK) {
+  if ((strstr(argv[1], ".csv") ? nf__trace_load_rmm(&t, argv[1], err, sizeof err) : nf__trace_load(&t, argv[1], err, sizeof err)) != NF_OK || nf__trace_ops_build(&ops, &t, err, sizeof err) != NF_OK) {
     fprintf(stderr, "steps: %s\n", err);
     return 1;
   }
