@@ -5,6 +5,10 @@
 // streams and up to 96 blocks live at once: more streams holding live blocks than a pool's 64 slots,
 // so slots are recycled and taken (orphans re-homed at free, offload and prefetch); a refusal
 // (NF_ERR_UNSUPPORTED: every slot named otherwise) must change nothing.
+// Stream order is checked too: the host backend's events complete only when an op says so
+// (or the pool waits for them), each allocation declares its stream's work on the block
+// (and record_stream the other stream's), and the backend counts every reuse or unmap of
+// memory that is not ordered after the work declared on it (nf_backend_host_violations).
 #include "nofrag.h"
 
 #include <stdint.h>
@@ -59,6 +63,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   c.spill_limit = 32 * G;
   nf_pool_t *p;
   if (nf_pool_create(&p, be, &c) != NF_OK) abort();
+  nf_backend_host_set_manual_events(be, 1);
+  uint64_t v0 = nf_backend_host_violations(be);
   struct { void *p; size_t n; uint8_t tag, where; } l[SLOTS] = {{0}};
   for (size_t i = 0; i + 4 <= size; i += 4) {
     uint8_t op = data[i] % 10, slot = data[i + 1] % SLOTS;
@@ -74,6 +80,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (nf_last_status() == NF_OK) abort();
         break;
       }
+      nf_backend_host_use_new(be, s, q, n); // ordered after every earlier user of this memory?
+      nf_backend_host_use(be, s, q, n);     // s works on it from now on
       fill(q, n, data[i + 2]);
       l[slot].p = q; l[slot].n = n; l[slot].tag = data[i + 2]; l[slot].where = 0;
       break;
@@ -100,10 +108,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (l[slot].p) {
         nf_status_t r = nf_record_stream(p, l[slot].p, s);
         if (r != NF_OK && r != NF_ERR_UNSUPPORTED) abort();
+        // Work on it only while it is on the device: from nf_offload until nf_prefetch the
+        // caller may not use a block (nofrag.h), so such work would be the harness's fault.
+        if (r == NF_OK && !l[slot].where) nf_backend_host_use(be, s, l[slot].p, l[slot].n);
       }
       break;
     case 7:
-      if (arg % 2) nf_trim(p);
+      if (arg % 4 == 3) nf_backend_host_complete_events(be); // the streams' work so far is done
+      else if (arg % 2) nf_trim(p);
       else nf_set_limit(p, (uint64_t)(arg % 64 + 8) * G);
       break;
     case 8: { // offload: host, detached or disk; refused only for a block on another tier or no host room
@@ -135,7 +147,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if ((!l[k].where || l[k].where == NF_TIER_HOST) && !ok(l[k].p, l[k].n, l[k].tag)) abort();
       nf_free(p, l[k].p);
     }
+  uint64_t v = nf_backend_host_violations(be) - v0;
+  if (v) { fprintf(stderr, "%llu unordered reuses or unmaps\n", (unsigned long long)v); abort(); }
+  nf_backend_host_complete_events(be); // the work declared on the blocks is done: the pool may go
   nf_pool_destroy(p);
+  if (nf_backend_host_violations(be) != v0) abort();
+  nf_backend_host_set_manual_events(be, 0);
   uint64_t gr, mp;
   nf_backend_host_usage(be, &gr, &mp);
   if (gr || mp) { fprintf(stderr, "left: %llu granules, %llu mappings\n", (unsigned long long)gr, (unsigned long long)mp); abort(); }
