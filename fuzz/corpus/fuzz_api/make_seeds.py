@@ -49,9 +49,13 @@ def seed(n_streams, rng, tail):
 
 def main():
     rng = random.Random(13)
-    for name, n, tail in (("seed_70", 70, 40), ("seed_96", 96, 120), ("seed_90_mixed", 90, 300)):
+    # A trailing configuration byte (the length is then not a multiple of 4): 1 units,
+    # 2 tight, 4 views off, 8 no release decay.
+    for name, n, tail, conf in (("seed_70", 70, 40, None), ("seed_96", 96, 120, None),
+                                ("seed_90_mixed", 90, 300, None), ("seed_96_units", 96, 120, 1 | 8),
+                                ("seed_90_tight", 90, 300, 2), ("seed_70_noviews", 70, 40, 4)):
         with open(os.path.join(HERE, name + ".bin"), "wb") as f:
-            f.write(seed(n, rng, tail))
+            f.write(seed(n, rng, tail) + (bytes([conf]) if conf is not None else b""))
 
 
 if __name__ == "__main__":
