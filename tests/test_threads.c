@@ -5,7 +5,9 @@
 // with mapping units (units:4: growth, splits, whole-unit offload); a fourth
 // passes hot blocks between threads on one stream; a fifth has two threads
 // fail ops of one shared backend; a sixth makes a new stream every few steps
-// in every thread (slots given back while others allocate). Run under TSan in CI.
+// in every thread (slots given back while others allocate); a seventh keeps
+// more streams' blocks live than the pool has slots (slots taken, orphans
+// freed, offloaded and prefetched concurrently). Run under TSan in CI.
 #include "nf_test.h"
 
 #include <pthread.h>
@@ -277,9 +279,93 @@ static void test_threads_many_streams(void **state) {
   nf_backend_destroy(be);
 }
 
+// Threads whose live blocks name more streams than a pool has slots (4 x 24
+// streams): slots are taken from streams that only live blocks name, their
+// blocks become orphans, and other threads free, offload and prefetch their
+// own orphans (each takes a slot again) while the steals go on. The first
+// round fills every thread's 24 slots on 24 streams of its own: with 96 live
+// streams and no record_stream yet, no allocation may be refused. Then
+// random frees, allocations on the slot's stream or a new one,
+// record_stream on another of the thread's streams, offload and prefetch;
+// refusals are NF_ERR_UNSUPPORTED (every slot named otherwise) or OOM only.
+static _Atomic int refused;
+static pthread_barrier_t filled; // every thread's first round done: 96 streams live at once
+static void *steal_worker(void *arg) {
+  uintptr_t id = (uintptr_t)arg;
+  uint64_t rng = id * 7927 + nft_env_seed(5);
+  struct { void *p; size_t n; uint64_t tag; int away; } l[SLOTS] = {{0}};
+  uintptr_t base = 0x300000 * (id + 1), gen = 0;
+  for (int i = 0; i < SLOTS; i++) { // the first round: 24 streams of this thread, all live
+    size_t n = 512 + (size_t)(nft_rand(&rng) % (2 * G));
+    l[i].p = nf_alloc(pool, n, (nf_stream_t)(base + (uintptr_t)i));
+    if (!l[i].p) { errors++; continue; }
+    l[i].n = n; l[i].tag = rng; nft_fill(l[i].p, n, l[i].tag);
+  }
+  pthread_barrier_wait(&filled);
+  for (int it = 0; it < 3000; it++) {
+    int i = (int)(nft_rand(&rng) % SLOTS);
+    nf_stream_t s = (nf_stream_t)(base + (uintptr_t)i + SLOTS * gen);
+    uint64_t k = nft_rand(&rng) % 8;
+    if (!l[i].p) {
+      if (k == 0) gen++; // now and then a new stream for the slot: the slots churn
+      size_t n = 512 + (size_t)(nft_rand(&rng) % (2 * G));
+      void *p = nf_alloc(pool, n, (nf_stream_t)(base + (uintptr_t)i + SLOTS * gen));
+      if (!p) { nf_status_t st = nf_last_status(); if (st == NF_ERR_UNSUPPORTED || st == NF_ERR_OOM) refused++; else errors++; continue; }
+      l[i].p = p; l[i].n = n; l[i].tag = rng; l[i].away = 0; nft_fill(p, n, l[i].tag);
+    } else if (k == 1 && !l[i].away) { // another of this thread's streams uses it too
+      nf_status_t st = nf_record_stream(pool, l[i].p, (nf_stream_t)(base + (uintptr_t)((i + 1) % SLOTS) + SLOTS * gen));
+      if (st == NF_ERR_UNSUPPORTED) refused++; else if (st != NF_OK) errors++;
+    } else if (k == 2 && !l[i].away) {
+      nf_status_t st = nf_offload(pool, l[i].p, s, nft_rand(&rng) % 2 ? NF_TIER_HOST : NF_TIER_HOST_DETACHED);
+      if (st == NF_OK) l[i].away = 1; else if (st == NF_ERR_UNSUPPORTED || st == NF_ERR_OOM) refused++; else errors++;
+    } else if (k == 3 && l[i].away) {
+      nf_status_t st = nf_prefetch(pool, l[i].p, s);
+      if (st == NF_OK) { l[i].away = 0; if (!nft_check(l[i].p, l[i].n, l[i].tag)) errors++; }
+      else if (st == NF_ERR_UNSUPPORTED || st == NF_ERR_OOM) refused++; else errors++;
+    } else if (k >= 4) {
+      if (!l[i].away && !nft_check(l[i].p, l[i].n, l[i].tag)) errors++;
+      if (nf_free(pool, l[i].p) != NF_OK) errors++;
+      l[i].p = NULL;
+    }
+  }
+  for (int i = 0; i < SLOTS; i++)
+    if (l[i].p) {
+      if (!l[i].away && !nft_check(l[i].p, l[i].n, l[i].tag)) errors++;
+      if (nf_free(pool, l[i].p) != NF_OK) errors++;
+    }
+  return NULL;
+}
+
+static void test_threads_steal_slots(void **state) {
+  (void)state;
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  setenv("NOFRAG_QUIET_OOM", "1", 1);
+  nf_backend_t *be;
+  pool = nft_pool(&be, 1ull << 30, G, "limit:64MiB,spill:host,spill_limit:16MiB");
+  assert_non_null(pool);
+  errors = 0;
+  refused = 0;
+  pthread_barrier_init(&filled, NULL, THREADS);
+  pthread_t t[THREADS];
+  for (uintptr_t i = 0; i < THREADS; i++) pthread_create(&t[i], NULL, steal_worker, (void *)i);
+  for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
+  pthread_barrier_destroy(&filled);
+  print_message("   %d refused (every slot named otherwise, or no room)\n", (int)refused);
+  assert_int_equal(errors, 0);
+  assert_int_equal(nf_offload_wait(pool), NF_OK);
+  assert_int_equal(nf_pool_check(pool), NF_OK);
+  assert_int_equal(nft_stats_of(pool).live, 0);
+  nf_pool_destroy(pool);
+  uint64_t gr, mp;
+  nf_backend_host_usage(be, &gr, &mp);
+  assert_int_equal(gr + mp, 0);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_backend_errors),
                                      cmocka_unit_test(test_threads_many_streams),
+                                     cmocka_unit_test(test_threads_steal_slots),
                                      cmocka_unit_test(test_threads_set_limit),
                                      cmocka_unit_test(test_threads_stress),
                                      cmocka_unit_test(test_threads_spill_offload),
