@@ -4,7 +4,8 @@
 // survive every operation, and the pool's invariants must hold throughout. Operations name up to 128
 // streams and up to 96 blocks live at once: more streams holding live blocks than a pool's 64 slots,
 // so slots are recycled and taken (orphans re-homed at free, offload and prefetch); a refusal
-// (NF_ERR_UNSUPPORTED: every slot named otherwise) must change nothing.
+// (NF_ERR_UNSUPPORTED: every slot named otherwise) is accepted, and the patterns and the pool
+// check must hold after it as after any other operation.
 // Inputs of a length not a multiple of 4 end in a configuration byte (units, tight, views off).
 // Stream order is checked too: the host backend's events complete only when an op says so
 // (or the pool waits for them), each allocation declares its stream's work on the block
@@ -62,8 +63,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   c.release_after = 4;
   c.spill = 1;
   c.spill_limit = 32 * G;
-  // An input whose length is not a multiple of 4 ends in a configuration byte: units of 4
-  // granules, tight, views off, no release decay (the programs above run on each).
+  // An input whose length is not a multiple of 4 ends in a configuration byte: bits for units
+  // of 4 granules, tight, views off and no release decay.
   uint8_t conf = size % 4 ? data[size - 1] : 0;
   if (conf & 1) c.units = 4;
   if (conf & 2) c.tight = 1;
