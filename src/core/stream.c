@@ -88,7 +88,7 @@ static nf_status_t streams_recycle(nf_pool_t *p, uint64_t keep) {
     m = streams_unnamed(p) & ~keep;
   }
   if (!m) return NF_OK;
-  const char *why = p->capture_mask | p->capture_lookup ? "a stream is being captured (no host wait is allowed)"
+  const char *why = (p->capture_mask | p->capture_lookup) ? "a stream is being captured (no host wait is allowed)"
                   : !p->be->ops->sync ? "the backend cannot wait for the whole device"
                   : NULL;
   if (why) return slots_refused(why);
