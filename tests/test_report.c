@@ -94,6 +94,76 @@ static char *slurp(const char *cmd) {
   return buf;
 }
 
+// The number after `"key":` in s, or fail.
+static uint64_t num_after(const char *s, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":", key);
+  const char *p = strstr(s, k);
+  if (!p) fail_msg("no %s in %.300s", key, s);
+  return strtoull(p + strlen(k), NULL, 10);
+}
+
+// The largest number of the array after `"key":[` in s, or fail.
+static uint64_t arr_max(const char *s, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":[", key);
+  const char *p = strstr(s, k);
+  if (!p) fail_msg("no %s array in %.300s", key, s);
+  p += strlen(k);
+  uint64_t m = 0;
+  while (*p && *p != ']') {
+    char *e;
+    uint64_t v = strtoull(p, &e, 10);
+    if (e == p) fail_msg("bad %s array near %.40s", key, p);
+    if (v > m) m = v;
+    p = *e == ',' ? e + 1 : e;
+  }
+  return m;
+}
+
+// A timeline point is its interval's maximum. A trace of 12,000 ops (about
+// 2000 points: one every 7 ops) whose one 1 GiB block lives for a single op
+// between two points: every series' live line must still reach the peak
+// live the table states, and each reserved line its series' peak (before,
+// the points were the values at the sampled ops, and the live lines missed
+// the peak).
+static void test_html_timeline_peaks(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  char dir[] = "/tmp/nf-peaks-XXXXXX", path[256], cmd[1024];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/spike.trace", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f, "segment_alloc 1 1073741824 0 0\n");
+  for (int j = 0; j < 6000; j++) { // op 2j allocates, op 2j+1 frees; sampled after ops 7, 14, ...
+    unsigned long long sz = j == 3000 ? 1ull << 30 : 4096; // op 6000 (after it: 6001 ops done, not a multiple of 7)
+    fprintf(f, "alloc %d %llu 0 %d\nfree_completed %d %llu 0 %d\n", 4096 * (j % 8 + 1), sz, 2 * j, 4096 * (j % 8 + 1), sz,
+            2 * j + 1);
+  }
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "env -u NOFRAG_PROGRESS '%s' replay %s --allocator all --html %s/r.html >/dev/null 2>&1", cli,
+           path, dir);
+  assert_int_equal(system(cmd), 0);
+  snprintf(cmd, sizeof cmd, "cat %s/r.html", dir);
+  char *page = slurp(cmd);
+  uint64_t trace_live = num_after(page, "trace_peak_live");
+  assert_true(trace_live >= 1ull << 30);
+  int n = 0;
+  for (const char *sr = strstr(page, "\"series\":["); sr && (sr = strstr(sr + 1, "{\"name\":\"")) != NULL; n++) {
+    uint64_t peak_res = num_after(sr, "peak_reserved"), live = arr_max(sr, "live"), res = arr_max(sr, "reserved");
+    if (live != trace_live) fail_msg("series %d: live line max %llu, peak live %llu", n, (unsigned long long)live,
+                                     (unsigned long long)trace_live);
+    if (res != peak_res) fail_msg("series %d: reserved line max %llu, its peak %llu", n, (unsigned long long)res,
+                                  (unsigned long long)peak_res);
+  }
+  assert_int_equal(n, 4); // nofrag, the two models, the recorded segments
+  free(page);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 static void test_html_page(void **state) {
   (void)state;
   const char *cli = getenv("NF_CLI");
@@ -164,14 +234,6 @@ static void test_html_page(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
-// The number after `"key":` in s, or fail.
-static uint64_t num_after(const char *s, const char *key) {
-  char k[64];
-  snprintf(k, sizeof k, "\"%s\":", key);
-  const char *p = strstr(s, k);
-  if (!p) fail_msg("no %s in %.300s", key, s);
-  return strtoull(p + strlen(k), NULL, 10);
-}
 
 static void test_hotspots_pickle(void **state) {
   (void)state;
@@ -443,7 +505,7 @@ static void test_html_segment_sizes(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sample_hook),
-      cmocka_unit_test(test_html_page),
+      cmocka_unit_test(test_html_page), cmocka_unit_test(test_html_timeline_peaks),
       cmocka_unit_test(test_hotspots_pickle),
       cmocka_unit_test(test_ratio_denominator),
       cmocka_unit_test(test_hotspots_same_line),

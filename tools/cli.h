@@ -67,6 +67,7 @@ typedef struct nfc_html_series_s {
   uint64_t *x, *live, *reserved;
   uint64_t peak_reserved; // exact peak (may fall between samples)
   uint64_t peak_x;        // op count of the first sample at which the peak had been reached
+  uint64_t live_peak_seen; // nfc_html_sample: the pool's live peak at the previous sample
 } nfc_html_series;
 
 // A row of the summary table.

@@ -35,10 +35,15 @@ static int push(nfc_html_series *s, uint64_t x, uint64_t live, uint64_t reserved
 
 void nfc_html_sample(void *ctx, size_t op, const nf_stats_t *st) {
   nfc_html_series *s = ctx;
-  // The pool's cumulative peak tells where the true peak fell even when it
-  // lies between two samples: the first sample whose peak reached it.
+  // The pool's cumulative peaks tell where a true peak fell even when it lies
+  // between two samples: a peak that rose since the last sample is the
+  // maximum over that interval, so the point carries it (else the value now).
+  // The line then reaches the table's peak live and peak physical exactly.
+  uint64_t live = st->live_peak > s->live_peak_seen ? st->live_peak : st->live;
+  uint64_t res = st->physical_peak > s->peak_reserved ? st->physical_peak : st->physical;
+  s->live_peak_seen = st->live_peak;
   if (st->physical_peak > s->peak_reserved) { s->peak_reserved = st->physical_peak; s->peak_x = op; }
-  (void)push(s, op, st->live, st->physical); // out of memory: the chart just gets fewer points
+  (void)push(s, op, live, res); // out of memory: the chart just gets fewer points
 }
 
 void nfc_html_model_sample(void *ctx, size_t op, uint64_t live, uint64_t reserved) {
@@ -133,20 +138,23 @@ static const char page_script[] =
     // read off differing axis labels.
     "let YMAX=1;for(const s of DATA.series){YMAX=Math.max(YMAX,s.peak_reserved);"
     "for(const v of s.reserved)YMAX=Math.max(YMAX,v);for(const v of s.live)YMAX=Math.max(YMAX,v);}YMAX*=1.05;\n"
+    // And one x-scale: a run that stopped early (an OOM under --limit) ends
+    // where it stopped instead of stretching over the whole width.
+    "let XMAX=1;for(const s of DATA.series)if(s.x.length)XMAX=Math.max(XMAX,s.x[s.x.length-1]);\n"
     "for(const s of DATA.series){\n"
     " const box=document.getElementById('charts');const h=document.createElement('h2');h.textContent=s.name;box.appendChild(h);\n"
     " const key=document.createElement('div');key.className='key';"
     "key.innerHTML='<span style=\"background:#1f77b4\"></span>live<span style=\"background:#d62728\"></span>';"
     "key.appendChild(document.createTextNode(s.reserved_label));box.appendChild(key);\n"
     " const svg=el('svg',{width:W,height:H,viewBox:'0 0 '+W+' '+H,'class':'chart','data-ymax':YMAX},box);\n"
-    " const n=s.x.length;if(!n)continue;const xmax=Math.max(1,s.x[n-1]);\n"
+    " const n=s.x.length;if(!n)continue;const xmax=XMAX,last=s.x[n-1];\n"
     " const ymax=YMAX;\n"
     " const X=v=>L+(W-L-R)*v/xmax,Y=v=>H-B-(H-T-B)*v/ymax;\n"
     " el('line',{x1:L,y1:H-B,x2:W-R,y2:H-B,stroke:'#888'},svg);el('line',{x1:L,y1:T,x2:L,y2:H-B,stroke:'#888'},svg);\n"
     " for(let i=0;i<=4;i++){const v=ymax*i/4;const t=el('text',{x:L-6,y:Y(v)+4,'text-anchor':'end','font-size':11},svg);"
     "t.textContent=(v/GiB).toFixed(1)+' GiB';}\n"
     " const xl=el('text',{x:(L+W-R)/2,y:H-8,'text-anchor':'middle','font-size':11},svg);"
-    "xl.textContent='allocator calls replayed (of '+xmax+')';\n"
+    "xl.textContent=last<xmax?'allocator calls replayed: stopped at '+last+' of '+xmax:'allocator calls replayed (of '+xmax+')';\n"
     " for(const [k,c] of [['live','live'],['reserved','res']]){const pts=[];"
     "for(let i=0;i<n;i++)pts.push(X(s.x[i]).toFixed(1)+','+Y(s[k][i]).toFixed(1));"
     "el('polyline',{points:pts.join(' '),fill:'none','class':c,'stroke-width':1.2,'data-points':n},svg);}\n"

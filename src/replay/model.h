@@ -61,7 +61,9 @@ struct nf__model_s;
 // Optional observers of a model run (all NULL/0: no cost, same result).
 // Like nf__replay_opts.sample: `sample` gets live (requested) and reserved
 // bytes after every `sample_every`-th op (0 = every op) and after the last op
-// done, for the --html timelines and the progress bar. `inspect` sees the
+// done, for the --html timelines and the progress bar: each the maximum over
+// the ops since the previous sample (the value after each op), so that a
+// peak between two samples is not lost. `inspect` sees the
 // whole model state once, after op number `inspect_at` (1-based; e.g. a
 // first run's peak_op), for the hotspot attribution. Neither may change it.
 typedef struct nf__model_hooks_s {

@@ -232,6 +232,7 @@ nf_status_t nf__model_run_hooked(int kind, const nf__trace_ops *ops, uint64_t li
   }
   double t0 = now_s();
   size_t i;
+  uint64_t smax_req = 0, smax_res = 0; // the maxima since the last sample (a short peak stays on the timeline)
   for (i = 0; i < ops->n_ops; i++) {
     const nf__trace_op *op = &ops->ops[i];
     m.cur_op = i;
@@ -270,13 +271,18 @@ nf_status_t nf__model_run_hooked(int kind, const nf__trace_ops *ops, uint64_t li
       strcpy(out->error, "out of host memory");
       break;
     }
-    if (h->sample && (h->sample_every <= 1 || (i + 1) % h->sample_every == 0))
-      h->sample(h->ctx, i + 1, m.requested, m.reserved);
+    if (m.requested > smax_req) smax_req = m.requested;
+    if (m.reserved > smax_res) smax_res = m.reserved;
+    if (h->sample && (h->sample_every <= 1 || (i + 1) % h->sample_every == 0)) {
+      h->sample(h->ctx, i + 1, smax_req, smax_res);
+      smax_req = m.requested;
+      smax_res = m.reserved;
+    }
     if (h->inspect && i + 1 == h->inspect_at) h->inspect(h->ctx, &m);
   }
   out->seconds = now_s() - t0;
   if (h->sample && i > 0 && h->sample_every > 1 && i % h->sample_every != 0)
-    h->sample(h->ctx, i, m.requested, m.reserved); // the last op done
+    h->sample(h->ctx, i, smax_req, smax_res); // the last op done
   out->ops_done = i;
   out->reserved_end = m.reserved;
   out->allocated_end = m.allocated;
