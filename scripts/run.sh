@@ -55,6 +55,8 @@ terms:
                    otherwise refuse; "granules stitched" counts the granules those moved
   views            at a cap, a granule moved to serve a request stays mapped where it was (a parked
                    view); a later block there takes it back with no backend call (docs/design.md)
-  device calls     the models' cudaMalloc + cudaFree (native) or map + unmap (expandable) calls
+  device calls     nofrag: its backend calls (as above); the models: cudaMalloc + cudaFree (native), or map
+                   + unmap operations (expandable: one operation covers a run of pages, and PyTorch makes a
+                   create and a map, or an unmap and a release, per page): not the same unit as nofrag's
 EOF_TERMS
 exit "$rc"

@@ -164,6 +164,33 @@ static void test_html_timeline_peaks(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+// A trace whose file name is not UTF-8 (bytes of another encoding): --json
+// writes U+FFFD for the stray bytes and keeps well-formed sequences, so that
+// strict readers (Python's json) take the output. It used to pass 0xFF
+// through.
+static void test_json_invalid_utf8(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  char dir[] = "/tmp/nf-utf8-XXXXXX", path[256], cmd[1024];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/bad\xff\xc3\xa9\xed\xa0\x80.trace", dir); // stray byte, e-acute, a surrogate
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("alloc 4096 1048576 0 0\nfree_completed 4096 1048576 0 1\n", f);
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "'%s' replay '%s' --json 2>/dev/null", cli, path);
+  char *out = slurp(cmd);
+  const char *t = strstr(out, "\"trace\":");
+  if (!t) fail_msg("no trace field in %.300s", out);
+  assert_non_null(strstr(t, "bad\\ufffd\xc3\xa9\\ufffd\\ufffd\\ufffd.trace\""));
+  assert_null(strchr(out, 0xff));
+  assert_null(strstr(out, "\xed\xa0"));
+  free(out);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 static void test_html_page(void **state) {
   (void)state;
   const char *cli = getenv("NF_CLI");
@@ -505,7 +532,7 @@ static void test_html_segment_sizes(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sample_hook),
-      cmocka_unit_test(test_html_page), cmocka_unit_test(test_html_timeline_peaks),
+      cmocka_unit_test(test_html_page), cmocka_unit_test(test_html_timeline_peaks), cmocka_unit_test(test_json_invalid_utf8),
       cmocka_unit_test(test_hotspots_pickle),
       cmocka_unit_test(test_ratio_denominator),
       cmocka_unit_test(test_hotspots_same_line),

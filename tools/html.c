@@ -161,7 +161,11 @@ static const char page_script[] =
     " const px=X(s.peak_x),py=Y(s.peak_reserved);\n"
     " el('line',{x1:px,y1:T,x2:px,y2:H-B,stroke:'#d62728','stroke-dasharray':'4 3','class':'peak'},svg);\n"
     " el('circle',{cx:px,cy:py,r:4,fill:'#d62728','class':'peak-dot'},svg);\n"
-    " const pl=el('text',{x:Math.min(px+6,W-R-200),y:T+10,'font-size':12,fill:'#d62728','class':'peak-label'},svg);\n"
+    // Right of the peak line, or left of it (anchored at its end) in the
+    // chart's right half, so that the label is never cut at the edge.
+    " const right=px<(L+W-R)/2;\n"
+    " const pl=el('text',{x:right?px+6:px-6,y:T+10,'text-anchor':right?'start':'end','font-size':12,fill:'#d62728',"
+    "'class':'peak-label'},svg);\n"
     " pl.textContent='peak reserved '+gib(s.peak_reserved)+' at call '+s.peak_x;\n"
     " drawn++;\n}\n"
     // Hotspot tables: one per model, when the trace had stacks.
