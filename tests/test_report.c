@@ -94,6 +94,20 @@ static char *slurp(const char *cmd) {
   return buf;
 }
 
+// The CLI under test (NF_CLI, set by ctest), or skip the test.
+static const char *need_cli(void) {
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  return cli;
+}
+
+// Remove a test's temporary directory.
+static void rm_tree(const char *dir) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 // The number after `"key":` in s, or fail.
 static uint64_t num_after(const char *s, const char *key) {
   char k[64];
@@ -129,8 +143,7 @@ static uint64_t arr_max(const char *s, const char *key) {
 // the peak).
 static void test_html_timeline_peaks(void **state) {
   (void)state;
-  const char *cli = getenv("NF_CLI");
-  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char *cli = need_cli();
   char dir[] = "/tmp/nf-peaks-XXXXXX", path[256], cmd[1024];
   assert_non_null(mkdtemp(dir));
   snprintf(path, sizeof path, "%s/spike.trace", dir);
@@ -160,8 +173,7 @@ static void test_html_timeline_peaks(void **state) {
   }
   assert_int_equal(n, 4); // nofrag, the two models, the recorded segments
   free(page);
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  rm_tree(dir);
 }
 
 // A trace whose file name is not UTF-8 (bytes of another encoding): --json
@@ -170,8 +182,7 @@ static void test_html_timeline_peaks(void **state) {
 // through.
 static void test_json_invalid_utf8(void **state) {
   (void)state;
-  const char *cli = getenv("NF_CLI");
-  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char *cli = need_cli();
   char dir[] = "/tmp/nf-utf8-XXXXXX", path[256], cmd[1024];
   assert_non_null(mkdtemp(dir));
   snprintf(path, sizeof path, "%s/bad\xff\xc3\xa9\xed\xa0\x80.trace", dir); // stray byte, e-acute, a surrogate
@@ -187,14 +198,12 @@ static void test_json_invalid_utf8(void **state) {
   assert_null(strchr(out, 0xff));
   assert_null(strstr(out, "\xed\xa0"));
   free(out);
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  rm_tree(dir);
 }
 
 static void test_html_page(void **state) {
   (void)state;
-  const char *cli = getenv("NF_CLI");
-  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char *cli = need_cli();
   char dir[] = "/tmp/nf-report-XXXXXX", path[256], cmd[2048];
   assert_non_null(mkdtemp(dir));
   size_t len;
@@ -257,8 +266,7 @@ static void test_html_page(void **state) {
   }
   assert_int_equal(n_y, 4);
   free(dom);
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  rm_tree(dir);
 }
 
 
@@ -337,8 +345,7 @@ static void test_hotspots_pickle(void **state) {
     assert_non_null(strstr(dom, "<td>transformers/"));
     free(dom);
   }
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  assert_int_equal(system(cmd), 0);
+  rm_tree(dir);
 }
 
 // A run stopped early (OOM under --limit) has a smaller peak live than the
@@ -348,8 +355,7 @@ static void test_hotspots_pickle(void **state) {
 // rows too.
 static void test_ratio_denominator(void **state) {
   (void)state;
-  const char *cli = getenv("NF_CLI");
-  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char *cli = need_cli();
   const char t[] = "alloc 1 10485760 0 0\nalloc 2 10485760 0 1\nalloc 3 20971520 0 2\n"
                    "free_completed 1 10485760 0 3\nfree_completed 2 10485760 0 4\nfree_completed 3 20971520 0 5\n";
   char path[64], cmd[2048], dir[] = "/tmp/nf-ratio-XXXXXX";
@@ -398,8 +404,7 @@ static void test_ratio_denominator(void **state) {
 // and the sum of "all" fell short of "unused".
 static void test_hotspots_same_line(void **state) {
   (void)state;
-  const char *cli = getenv("NF_CLI");
-  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char *cli = need_cli();
   const char t[] = "alloc 4 100 0 0\n" // no stack: "<no stack>:0", no function
                    "alloc 1 1000 0 0\n#site\tmodel.py:10\tforward\n"
                    "alloc 2 3000 0 1\n#site\tmodel.py:10\t<listcomp>\n"
@@ -442,8 +447,7 @@ static void test_hotspots_same_line(void **state) {
 // terminal raw; control bytes now print as '?' (UTF-8 stays).
 static void test_hotspots_text_sanitised(void **state) {
   (void)state;
-  const char *cli = getenv("NF_CLI");
-  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char *cli = need_cli();
   const char t[] = "alloc 1 1000 0 0\n#site\t\033]0;pwned\007m\303\251del.py:10\t\033[2J\033[31mfwd\177\n";
   char path[64], cmd[1024];
   nft_write_tmp(path, sizeof path, "esc", t, sizeof t - 1, 0);
@@ -461,8 +465,7 @@ static void test_hotspots_text_sanitised(void **state) {
 // now refused up front, exit 2, nothing printed on stdout and no file left.
 static void test_html_unwritable(void **state) {
   (void)state;
-  const char *cli = getenv("NF_CLI");
-  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char *cli = need_cli();
   const char t[] = "alloc 4096 1048576 0 1\nalloc 8192 1048576 0 2\n";
   char path[64], cmd[1024], dir[] = "/tmp/nf-html-XXXXXX";
   nft_write_tmp(path, sizeof path, "html", t, sizeof t - 1, 0);
@@ -495,8 +498,7 @@ static void test_html_unwritable(void **state) {
 // and peaked at 38 MiB).
 static void test_html_segment_sizes(void **state) {
   (void)state;
-  const char *cli = getenv("NF_CLI");
-  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  const char *cli = need_cli();
   const char t[] = "segment_alloc 1000 20971520 0 0\nalloc 1000 10485760 0 0\nfree_completed 1000 10485760 0 0\n"
                    "segment_free 1000 2097152 0 0\nsegment_alloc 5000 20971520 0 0\nalloc 5000 10485760 0 0\n"
                    "free_completed 5000 10485760 0 0\nsegment_alloc 9000 4194304 0 0\n"; // the last after every op
