@@ -290,6 +290,10 @@ static void test_threads_many_streams(void **state) {
 // refusals are NF_ERR_UNSUPPORTED (every slot named otherwise) or OOM only.
 static _Atomic int refused;
 static pthread_barrier_t filled; // every thread's first round done: 96 streams live at once
+// Slot i's stream in generation gen of the thread whose streams start at base.
+static nf_stream_t steal_stream(uintptr_t base, int i, uintptr_t gen) {
+  return (nf_stream_t)(base + (uintptr_t)(i % SLOTS) + SLOTS * gen);
+}
 static void *steal_worker(void *arg) {
   uintptr_t id = (uintptr_t)arg;
   uint64_t rng = id * 7927 + nft_env_seed(5);
@@ -297,23 +301,23 @@ static void *steal_worker(void *arg) {
   uintptr_t base = 0x300000 * (id + 1), gen = 0;
   for (int i = 0; i < SLOTS; i++) { // the first round: 24 streams of this thread, all live
     size_t n = 512 + (size_t)(nft_rand(&rng) % (2 * G));
-    l[i].p = nf_alloc(pool, n, (nf_stream_t)(base + (uintptr_t)i));
+    l[i].p = nf_alloc(pool, n, steal_stream(base, i, 0));
     if (!l[i].p) { errors++; continue; }
     l[i].n = n; l[i].tag = rng; nft_fill(l[i].p, n, l[i].tag);
   }
   pthread_barrier_wait(&filled);
   for (int it = 0; it < 3000; it++) {
     int i = (int)(nft_rand(&rng) % SLOTS);
-    nf_stream_t s = (nf_stream_t)(base + (uintptr_t)i + SLOTS * gen);
+    nf_stream_t s = steal_stream(base, i, gen);
     uint64_t k = nft_rand(&rng) % 8;
     if (!l[i].p) {
       if (k == 0) gen++; // now and then a new stream for the slot: the slots churn
       size_t n = 512 + (size_t)(nft_rand(&rng) % (2 * G));
-      void *p = nf_alloc(pool, n, (nf_stream_t)(base + (uintptr_t)i + SLOTS * gen));
+      void *p = nf_alloc(pool, n, steal_stream(base, i, gen));
       if (!p) { nf_status_t st = nf_last_status(); if (st == NF_ERR_UNSUPPORTED || st == NF_ERR_OOM) refused++; else errors++; continue; }
       l[i].p = p; l[i].n = n; l[i].tag = rng; l[i].away = 0; nft_fill(p, n, l[i].tag);
     } else if (k == 1 && !l[i].away) { // another of this thread's streams uses it too
-      nf_status_t st = nf_record_stream(pool, l[i].p, (nf_stream_t)(base + (uintptr_t)((i + 1) % SLOTS) + SLOTS * gen));
+      nf_status_t st = nf_record_stream(pool, l[i].p, steal_stream(base, i + 1, gen));
       if (st == NF_ERR_UNSUPPORTED) refused++; else if (st != NF_OK) errors++;
     } else if (k == 2 && !l[i].away) {
       nf_status_t st = nf_offload(pool, l[i].p, s, nft_rand(&rng) % 2 ? NF_TIER_HOST : NF_TIER_HOST_DETACHED);

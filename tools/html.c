@@ -39,10 +39,9 @@ void nfc_html_sample(void *ctx, size_t op, const nf_stats_t *st) {
   // between two samples: a peak that rose since the last sample is the
   // maximum over that interval, so the point carries it (else the value now).
   // The line then reaches the table's peak live and peak physical exactly.
-  uint64_t live = st->live_peak > s->live_peak_seen ? st->live_peak : st->live;
-  uint64_t res = st->physical_peak > s->peak_reserved ? st->physical_peak : st->physical;
+  uint64_t live = st->live_peak > s->live_peak_seen ? st->live_peak : st->live, res = st->physical;
   s->live_peak_seen = st->live_peak;
-  if (st->physical_peak > s->peak_reserved) { s->peak_reserved = st->physical_peak; s->peak_x = op; }
+  if (st->physical_peak > s->peak_reserved) { res = s->peak_reserved = st->physical_peak; s->peak_x = op; }
   (void)push(s, op, live, res); // out of memory: the chart just gets fewer points
 }
 
