@@ -149,9 +149,12 @@ static void test_html_timeline_peaks(void **state) {
   snprintf(path, sizeof path, "%s/spike.trace", dir);
   FILE *f = fopen(path, "w");
   assert_non_null(f);
-  fprintf(f, "segment_alloc 1 1073741824 0 0\n");
+  // The recorded segments are what the native model makes: one small
+  // segment, then the 1 GiB block's own, made for op 6000.
+  fprintf(f, "segment_alloc 1 2097152 0 0\n");
   for (int j = 0; j < 6000; j++) { // op 2j allocates, op 2j+1 frees; sampled after ops 7, 14, ...
     unsigned long long sz = j == 3000 ? 1ull << 30 : 4096; // op 6000 (after it: 6001 ops done, not a multiple of 7)
+    if (j == 3000) fprintf(f, "segment_alloc %d %llu 0 %d\n", 1 << 30, sz, 2 * j);
     fprintf(f, "alloc %d %llu 0 %d\nfree_completed %d %llu 0 %d\n", 4096 * (j % 8 + 1), sz, 2 * j, 4096 * (j % 8 + 1), sz,
             2 * j + 1);
   }
@@ -172,6 +175,15 @@ static void test_html_timeline_peaks(void **state) {
                                   (unsigned long long)peak_res);
   }
   assert_int_equal(n, 4); // nofrag, the two models, the recorded segments
+  // "at call N" counts the ops done, the one that reached the peak included,
+  // in every chart: the recorded segments' peak is the native model's (the
+  // recorded one said 6000, the segment event coming before its op).
+  const char *rec = strstr(page, "{\"name\":\"PyTorch native, recorded in the trace\""),
+             *nat = strstr(page, "{\"name\":\"native (model");
+  assert_non_null(rec);
+  assert_non_null(nat);
+  assert_int_equal(num_after(nat, "peak_x"), 6001);
+  assert_int_equal(num_after(rec, "peak_x"), 6001);
   free(page);
   rm_tree(dir);
 }

@@ -66,7 +66,8 @@ typedef struct nfc_html_series_s {
   size_t n, cap;
   uint64_t *x, *live, *reserved;
   uint64_t peak_reserved; // exact peak (may fall between samples)
-  uint64_t peak_x;        // op count of the first sample at which the peak had been reached
+  uint64_t peak_x;        // ops done when the peak was reached, that op included (models, recorded
+                          // segments: exact; nofrag: the first sample after it, <= every ops late)
   uint64_t live_peak_seen; // nfc_html_sample: the pool's live peak at the previous sample
 } nfc_html_series;
 

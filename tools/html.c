@@ -69,7 +69,9 @@ int nfc_html_trace_series(const nf_trace_t *t, const nf__trace_ops *ops, size_t 
     const nf_trace_event_t *ev = &t->events[e];
     if (ev->action == NF_TRACE_SEGMENT_ALLOC) seg = segsz[e] > UINT64_MAX - seg ? UINT64_MAX : seg + segsz[e];
     else if (ev->action == NF_TRACE_SEGMENT_FREE) seg = seg >= segsz[e] ? seg - segsz[e] : 0;
-    if (seg > peak) { peak = seg; peak_x = done; } // ops done when it was reached
+    // Reached during the op the segment was made for (it precedes that op's
+    // alloc event): counted as the models count it, ops done with that one.
+    if (seg > peak) { peak = seg; peak_x = done < ops->n_ops ? done + 1 : done; }
     if (seg > max_seg) max_seg = seg;
     if (k >= ops->n_ops || ops->ops[k].event != e) continue;
     if (ops->ops[k].kind == NF_TRACE_OP_ALLOC) live += ops->ops[k].size;
