@@ -250,7 +250,7 @@ def pool_stats(pool):
 
 def pool_config(pool):
     """The configuration in force for a pool (nf_pool_config), as a config
-    string (nf_config_format), e.g. "limit:32MiB,...,spill:host"."""
+    string (nf_config_format), e.g. "limit:33554432,...,spill:host,..." (sizes in bytes)."""
     lib = load()
     cfg = ctypes.create_string_buffer(8192)  # nf_config_t is opaque here; far larger than the struct
     with _Pool(pool) as pl:

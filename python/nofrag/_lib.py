@@ -454,7 +454,7 @@ def conf_string(**config):
     """Keyword arguments to a nofrag config string: limit="40GiB" -> "limit:40GiB".
 
     Integers are bytes; None values are skipped. Keys are checked by the C
-    parser (nf_torch_configure) so this stays in step with src/config.c.
+    parser (nf_torch_configure) so this stays in step with src/core/config.c.
     ``spill=True`` / ``False`` become "spill:host" / "spill:off" (other keys
     take booleans as 1 / 0); ``spill_limit`` is a size and ``offload_dir`` a
     directory (like ``trace``, it cannot contain ',').

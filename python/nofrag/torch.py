@@ -3,7 +3,13 @@
     import nofrag.torch
     nofrag.torch.enable(limit="40GiB")   # must run before CUDA is initialised
 
-``enable`` installs ``torch.cuda.memory.CUDAPluggableAllocator(libnofrag.so,
+``enable`` first installs the C++ adapter (nofrag.torch_adapter, built
+against this torch on first use; docs/pytorch.md): a full PyTorch allocator
+with CUDA graphs, MemPool, memory snapshots, CUDA IPC, native memory_stats and
+torch.OutOfMemoryError. Where it cannot be built, or with ``adapter=False``,
+the ctypes path below is used (a RuntimeWarning names what it lacks).
+
+The ctypes path installs ``torch.cuda.memory.CUDAPluggableAllocator(libnofrag.so,
 "nf_torch_alloc", "nf_torch_free")`` and wires the optional hooks through
 ``allocator().set_*_fn`` (all reachable from Python in PyTorch 2.11):
 
@@ -56,9 +62,10 @@ instead, through libc10's ``torchCheckFail`` (a ``RuntimeError`` whose text
 starts with "CUDA out of memory (nofrag)"). ``enable`` hands the symbol to the
 library; ``install_info()["oom_raises"]`` says whether that worked.
 
-Not available under a pluggable allocator (PyTorch's limits, see
-docs/pytorch.md): memory snapshots / ``_record_memory_history``, CUDA IPC of
-tensors (torch.multiprocessing), and CUDA graph private pools.
+Not available on the ctypes path (a pluggable allocator's limits, see
+docs/pytorch.md; the adapter has them): memory snapshots /
+``_record_memory_history``, CUDA IPC of tensors (torch.multiprocessing), and
+CUDA graph private pools.
 
 Spill and same-address offload (docs/offload.md): ``enable(spill="host")``
 backs allocations that do not fit on the device with host memory;
