@@ -78,11 +78,13 @@ typedef enum nf_tier_e {
 //! the pool forgot it (a record on a destroyed stream is undefined in CUDA: it
 //! failed, and likely crashed, on an H100). A pool keeps 64 streams; when a
 //! 65th comes, it forgets those that no live or pending block names, after one
-//! wait for the whole device. If live blocks' allocations name them all, the
-//! least recently used such stream gives up its slot after one wait on it
-//! alone; its live blocks remember it and take a slot again when freed.
-//! NF_ERR_UNSUPPORTED only where record_stream'ed or pending blocks, private
-//! pool routes and captures name every slot, or during a capture.
+//! wait for the whole device. If live blocks' allocations name them all, one
+//! of the least recently used such streams gives up its slot: one whose work
+//! is known complete (no call), else the oldest after one wait on it alone;
+//! its live blocks remember it and take a slot again when freed.
+//! NF_ERR_UNSUPPORTED only where record_stream'ed, pending or offloaded
+//! blocks, private pool routes and captures name every slot, or during a
+//! capture.
 //! nofrag.cupy keeps CuPy's stream objects alive for exactly as long.
 typedef void *nf_stream_t;
 
@@ -108,7 +110,7 @@ typedef struct nf_config_s {
   uint64_t retain;            //!< physical bytes (mapped or not) releasing keeps: unmapped granules go back only while more exist
   uint64_t granule;           //!< granule size; 0 = backend's granularity (host backend: settable)
   uint64_t small_max;         //!< requests up to this size are packed apart from large ones
-  uint64_t va_chunk;          //!< virtual address space reserved at a time; 0 = 4 x limit (min 1 GiB)
+  uint64_t va_chunk;          //!< virtual address space reserved at a time; 0 = 4 x limit, within 1 GiB..1 TiB
   int device;                 //!< device ordinal (CUDA backend)
   int backend;                //!< NF_BACKEND_HOST or NF_BACKEND_CUDA (for nf_pool_create_from_config)
   uint64_t host_capacity;     //!< host backend: simulated device capacity; 0 = 141 GiB
@@ -133,8 +135,8 @@ typedef struct nf_config_s {
   char offload_dir[NF_TRACE_PATH_MAX]; //!< directory for nf_offload(..., NF_TIER_DISK) files;
                               //!< "" = $TMPDIR, else /tmp. The file is unlinked at creation.
   uint64_t views;             //!< most parked views (a granule kept mapped where it served before, so
-                              //!< that serving there again costs no backend call) before the oldest
-                              //!< idle ones are unmapped; 0 = views off (stitching unmaps)
+                              //!< that serving there again costs no map call) before idle ones (their
+                              //!< work known complete; in address order) are unmapped; 0 = views off
   uint64_t release_idle_ms;   //!< ... and for this long (pool clock, ms): a training step slower than
                               //!< release_after frees must not give back what its next peak needs
   uint64_t units;             //!< growth creates the interior of a large block in physical allocations
@@ -320,7 +322,7 @@ typedef struct nf_stats_s {
   uint64_t mapped, mapped_peak;             //!< mapped granules x G
   uint64_t physical, physical_peak;         //!< created granules x G
   uint64_t limit, granule;
-  uint64_t cached;                          //!< mapped - live_rounded
+  uint64_t cached;                          //!< mapped (plus disk / detached-offloaded blocks' granules) - live_rounded, >= 0
   uint64_t live_blocks;
   uint64_t largest_free_mapped;             //!< largest free run that is fully mapped (walk; O(blocks))
   uint64_t live_granules;                   //!< granules overlapped by live blocks (walk)
@@ -343,7 +345,7 @@ typedef struct nf_stats_s {
   // Views (docs/design.md, "Views: stitch once"): a granule stays mapped at
   // places it served before, so that serving them again costs no call.
   uint64_t views;                           //!< parked views now (extra mappings of granules, no data)
-  uint64_t view_reuses;                     //!< granules taken back by a parked view (no backend call)
+  uint64_t view_reuses;                     //!< granules taken back by a parked view (no map call; at most a GPU-side event wait)
   uint64_t view_moves;                      //!< cached granules mapped at a new place instead of unmapped first
   uint64_t view_evictions;                  //!< parked views unmapped
   // Units (config `units`): multi-granule physical allocations made by growth.

@@ -335,8 +335,42 @@ static void test_steal_waits_for_the_victims_frees(void **state) {
   done(p, be);
 }
 
+// A stream served through the hot pair (the free just before left its block
+// un-parked) is used as much as one looked up: a steal passes over it. It
+// kept the stream clock of its last lookup, and the steal took the slot of
+// the stream allocated on just before.
+static void test_hot_pair_counts_as_use(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool(&be);
+  char *x[64];
+  fill64(p, NULL, x, 4 * KB);
+  uint32_t s0 = sidx(p, S(0x100)), s1 = sidx(p, S(0x101));
+  void *h = nf_alloc(p, 8 * KB, S(0x100));
+  assert_non_null(h);
+  assert_int_equal(nf_free(p, h), NF_OK);
+  assert_int_equal(nf__stream_record(p, s0), NF_OK); // 0x100's frees are known done...
+  nf_backend_host_complete_events(be);
+  for (int i = 1; i < 64; i++) sidx(p, S(0x100 + i)); // ...and every other stream used since
+  assert_non_null(p->hot);
+  void *h2 = nf_alloc(p, 8 * KB, S(0x100)); // the hot pair: 0x100 is now the most recently used
+  assert_ptr_equal(h2, h);
+  assert_null(p->hot);
+  char *y = nf_alloc(p, 4 * KB, S(0x5000));
+  assert_non_null(y);
+  assert_int_equal(p->streams_stolen, 1);
+  assert_ptr_equal(p->streams[s0].handle, S(0x100));
+  assert_int_equal(sidx(p, S(0x5000)), s1);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_free(p, h2), NF_OK);
+  assert_int_equal(nf_free(p, y), NF_OK);
+  free64(p, x, 4 * KB);
+  done(p, be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hot_pair_counts_as_use),
       cmocka_unit_test(test_steal_waits_for_the_victims_frees),
       cmocka_unit_test(test_steal_picks_a_done_stream),
       cmocka_unit_test(test_route_on_a_capturing_stream_makes_no_host_wait),

@@ -28,7 +28,7 @@
 #define NF_ALIGN_SHIFT 9 // blocks are 512-byte aligned, sizes multiples of 512
 #define NF_ALIGN ((uint64_t)1 << NF_ALIGN_SHIFT)
 // Most granules in one address range (chunk): its per-granule metadata
-// (4.25 B each) stays within a few GiB of host memory.
+// (4.5 B each; 12.5 B once views park there) stays within a few GiB of host memory.
 #define NF_CHUNK_MAX_GRANULES ((uint64_t)1 << 30)
 #define NF_MAX_STREAMS 64 // streams are tracked in a 64-bit mask
 // nf_block_t.stream of a live block whose allocation stream lost its slot to
@@ -160,7 +160,7 @@ typedef struct nf_stream_rec_s {
   uint64_t rec_tick;  // tick of the newest record (0: none)
   uint64_t done_tick; // tick of a record known complete (every free before it is done)
   uint64_t last_free; // tick of the newest free on this stream
-  uint64_t used;      // p->stream_clock when a lookup last switched to it (streams_steal takes the oldest)
+  uint64_t used;      // p->stream_clock when a lookup last switched to it (streams_steal takes among the oldest)
   uint32_t ev_head;             // ring slot of the newest record
   nf_event_t ev[NF_EVENTS];     // the ring
   uint64_t ev_tick[NF_EVENTS];  // tick of each slot's record (0: never recorded)
@@ -227,8 +227,8 @@ struct nf_pool_s {
   // before the map (maybe stale: checked).
   nf_block_t *hot, *last;
   bool hot_off; // park every free at once (tests: the reference the hot pair must equal)
-  // Event count: bumped by every change to the free structure, the mapping,
-  // the limits and routes. A block whose park was the pool's last event, after
+  // Event count: bumped by every change to the free structure, the mapping
+  // and the limits (routes are checked before any bin pop: nroutes). A block whose park was the pool's last event, after
   // an allocation placement made with no mapping, is what placement would
   // choose again for its size (pool.c, bin_pop).
   uint64_t fx;
@@ -516,8 +516,8 @@ static inline void nf__bin_out(nf_pool_t *p, nf_block_t *b) {
   p->bin_blocks--;
   p->bin_bytes -= b->size;
 }
-// The pool lock. Every operation takes it here, except the hot pair's two
-// fast paths (pool.c): this parks a deferred free first, so that nothing else
+// The pool lock. Every operation takes it here, except alloc_entry (nf_alloc
+// and friends, pool.c), which takes or parks the hot block itself: this parks a deferred free first, so that nothing else
 // ever sees a free block that is neither indexed nor parked, and each sees the
 // state an eager park would have left (nothing happened in between).
 void nf__hot_settle(nf_pool_t *p);
@@ -611,7 +611,7 @@ void nf__view_chunk_free(nf_chunk_t *c);
 void nf__view_chunk_unmap(nf_pool_t *p, nf_chunk_t *c);
 void nf__view_live(nf_pool_t *p, const nf_block_t *b);
 void nf__view_dead(nf_pool_t *p, const nf_block_t *b, bool merge);
-nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t k_new);
+nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t room);
 void nf__view_settle(nf_pool_t *p, nf_block_t *b, uint64_t g0, uint64_t g1, bool placed);
 uint64_t nf__view_adoptable(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
 uint64_t nf__view_evict(nf_pool_t *p, uint64_t want, bool blocking, nf_status_t *st);

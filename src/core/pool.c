@@ -30,8 +30,6 @@ static bool fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, n
   return p->obs.oom && p->obs.oom(p, size, s, false);
 }
 
-// Order, carve and map the detached free block *bp for a request. On error
-// the block is back in the free index and nothing else changed.
 // A block becomes free: the views learn its granules are no longer busy
 // (`used`: its streams worked on them, so they order the next user), then
 // it joins its free index.
@@ -40,6 +38,8 @@ static void block_release(nf_pool_t *p, nf_block_t *b, bool used) {
   nf__release_block(p, b);
 }
 
+// Order, carve and map the detached free block *bp for a request. On error
+// the block is back in the free index and nothing else changed.
 static nf_status_t place_block(nf_pool_t *p, nf_block_t **bp, uint64_t off, uint64_t rsize, uint32_t s,
                                bool mapped) {
   nf_block_t *b = *bp;
@@ -230,6 +230,8 @@ static inline void *alloc_entry(nf_pool_t *p, size_t size, nf_stream_t stream, b
     // the free) would leave the pool exactly as this does.
     if (b->size == rsize && !explicit_pv && !at && !p->nroutes && p->streams[b->stream].handle == stream) {
       p->hot = NULL;
+      if (NF_UNLIKELY(p->last_stream != b->stream)) // a switch, as a lookup would count it (streams_steal's LRU)
+        p->streams[b->stream].used = ++p->stream_clock;
       p->last_stream = b->stream;
       b->memo = pop_exact(p, b->memo, rsize); // as bin_pop (its inputs unchanged since the free)
       b->state = NF_BLK_LIVE;

@@ -9,7 +9,8 @@
 // cached granule to map it where a request needs it, the granule is instead
 // mapped there once more and its old place is parked (no unmap, no host wait);
 // when a later block lands where a parked view is and the granule is free or
-// merely cached, the view takes it back with no backend call at all. A
+// merely cached, the view takes it back with no map call (at most a GPU-side
+// event wait, where another stream used it last). A
 // workload that repeats each step converges to taking views back: zero calls.
 //
 // Safety: a granule is taken (from the free list, or from its owning place

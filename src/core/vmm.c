@@ -4,8 +4,9 @@
 //
 // Per chunk, two bitmaps over its granules: `mapped` (a physical granule is
 // mapped there) and `ready` (mapped and access set). Only `ready` granules may
-// hold live data; a granule can be mapped but not ready only after a backend
-// failure left it so, and the next mapping of that range sets its access.
+// hold live data; a granule can be mapped but not ready only after a mapping
+// failed (a backend error, or a request that failed after views moved granules
+// to it), and the next mapping of that range sets its access.
 //
 // Granules have a tier. Device granules are the pool; host granules (spill,
 // nf_offload) sit on their own free list and are used only by spill (after
@@ -16,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Soft target for physical memory: live + live/64 + 8 granules.
+// Soft target for physical memory: the live peak (request included) + peak/64 + 8 granules.
 #define NF_SLACK_SHIFT 6
 #define NF_SLACK_GRANULES 8
 
