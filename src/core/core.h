@@ -160,7 +160,7 @@ typedef struct nf_stream_rec_s {
   uint64_t rec_tick;  // tick of the newest record (0: none)
   uint64_t done_tick; // tick of a record known complete (every free before it is done)
   uint64_t last_free; // tick of the newest free on this stream
-  uint64_t used;      // p->stream_clock when a lookup last switched to it (streams_steal takes among the oldest)
+  uint64_t used;      // p->stream_clock at the last switch to it (nf__stream_switch; steals take among the oldest)
   uint32_t ev_head;             // ring slot of the newest record
   nf_event_t ev[NF_EVENTS];     // the ring
   uint64_t ev_tick[NF_EVENTS];  // tick of each slot's record (0: never recorded)
@@ -228,9 +228,10 @@ struct nf_pool_s {
   nf_block_t *hot, *last;
   bool hot_off; // park every free at once (tests: the reference the hot pair must equal)
   // Event count: bumped by every change to the free structure, the mapping
-  // and the limits (routes are checked before any bin pop: nroutes). A block whose park was the pool's last event, after
-  // an allocation placement made with no mapping, is what placement would
-  // choose again for its size (pool.c, bin_pop).
+  // and the limits (routes are checked before any bin pop: nroutes). A block
+  // whose park was the pool's last event, after an allocation placement made
+  // with no mapping, is what placement would choose again for its size
+  // (pool.c, bin_pop).
   uint64_t fx;
 
   nf_granule_t *gran;
@@ -246,7 +247,7 @@ struct nf_pool_s {
   uint64_t stream_free; // slots below nstreams given back (stream.c, streams_recycle), taken first
   uint64_t streams_recycled; // slots given back so far
   uint64_t streams_stolen;   // slots taken from a stream live blocks name (streams_steal)
-  uint64_t stream_clock;     // lookups that switched streams (nf_stream_rec_t.used)
+  uint64_t stream_clock;     // switches between streams (nf_stream_rec_t.used)
   uint64_t orphans;          // live blocks whose stream has no slot (NF_STREAM_ORPHAN)
   bool capture_lookup;       // a stream already being captured is looked up (nf_private_begin): no host wait
   uint64_t tick;                                   // pool clock (frees and records)
@@ -517,9 +518,10 @@ static inline void nf__bin_out(nf_pool_t *p, nf_block_t *b) {
   p->bin_bytes -= b->size;
 }
 // The pool lock. Every operation takes it here, except alloc_entry (nf_alloc
-// and friends, pool.c), which takes or parks the hot block itself: this parks a deferred free first, so that nothing else
-// ever sees a free block that is neither indexed nor parked, and each sees the
-// state an eager park would have left (nothing happened in between).
+// and friends, pool.c), which takes or parks the hot block itself: this parks
+// a deferred free first, so that nothing else ever sees a free block that is
+// neither indexed nor parked, and each sees the state an eager park would
+// have left (nothing happened in between).
 void nf__hot_settle(nf_pool_t *p);
 static inline void nf__pool_lock(nf_pool_t *p) {
   nf__lock(&p->lock_);
@@ -570,6 +572,12 @@ static inline uint64_t nf__cached(const nf_pool_t *p) {
 
 // stream.c
 nf_status_t nf__stream_index(nf_pool_t *p, nf_stream_t s, uint32_t *out);
+// The pool's operations move to stream i (a lookup, or the hot pair reusing
+// i's block): i becomes the most recently used (streams_steal's order).
+static inline void nf__stream_switch(nf_pool_t *p, uint32_t i) {
+  p->streams[i].used = ++p->stream_clock;
+  p->last_stream = i;
+}
 // A live block whose stream lost its slot (NF_STREAM_ORPHAN) gets one again,
 // maybe taking another stream's (never one of `keep`, the slots the caller
 // holds); any other block: nothing to do. Before anything uses b->stream.

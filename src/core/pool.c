@@ -230,9 +230,7 @@ static inline void *alloc_entry(nf_pool_t *p, size_t size, nf_stream_t stream, b
     // the free) would leave the pool exactly as this does.
     if (b->size == rsize && !explicit_pv && !at && !p->nroutes && p->streams[b->stream].handle == stream) {
       p->hot = NULL;
-      if (NF_UNLIKELY(p->last_stream != b->stream)) // a switch, as a lookup would count it (streams_steal's LRU)
-        p->streams[b->stream].used = ++p->stream_clock;
-      p->last_stream = b->stream;
+      if (NF_UNLIKELY(p->last_stream != b->stream)) nf__stream_switch(p, b->stream); // as a lookup would
       b->memo = pop_exact(p, b->memo, rsize); // as bin_pop (its inputs unchanged since the free)
       b->state = NF_BLK_LIVE;
       bin_take_run(p, b);

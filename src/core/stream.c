@@ -221,8 +221,8 @@ static nf_status_t stream_index(nf_pool_t *p, nf_stream_t s, uint64_t keep, uint
     p->streams[i] = (nf_stream_rec_t){.handle = s};
   }
 out:
-  p->streams[i].used = ++p->stream_clock;
-  p->last_stream = *out = i;
+  nf__stream_switch(p, i);
+  *out = i;
   return NF_OK;
 }
 
