@@ -362,4 +362,27 @@ static inline int nft_teardown_filler(void **state) {
   return 0;
 }
 
+// Run `fn` with stderr going to a temp file; returns what it wrote (malloc'd,
+// at most 64 KiB; the caller frees it).
+static inline char *nft_capture_stderr(void (*fn)(void *), void *arg) {
+  char path[] = "/tmp/nf_err_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  unlink(path);
+  fflush(stderr);
+  int saved = dup(2);
+  assert_true(saved >= 0);
+  dup2(fd, 2);
+  fn(arg);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char *buf = calloc(1, 1 << 16);
+  assert_non_null(buf);
+  ssize_t got = pread(fd, buf, (1 << 16) - 1, 0);
+  close(fd);
+  buf[got > 0 ? got : 0] = 0;
+  return buf;
+}
+
 #endif

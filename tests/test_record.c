@@ -142,29 +142,6 @@ static void test_record_replay(void **state) {
   unlink(path);
 }
 
-// Run `fn` with stderr going to a temp file; returns its contents (malloc'd).
-static char *capture_stderr(void (*fn)(void *), void *arg) {
-  char path[256];
-  tmp_path(path, sizeof path, "err");
-  fflush(stderr);
-  int saved = dup(2), fd = open(path, O_WRONLY | O_TRUNC);
-  assert_true(saved >= 0 && fd >= 0);
-  dup2(fd, 2);
-  close(fd);
-  fn(arg);
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  FILE *f = fopen(path, "r");
-  assert_non_null(f);
-  char *buf = calloc(1, 1 << 16);
-  size_t n = fread(buf, 1, (1 << 16) - 1, f);
-  buf[n] = 0;
-  fclose(f);
-  unlink(path);
-  return buf;
-}
-
 typedef struct {
   const char *conf;
   size_t n;
@@ -192,7 +169,7 @@ static void test_bound(void **state) {
     tmp_path(path, sizeof path, "bound");
     snprintf(conf, sizeof conf, "trace_max:%llu, trace:%s ", (unsigned long long)bounds[i], path);
     bound_arg a = {conf, 5000};
-    char *err = capture_stderr(run_bounded, &a);
+    char *err = nft_capture_stderr(run_bounded, &a);
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
     assert_true((uint64_t)sb.st_size <= bounds[i]);
@@ -225,7 +202,7 @@ static void test_write_error(void **state) {
   const char *confs[] = {"trace:/dev/full", "trace_max:1000,trace:/dev/full"};
   for (size_t i = 0; i < 2; i++) {
     bound_arg a = {confs[i], 5000};
-    char *err = capture_stderr(run_bounded, &a);
+    char *err = nft_capture_stderr(run_bounded, &a);
     const char *want = "nofrag: trace /dev/full: write failed after 0 bytes: No space left on device; "
                        "recording stopped\n";
     if (strcmp(err, want) != 0) fail_msg("%s: stderr '%s', expected '%s'", confs[i], err, want);

@@ -262,6 +262,42 @@ static void test_prefetch_spilled_offload_waits(void **state) {
   nf_backend_destroy(be);
 }
 
+// The first spill of a pool warns once on stderr, unless NOFRAG_QUIET_SPILL
+// is on; "0" means off, as for every on/off variable (it silenced the
+// warning before, as any value did).
+static void spill_twice(void *arg) {
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:256KiB,spill:host"); // 4 device granules
+  void *a = nf_alloc(p, 6 * G, NULL), *b = nf_alloc(p, 2 * G, NULL); // both spill
+  *(int *)arg = a && b;
+  nf_free(p, a);
+  nf_free(p, b);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+static int spill_warnings(const char *quiet) {
+  if (quiet) setenv("NOFRAG_QUIET_SPILL", quiet, 1);
+  else unsetenv("NOFRAG_QUIET_SPILL");
+  int ok = 0;
+  char *err = nft_capture_stderr(spill_twice, &ok);
+  assert_true(ok);
+  int k = 0;
+  for (const char *s = err; (s = strstr(s, "are backed by host memory instead")); s++) k++;
+  free(err);
+  return k;
+}
+
+static void test_spill_warning_and_quiet(void **state) {
+  (void)state;
+  assert_int_equal(spill_warnings(NULL), 1); // once per pool, not per spill
+  assert_int_equal(spill_warnings("0"), 1);
+  assert_int_equal(spill_warnings(""), 1);
+  assert_int_equal(spill_warnings("1"), 0);
+  assert_int_equal(spill_warnings("yes"), 0);
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
@@ -269,6 +305,7 @@ int main(void) {
       cmocka_unit_test(test_spill_reserve),         cmocka_unit_test(test_offload_spilled_block),
       cmocka_unit_test(test_spilled_block_host_then_disk),
       cmocka_unit_test(test_offload_partly_spilled), cmocka_unit_test(test_prefetch_spilled_offload_waits),
+      cmocka_unit_test(test_spill_warning_and_quiet),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

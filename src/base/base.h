@@ -38,6 +38,10 @@ static inline const char *nf__unprefixed(const char *m) { return strncmp(m, "nof
 // the plug-in and the tools.
 void nf__fmt_bytes(char *buf, size_t n, uint64_t bytes);
 
+// An on/off environment variable (NOFRAG_QUIET_OOM, ...): on when set,
+// non-empty and not "0", so that VAR=0 means off for every one of them.
+bool nf__env_on(const char *name);
+
 // The pool lock (lock.c): a test-and-test-and-set spin lock with yield (the
 // critical sections are tens of nanoseconds, where a futex mutex would
 // double the cost of a cached pair), biased towards the thread that uses it.

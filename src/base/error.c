@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static _Thread_local nf_status_t tl_status;
@@ -40,6 +41,11 @@ const char *nf_status_str(nf_status_t st) {
   case NF_ERR_FOREIGN: return "NF_ERR_FOREIGN";
   }
   return "NF_ERR_UNKNOWN";
+}
+
+bool nf__env_on(const char *name) {
+  const char *v = getenv(name);
+  return v && *v && strcmp(v, "0") != 0;
 }
 
 void nf__fmt_bytes(char *buf, size_t n, uint64_t v) {

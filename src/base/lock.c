@@ -53,7 +53,7 @@ static void after_fork_child(void) {
 static void lock_init(void) {
   slots_ok = pthread_key_create(&slot_key, slot_put) == 0;
   long q = membarrier(MEMBARRIER_CMD_QUERY);
-  bias_ok = slots_ok && getenv("NOFRAG_NO_LOCK_BIAS") == NULL && q > 0 && (q & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+  bias_ok = slots_ok && !nf__env_on("NOFRAG_NO_LOCK_BIAS") && q > 0 && (q & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
             membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0 &&
             pthread_atfork(NULL, NULL, after_fork_child) == 0;
 }

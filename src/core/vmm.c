@@ -389,7 +389,7 @@ nf_status_t nf__gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, uint
 
 // One-time warning per pool, the first time a request spills.
 static void spill_warn(nf_pool_t *p, uint64_t size, uint64_t host) {
-  if (p->spill_warned || getenv("NOFRAG_QUIET_SPILL")) return;
+  if (p->spill_warned || nf__env_on("NOFRAG_QUIET_SPILL")) return;
   p->spill_warned = true;
   char req[32], lim[32], live[32], sl[32];
   nf__fmt_bytes(req, sizeof req, size);

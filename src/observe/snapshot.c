@@ -179,10 +179,7 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static bool quiet(void) {
-  const char *q = getenv("NOFRAG_QUIET_OOM");
-  return q && *q && strcmp(q, "0") != 0;
-}
+static bool quiet(void) { return nf__env_on("NOFRAG_QUIET_OOM"); }
 
 // Appends to the thread's report buffer; output past its end is cut.
 typedef struct { size_t len; } rep_t;
