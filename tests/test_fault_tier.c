@@ -629,6 +629,152 @@ static void test_disk_offload_failed_wait_drains(void **state) {
   assert_true(failed_waits >= 2); // the event record and the event sync after the copy
 }
 
+// Two offloads whose finishes fail in two different polls: nf_offload_wait
+// reports the first (naming its block) and counts the later one; it does
+// not replace the first by the last.
+static void test_deferred_failures_keep_the_first(void **state) {
+  (void)state;
+  winspy_t *w = calloc(1, sizeof *w);
+  assert_non_null(w);
+  nft_spy_init(&w->be, &w->ops, 1024 * G, G);
+  w->ops.unmap = ws_unmap;
+  nf_pool_t *p = nft_pool_on(&w->be, "limit:1MiB,views:0");
+  nf_backend_host_set_manual_events(w->be.inner, 1);
+  void *a1 = nf_alloc(p, 4 * G, NULL), *a2 = nf_alloc(p, 4 * G, NULL);
+  assert_true(a1 && a2);
+  nft_fill(a1, 4 * G, 61);
+  nft_fill(a2, 4 * G, 62);
+  char addr1[32], addr2[32];
+  snprintf(addr1, sizeof addr1, "%p", a1);
+  snprintf(addr2, sizeof addr2, "%p", a2);
+  assert_int_equal(nf_offload(p, a1, NULL, NF_TIER_HOST_DETACHED), NF_OK);
+  nf_backend_host_complete_events(w->be.inner);
+  w->fail_unmap = 1000;                                                    // every unmap fails from here
+  assert_int_equal(nf_offload(p, a2, NULL, NF_TIER_HOST_DETACHED), NF_OK); // its poll finishes a1: fails
+  nf_backend_host_complete_events(w->be.inner);
+  assert_int_equal(nf_prefetch(p, a2, NULL), NF_OK); // its poll finishes a2: fails too (a2 stays on the device)
+  w->fail_unmap = 0;
+  nf_status_t r = nf_offload_wait(p);
+  char msg[768];
+  snprintf(msg, sizeof msg, "%s", r ? nf_last_error() : "");
+  if (r == NF_OK || !strstr(msg, addr1) || strstr(msg, addr2) || !strstr(msg, "and 1 more"))
+    fail_msg("wait: %d \"%s\" (first failure: %s, later: %s)", r, msg, addr1, addr2);
+  assert_int_equal(nf_offload_wait(p), NF_OK); // reported once
+  assert_true(nft_check(a1, 4 * G, 61) && nft_check(a2, 4 * G, 62));
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, a1);
+  nf_free(p, a2);
+  nf_backend_host_set_manual_events(w->be.inner, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(&w->be);
+}
+
+// A prefetch whose copy back fails, whose rollback then cannot put one host
+// granule back (its map fails 3 times: that granule's data is copied from
+// the staging range into the device granule instead) and whose wait for
+// that copy fails: the staging range and that host granule wait for the
+// copy (a deferred drop), the others are back at the block. nf_pool_check
+// counts every granule once meanwhile: those back at the block are not
+// also counted as held by the copies in flight. Spy backend, scripted.
+typedef struct { nf_backend_t be; nf_backend_ops_t ops; int arm, maps; } pfspy_t;
+static nf_status_t pf_copy(nf_backend_t *be, uintptr_t d, uintptr_t s, size_t n, nf_stream_t st) {
+  pfspy_t *w = (pfspy_t *)be;
+  if (w->arm == 1) { // the prefetch's copy back
+    w->arm = 2;
+    return NF_ERR_BACKEND;
+  }
+  return nft_f_copy(be, d, s, n, st);
+}
+static nf_status_t pf_map(nf_backend_t *be, uintptr_t v, size_t n, nf_handle_t h) {
+  pfspy_t *w = (pfspy_t *)be;
+  if (w->arm == 2 && w->maps < 6 && (w->maps++ & 1) == 0) return NF_ERR_BACKEND; // the first remap back, 3 times
+  return nft_f_map(be, v, n, h);
+}
+static nf_status_t pf_evr(nf_backend_t *be, nf_event_t e, nf_stream_t s) {
+  pfspy_t *w = (pfspy_t *)be;
+  return w->arm == 2 && w->maps >= 6 ? NF_ERR_BACKEND : nft_f_evr(be, e, s);
+}
+static nf_status_t pf_evs(nf_backend_t *be, nf_event_t e) {
+  pfspy_t *w = (pfspy_t *)be;
+  return w->arm == 2 && w->maps >= 6 ? NF_ERR_BACKEND : nft_f_evs(be, e);
+}
+
+static void test_prefetch_deferred_rollback_check(void **state) {
+  (void)state;
+  pfspy_t *w = calloc(1, sizeof *w);
+  assert_non_null(w);
+  nft_spy_init(&w->be, &w->ops, 1024 * G, G);
+  w->ops.copy = pf_copy;
+  w->ops.map = pf_map;
+  w->ops.event_record = pf_evr;
+  w->ops.event_sync = pf_evs;
+  nf_pool_t *p = nft_pool_on(&w->be, "limit:1MiB,views:0");
+  void *a = nf_alloc(p, 4 * G, NULL);
+  assert_non_null(a);
+  nft_fill(a, 4 * G, 71);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  w->arm = 1;
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_ERR_BACKEND);
+  assert_true(w->arm == 2 && w->maps == 6); // the script ran as planned
+  w->arm = 0;
+  uint64_t t[3];
+  nft_tiers(p, a, t);
+  assert_true(t[NF_TIER_DEVICE] == G && t[NF_TIER_HOST] == 3 * G); // one granule copied, three back
+  if (nf_pool_check(p) != NF_OK) fail_msg("with the drop deferred: %s", nf_last_error());
+  assert_true(nft_check(a, 4 * G, 71));
+  assert_int_equal(nf_offload_wait(p), NF_OK); // the deferred drop goes
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  assert_true(nft_check(a, 4 * G, 71));
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(&w->be);
+}
+
+// The same where the drain fails too (the wait and its 3 retries: a run of
+// failing calls): the copy may still be reading the block when the offload
+// returns, so the block's free (on its own stream A) must wait for the
+// copy's stream B: its range is not unmapped or reused under the copy.
+static void test_disk_offload_undrained_guards_free(void **state) {
+  (void)state;
+  int undrained = 0;
+  for (int k = 1; k <= 12; k++) {
+    nf_backend_t *host = nft_host(1024 * G, G), *be;
+    assert_int_equal(nf_backend_fault_create(&be, host, 0, 0, 1), NF_OK);
+    nf_pool_t *p = nft_pool_on(be, "limit:512KiB,views:0");
+    nf_backend_host_set_manual_events(host, 1);
+    nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
+    void *b = nf_alloc(p, 4 * G, A), *e = nf_alloc(p, G, A), *c = nf_alloc(p, 2 * G, A);
+    assert_true(b && e && c);
+    nft_fill(b, 4 * G, 50 + k);
+    uint64_t base, failed;
+    nf_backend_fault_counts(be, &base, &failed);
+    nf__backend_fault_mask(be, base + k, 0xFF); // 8 calls in a row from call k
+    nf_status_t r = nf_offload(p, b, B, NF_TIER_DISK);
+    nf_backend_fault_set(be, 0, 0);
+    if (r == NF_OK) { // the faults hit something else: bring it back
+      assert_int_equal(nf_prefetch(p, b, A), NF_OK);
+    } else {
+      undrained += strstr(nf_last_error(), "waiting for the copy failed") != NULL;
+    }
+    assert_true(nft_check(b, 4 * G, 50 + k));
+    assert_int_equal(nf_free(p, b), NF_OK);                     // on A; B's copy may be in flight
+    assert_int_equal(nf_offload(p, c, A, NF_TIER_DISK), NF_OK); // something waits for A only
+    void *d = nf_alloc(p, 6 * G, A); // stitching unmaps what lies free: not b's range before B is done
+    assert_non_null(d);
+    if (nf_backend_host_violations(host)) fail_msg("call %d: b's range unmapped or reused under its copy out", k);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_backend_host_complete_events(host);
+    nf_backend_host_set_manual_events(host, 0);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be); // and host, which it owns
+  }
+  assert_true(undrained >= 1);
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   if (getenv("NF_FILTER")) cmocka_set_test_filter(getenv("NF_FILTER"));
@@ -639,6 +785,9 @@ int main(void) {
       cmocka_unit_test(test_disk_short_write),         cmocka_unit_test(test_finish_failure_deferred),
       cmocka_unit_test(test_poll_failure_returned),    cmocka_unit_test(test_host_granule_oom_message),
       cmocka_unit_test(test_disk_offload_failed_wait_drains),
+      cmocka_unit_test(test_deferred_failures_keep_the_first),
+      cmocka_unit_test(test_prefetch_deferred_rollback_check),
+      cmocka_unit_test(test_disk_offload_undrained_guards_free),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -258,6 +258,36 @@ static void test_tier_counters_after_free(void **state) {
   }
 }
 
+// nf_offload and nf_prefetch move granules between tiers: each call
+// publishes the tier counters itself (offloaded, away, mapped), so that top
+// does not show a prefetched block as still offloaded until some later slow
+// path. The monitor is read right after the call, before nf_stats_get
+// (which may publish itself).
+static void test_tier_counters_after_prefetch(void **state) {
+  (void)state;
+  const nf_tier_t tiers[] = {NF_TIER_HOST, NF_TIER_HOST_DETACHED, NF_TIER_DISK};
+  for (size_t t = 0; t < 3; t++) {
+    nf_pool_t *p = new_pool(64 * NF_MiB);
+    void *a = nf_alloc(p, 8 * NF_MiB, NULL);
+    assert_non_null(a);
+    for (int step = 0; step < 3; step++) { // offload, its finish (wait), prefetch
+      nf_status_t r = step == 0 ? nf_offload(p, a, NULL, tiers[t]) : step == 1 ? nf_offload_wait(p) : nf_prefetch(p, a, NULL);
+      assert_int_equal(r, NF_OK);
+      nf_mon_entry_t *v;
+      assert_int_equal(nf__mon_list(NULL, false, &v, NULL), 1);
+      nf_stats_t s;
+      nf_stats_get(p, &s);
+      if (v[0].v[NF_PUB_OFFLOADED] != s.offloaded || v[0].v[NF_PUB_MAPPED] != s.mapped)
+        fail_msg("tier %d step %d: published offloaded %llu mapped %llu, stats %llu %llu", (int)tiers[t], step,
+                 (unsigned long long)v[0].v[NF_PUB_OFFLOADED], (unsigned long long)v[0].v[NF_PUB_MAPPED],
+                 (unsigned long long)s.offloaded, (unsigned long long)s.mapped);
+      free(v);
+    }
+    assert_int_equal(nf_free(p, a), NF_OK);
+    nf_pool_destroy(p);
+  }
+}
+
 // A 65th stream gives back unnamed slots after a device wait and finishes the
 // offload copies listed then (stream.c, streams_recycle): the offloaded bytes
 // change with no mapping change, so the allocation's publish must carry them,
@@ -364,6 +394,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_offloaded_and_old_layout, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tier_counters_after_free, setup, teardown),
       cmocka_unit_test_setup_teardown(test_offloaded_after_stream_recycling, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_tier_counters_after_prefetch, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reader_races_writer, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -547,6 +547,111 @@ static void test_offload_disk_offsets(void **state) {
   nf_backend_destroy(be);
 }
 
+// The same at the limit with the detached tier: its copy in flight holds the
+// block's device granules too, which come back (the range is unmapped) once
+// it completed, so the request waits for it rather than failing or spilling.
+static void test_offload_wait_at_limit_detached(void **state) {
+  (void)state;
+  const char *confs[] = {"limit:1MiB", "limit:1MiB,spill:host"}; // 16 granules
+  for (int i = 0; i < 2; i++) {
+    nf_backend_t *be;
+    nf_pool_t *p = mk(&be, confs[i]);
+    void *a = nf_alloc(p, 10 * G, NULL);
+    assert_non_null(a);
+    nft_fill(a, 10 * G, 3);
+    nf_backend_host_set_manual_events(be, 1);
+    assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK);
+    nf_stats_t s, s0;
+    nft_stats(p, &s0);
+    assert_true(s0.offloaded == 0); // copy in flight
+    void *b = nf_alloc(p, 10 * G, NULL); // fits once the copy is done
+    if (!b) fail_msg("conf %s: the request did not wait for the detached copy in flight", confs[i]);
+    nft_stats(p, &s);
+    assert_true(s.offloaded == 10 * G && s.spilled == 0 && s.physical <= 16 * G);
+    assert_true(s.calls.event_sync > s0.calls.event_sync); // it waited
+    uint64_t t[3];
+    nft_tiers(p, b, t);
+    assert_true(t[0] == 10 * G && t[1] == 0);
+    nft_fill(b, 10 * G, 4);
+    assert_int_equal(nf_free(p, b), NF_OK);
+    nf_backend_host_complete_events(be);
+    assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+    assert_true(nft_check(a, 10 * G, 3));
+    nf_free(p, a);
+    nf_backend_host_complete_events(be);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_backend_host_set_manual_events(be, 0);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+  }
+}
+
+// An offload still in flight on stream S, cancelled by nf_prefetch: the copy
+// may still read the block, so S counts as a user of the block (as with
+// record_stream). Freed on its own stream A, the block's range must not be
+// unmapped or reused before S's copy is done. Each host tier; the host
+// backend counts unmaps and reuses under copies in flight.
+static void test_cancelled_offload_copy_guards_free(void **state) {
+  (void)state;
+  nf_tier_t tiers[] = {NF_TIER_HOST, NF_TIER_HOST_DETACHED};
+  for (int t = 0; t < 2; t++) {
+    nf_backend_t *be;
+    nf_pool_t *p = nft_pool(&be, 1024 * G, G, "limit:512KiB,views:0");
+    nf_stream_t A = (nf_stream_t)(uintptr_t)1, S = (nf_stream_t)(uintptr_t)2;
+    nf_backend_host_set_manual_events(be, 1);
+    void *b = nf_alloc(p, 4 * G, A), *e = nf_alloc(p, G, A), *c = nf_alloc(p, 2 * G, A);
+    assert_true(b && e && c);
+    nft_fill(b, 4 * G, 7);
+    assert_int_equal(nf_offload(p, b, S, tiers[t]), NF_OK); // the copy out, on S, in flight
+    assert_int_equal(nf_prefetch(p, b, S), NF_OK);           // cancels it: b never left
+    assert_true(nft_check(b, 4 * G, 7));
+    assert_int_equal(nf_free(p, b), NF_OK);                     // on A; S's copy still in flight
+    assert_int_equal(nf_offload(p, c, A, NF_TIER_DISK), NF_OK); // something waits for A only
+    void *d = nf_alloc(p, 6 * G, A); // stitching unmaps what lies free: not b's range before S is done
+    assert_non_null(d);
+    if (nf_backend_host_violations(be))
+      fail_msg("tier %d: b's range unmapped or reused under the cancelled offload's copy", (int)tiers[t]);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_backend_host_set_manual_events(be, 0);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+  }
+}
+
+// Host granules are created only for what the free list lacks: an offload
+// that needs k granules with f free creates k - f, so the host tier limit
+// (spill_limit) is reached only when it really is.
+static void test_offload_creates_only_missing_host_granules(void **state) {
+  (void)state;
+  nf_tier_t tiers[] = {NF_TIER_HOST, NF_TIER_HOST_DETACHED};
+  for (int t = 0; t < 2; t++) {
+    nf_backend_t *be;
+    nf_pool_t *p = mk(&be, "limit:1MiB,spill_limit:512KiB,views:0"); // 8 host granules at most
+    void *a = nf_alloc(p, 4 * G, NULL), *b = nf_alloc(p, 6 * G, NULL);
+    assert_true(a && b);
+    nft_fill(a, 4 * G, 11);
+    nft_fill(b, 6 * G, 12);
+    assert_int_equal(nf_offload(p, a, NULL, tiers[t]), NF_OK);
+    assert_int_equal(nf_offload_wait(p), NF_OK);
+    assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+    assert_int_equal(nf_offload_wait(p), NF_OK); // a's 4 host granules are free again
+    nf_stats_t s;
+    nft_stats(p, &s);
+    assert_true(s.host_physical == 4 * G && s.offloaded == 0);
+    assert_int_equal(nf_offload(p, b, NULL, tiers[t]), NF_OK); // needs 6: 4 free + 2 new
+    assert_int_equal(nf_offload_wait(p), NF_OK);
+    nft_stats(p, &s);
+    assert_true(s.host_physical == 6 * G && s.offloaded == 6 * G);
+    assert_int_equal(nf_prefetch(p, b, NULL), NF_OK);
+    assert_true(nft_check(a, 4 * G, 11) && nft_check(b, 6 * G, 12));
+    nf_free(p, a);
+    nf_free(p, b);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+  }
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
@@ -556,6 +661,9 @@ int main(void) {
       cmocka_unit_test(test_random_faults),         cmocka_unit_test(test_prefetch_other_stream),
       cmocka_unit_test(test_offload_disk_offsets),  cmocka_unit_test(test_offload_refused_in_capture),
       cmocka_unit_test(test_streams_recycled_with_copies_listed),
+      cmocka_unit_test(test_offload_wait_at_limit_detached),
+      cmocka_unit_test(test_cancelled_offload_copy_guards_free),
+      cmocka_unit_test(test_offload_creates_only_missing_host_granules),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -262,6 +262,40 @@ static void test_prefetch_spilled_offload_waits(void **state) {
   nf_backend_destroy(be);
 }
 
+// A spilled block used on a record_stream stream R: nf_prefetch moves its
+// spilled granules (it may be in use), so it waits for every stream of the
+// block first, R included, not only its own and the prefetch's.
+static void test_prefetch_spilled_waits_record_stream(void **state) {
+  (void)state;
+  setenv("NOFRAG_QUIET_SPILL", "1", 1);
+  nf_backend_t *be;
+  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
+  nf_stream_t A = (nf_stream_t)(uintptr_t)1, R = (nf_stream_t)(uintptr_t)3;
+  void *d = nf_alloc(p, 8 * G, A), *b = nf_alloc(p, 2 * G, A);
+  assert_true(d && b);
+  uint64_t t[3];
+  nft_tiers(p, b, t);
+  assert_true(t[NF_TIER_HOST] == 2 * G); // wholly spilled
+  nft_fill(b, 2 * G, 17);
+  assert_int_equal(nf_record_stream(p, b, R), NF_OK);
+  assert_int_equal(nf_free(p, d), NF_OK);
+  assert_int_equal(nf_trim(p), NF_OK); // d's granules unmapped: the prefetch waits for nothing to get them
+  nf_backend_host_set_manual_events(be, 1);
+  nf_backend_host_use(be, R, b, 2 * G); // a kernel on R reads b, in flight
+  assert_int_equal(nf_prefetch(p, b, A), NF_OK);
+  if (nf_backend_host_violations(be)) fail_msg("b's spilled granules remapped under its record_stream stream's work");
+  nft_tiers(p, b, t);
+  assert_true(t[NF_TIER_DEVICE] == 2 * G);
+  nf_backend_host_complete_events(be);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  assert_true(nft_check(b, 2 * G, 17));
+  assert_int_equal(nf_free(p, b), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_backend_host_set_manual_events(be, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 // The first spill of a pool warns once on stderr, unless NOFRAG_QUIET_SPILL
 // is on; "0" means off, as for every on/off variable (it silenced the
 // warning before, as any value did).
@@ -305,6 +339,7 @@ int main(void) {
       cmocka_unit_test(test_spill_reserve),         cmocka_unit_test(test_offload_spilled_block),
       cmocka_unit_test(test_spilled_block_host_then_disk),
       cmocka_unit_test(test_offload_partly_spilled), cmocka_unit_test(test_prefetch_spilled_offload_waits),
+      cmocka_unit_test(test_prefetch_spilled_waits_record_stream),
       cmocka_unit_test(test_spill_warning_and_quiet),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
