@@ -77,6 +77,14 @@ static inline nf_pool_t *nft_pool(nf_backend_t **be, uint64_t capacity, uint64_t
   return pool;
 }
 
+// The tier tests' pool (test_offload, test_offload_order, test_spill): a host
+// backend of 1,024 granules of 64 KiB (their G), asserted to succeed.
+static inline nf_pool_t *nft_pool64k(nf_backend_t **be, const char *conf) {
+  nf_pool_t *p = nft_pool(be, 1024 * 65536ull, 65536, conf);
+  assert_non_null(p);
+  return p;
+}
+
 // Run the CLI (env NF_CLI, set by ctest) with `args`, a shell fragment;
 // stdout and stderr land in `out`. Returns the exit status (-1: killed).
 #include <sys/wait.h>
@@ -230,6 +238,19 @@ static inline nf_pool_t *nft_pool_on(nf_backend_t *be, const char *conf) {
   nf_pool_t *p = NULL;
   assert_int_equal(nf_pool_create(&p, be, &cfg), NF_OK);
   return p;
+}
+
+// A spy whose next `fail_acc` set-access calls and `fail_unmap` unmap calls
+// fail (test_fault_tier, test_fault_deferred): calloc it, nft_spy_init, then
+// set ops.set_access = nft_ws_acc and / or ops.unmap = nft_ws_unmap.
+typedef struct { nf_backend_t be; nf_backend_ops_t ops; int fail_acc, fail_unmap; } nft_winspy_t;
+static inline nf_status_t nft_ws_acc(nf_backend_t *be, uintptr_t v, size_t n) {
+  if (((nft_winspy_t *)be)->fail_acc > 0 && ((nft_winspy_t *)be)->fail_acc--) return NF_ERR_BACKEND;
+  return nft_f_acc(be, v, n);
+}
+static inline nf_status_t nft_ws_unmap(nf_backend_t *be, uintptr_t v, size_t n) {
+  if (((nft_winspy_t *)be)->fail_unmap > 0 && ((nft_winspy_t *)be)->fail_unmap--) return NF_ERR_BACKEND;
+  return nft_f_unmap(be, v, n);
 }
 
 // Destroy pool p and backend be (a fault backend over the host backend

@@ -11,6 +11,10 @@
 // random order between operations, so many interleavings are seen. As with
 // CUDA, a copy to pageable host memory is done when the call returns (after
 // its stream's earlier work) and one from it reads the source at the call.
+// On the host backend with manual events (its detector counts an unmap or
+// reuse under a copy in flight): a copy on another stream than the block's
+// (a prefetch's, a cancelled offload's) counts as a user of the block freed
+// on its own stream, and recycling streams finishes the copies listed.
 #include "nf_test.h"
 
 #define G (64 * 1024ull)
@@ -456,10 +460,113 @@ static void test_cancelled_offload_orders_the_prefetch_stream(void **state) {
   }
 }
 
+// A prefetch copy runs on the stream nf_prefetch was given. When that is not
+// the block's stream, the block freed on its own stream must still not be
+// unmapped (or reused) before the copy lands: the copy's stream counts as a
+// user of the block, as with record_stream. Each tier; the detector of the
+// host backend counts unmaps of ranges still in use.
+static void test_prefetch_other_stream(void **state) {
+  nf_tier_t tiers[] = {NF_TIER_HOST_DETACHED, NF_TIER_HOST, NF_TIER_DISK};
+  for (int t = 0; t < 3; t++) {
+    nf_backend_t *be;
+    nf_pool_t *p = nft_pool(&be, 1024 * G, G, "limit:512KiB,views:0");
+    nf_stream_t A = (nf_stream_t)(uintptr_t)1, S = (nf_stream_t)(uintptr_t)2;
+    nf_backend_host_set_manual_events(be, 1);
+    void *b = nf_alloc(p, 4 * G, A), *e = nf_alloc(p, G, A), *c = nf_alloc(p, 2 * G, A);
+    assert_true(b && e && c);
+    nft_fill(b, 4 * G, 7);
+    assert_int_equal(nf_offload(p, b, A, tiers[t]), NF_OK);
+    nf_backend_host_complete_events(be);
+    assert_int_equal(nf_offload_wait(p), NF_OK);
+    assert_int_equal(nf_prefetch(p, b, S), NF_OK);
+    nf_backend_host_use(be, S, b, 4 * G); // the copy back, on S, in flight
+    assert_true(nft_check(b, 4 * G, 7));
+    assert_int_equal(nf_free(p, b), NF_OK); // on A; S's copy still in flight
+    assert_int_equal(nf_offload(p, c, A, NF_TIER_DISK), NF_OK); // something waits for A only
+    void *d = nf_alloc(p, 6 * G, A); // stitching unmaps what lies free: not b's range before S is done
+    assert_non_null(d);
+    if (nf_backend_host_violations(be)) fail_msg("tier %d: b's range unmapped under the prefetch copy", (int)tiers[t]);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_backend_host_set_manual_events(be, 0);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+  }
+}
+
+// A 65th stream gives back the slots of streams nothing names after one
+// device wait. An offload copy listed but not yet polled refused it
+// ("offload copies are in flight") though the wait completes every copy: now
+// the copies are finished there, the block is offloaded and its bytes intact.
+static void test_streams_recycled_with_copies_listed(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool64k(&be, "limit:1MiB");
+  nf_backend_host_set_manual_events(be, 1);
+  nf_stream_t A = (nf_stream_t)(uintptr_t)0x500;
+  void *a = nf_alloc(p, 4 * G, A);
+  assert_non_null(a);
+  nft_fill(a, 4 * G, 9);
+  assert_int_equal(nf_offload(p, a, A, NF_TIER_HOST), NF_OK); // in flight: listed
+  for (int i = 0; i < 64; i++) { // 63 more slots, then the 65th stream
+    nf_stream_t s = (nf_stream_t)(uintptr_t)(0x1000 + i);
+    void *x = nf_alloc(p, 1024, s);
+    if (!x) fail_msg("stream %d: %s", i, nf_last_error());
+    nft_fill(x, 1024, (uint64_t)i);
+    assert_true(nft_check(x, 1024, (uint64_t)i));
+    assert_int_equal(nf_free(p, x), NF_OK);
+  }
+  nf_stats_t st;
+  nft_stats(p, &st);
+  assert_true(st.offloaded == 4 * G && st.offloads == 1); // finished by the recycling
+  assert_int_equal(nf_stream_known(p, A), 1);             // a's stream: a names it
+  assert_true(nft_check(a, 4 * G, 9));
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  nf_backend_host_set_manual_events(be, 0);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// An offload still in flight on stream S, cancelled by nf_prefetch: the copy
+// may still read the block, so S counts as a user of the block (as with
+// record_stream). Freed on its own stream A, the block's range must not be
+// unmapped or reused before S's copy is done. Each host tier; the host
+// backend counts unmaps and reuses under copies in flight.
+static void test_cancelled_offload_copy_guards_free(void **state) {
+  (void)state;
+  nf_tier_t tiers[] = {NF_TIER_HOST, NF_TIER_HOST_DETACHED};
+  for (int t = 0; t < 2; t++) {
+    nf_backend_t *be;
+    nf_pool_t *p = nft_pool(&be, 1024 * G, G, "limit:512KiB,views:0");
+    nf_stream_t A = (nf_stream_t)(uintptr_t)1, S = (nf_stream_t)(uintptr_t)2;
+    nf_backend_host_set_manual_events(be, 1);
+    void *b = nf_alloc(p, 4 * G, A), *e = nf_alloc(p, G, A), *c = nf_alloc(p, 2 * G, A);
+    assert_true(b && e && c);
+    nft_fill(b, 4 * G, 7);
+    assert_int_equal(nf_offload(p, b, S, tiers[t]), NF_OK); // the copy out, on S, in flight
+    assert_int_equal(nf_prefetch(p, b, S), NF_OK);           // cancels it: b never left
+    assert_true(nft_check(b, 4 * G, 7));
+    assert_int_equal(nf_free(p, b), NF_OK);                     // on A; S's copy still in flight
+    assert_int_equal(nf_offload(p, c, A, NF_TIER_DISK), NF_OK); // something waits for A only
+    void *d = nf_alloc(p, 6 * G, A); // stitching unmaps what lies free: not b's range before S is done
+    assert_non_null(d);
+    if (nf_backend_host_violations(be))
+      fail_msg("tier %d: b's range unmapped or reused under the cancelled offload's copy", (int)tiers[t]);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_backend_host_set_manual_events(be, 0);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+  }
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_lazy_random),
                                      cmocka_unit_test(test_cancelled_offload_orders_the_prefetch_stream),
-                                     cmocka_unit_test(test_failed_prefetch_waits_for_its_copy)};
+                                     cmocka_unit_test(test_failed_prefetch_waits_for_its_copy),
+                                     cmocka_unit_test(test_prefetch_other_stream),
+                                     cmocka_unit_test(test_streams_recycled_with_copies_listed),
+                                     cmocka_unit_test(test_cancelled_offload_copy_guards_free)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

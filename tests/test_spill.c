@@ -9,17 +9,11 @@
 
 typedef struct { void *p; size_t n; uint64_t tag; } blk_t;
 
-static nf_pool_t *mk(nf_backend_t **be, const char *conf) {
-  nf_pool_t *p = nft_pool(be, 1024 * G, G, conf);
-  assert_non_null(p);
-  return p;
-}
-
 static void test_spill_basic(void **state) {
   (void)state;
   setenv("NOFRAG_QUIET_SPILL", "1", 1);
   nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,spill_limit:1MiB"); // 8 device granules, 16 host
+  nf_pool_t *p = nft_pool64k(&be, "limit:512KiB,spill:host,spill_limit:1MiB"); // 8 device granules, 16 host
   blk_t b[6];
   for (int i = 0; i < 6; i++) { // 6 x 2 granules = 1.5 x the limit
     b[i].n = 2 * G;
@@ -62,7 +56,7 @@ static void test_spill_basic(void **state) {
   nf_backend_destroy(be);
 
   // The same requests without spill fail at the limit.
-  p = mk(&be, "limit:512KiB");
+  p = nft_pool64k(&be, "limit:512KiB");
   void *q[6];
   int got = 0;
   for (int i = 0; i < 6; i++) got += (q[i] = nf_alloc(p, 2 * G, NULL)) != NULL;
@@ -92,7 +86,7 @@ static void test_spill_reserve(void **state) {
   (void)state;
   setenv("NOFRAG_QUIET_SPILL", "1", 1);
   nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,spill_limit:1MiB,spill_reserve:256KiB");
+  nf_pool_t *p = nft_pool64k(&be, "limit:512KiB,spill:host,spill_limit:1MiB,spill_reserve:256KiB");
   nf_stats_t s;
   nft_stats(p, &s);
   assert_true(s.host_physical == 4 * G && s.spilled == 0);
@@ -131,7 +125,7 @@ static void test_offload_spilled_block(void **state) {
   (void)state;
   setenv("NOFRAG_QUIET_SPILL", "1", 1);
   nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
+  nf_pool_t *p = nft_pool64k(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
   nf_stream_t A = (nf_stream_t)(uintptr_t)1, S = (nf_stream_t)(uintptr_t)2;
   void *d = nf_alloc(p, 8 * G, A), *b = nf_alloc(p, 2 * G, A);
   assert_true(d && b);
@@ -172,7 +166,7 @@ static void test_spilled_block_host_then_disk(void **state) {
   (void)state;
   setenv("NOFRAG_QUIET_SPILL", "1", 1);
   nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
+  nf_pool_t *p = nft_pool64k(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
   void *d = nf_alloc(p, 8 * G, NULL), *b = nf_alloc(p, 2 * G, NULL);
   assert_true(d && b);
   nft_fill(b, 2 * G, 13);
@@ -206,7 +200,7 @@ static void test_offload_partly_spilled(void **state) {
   (void)state;
   setenv("NOFRAG_QUIET_SPILL", "1", 1);
   nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
+  nf_pool_t *p = nft_pool64k(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
   void *d = nf_alloc(p, 6 * G, NULL), *b = nf_alloc(p, 4 * G, NULL); // b: 2 device + 2 spilled granules
   assert_true(d && b);
   nft_fill(b, 4 * G, 4);
@@ -239,7 +233,7 @@ static void test_offload_partly_spilled(void **state) {
 static void test_prefetch_spilled_offload_waits(void **state) {
   (void)state;
   nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,spill_limit:1MiB"); // 8 device granules
+  nf_pool_t *p = nft_pool64k(&be, "limit:512KiB,spill:host,spill_limit:1MiB"); // 8 device granules
   nf_stream_t S = (nf_stream_t)(uintptr_t)7;
   nf_backend_host_set_manual_events(be, 1);
   void *a = nf_alloc(p, 8 * G, NULL), *b = nf_alloc(p, 4 * G, S);
@@ -269,7 +263,7 @@ static void test_prefetch_spilled_waits_record_stream(void **state) {
   (void)state;
   setenv("NOFRAG_QUIET_SPILL", "1", 1);
   nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
+  nf_pool_t *p = nft_pool64k(&be, "limit:512KiB,spill:host,views:0"); // 8 device granules
   nf_stream_t A = (nf_stream_t)(uintptr_t)1, R = (nf_stream_t)(uintptr_t)3;
   void *d = nf_alloc(p, 8 * G, A), *b = nf_alloc(p, 2 * G, A);
   assert_true(d && b);
@@ -301,7 +295,7 @@ static void test_prefetch_spilled_waits_record_stream(void **state) {
 // warning before, as any value did).
 static void spill_twice(void *arg) {
   nf_backend_t *be;
-  nf_pool_t *p = mk(&be, "limit:256KiB,spill:host"); // 4 device granules
+  nf_pool_t *p = nft_pool64k(&be, "limit:256KiB,spill:host"); // 4 device granules
   void *a = nf_alloc(p, 6 * G, NULL), *b = nf_alloc(p, 2 * G, NULL); // both spill
   *(int *)arg = a && b;
   nf_free(p, a);
