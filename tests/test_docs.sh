@@ -2,8 +2,8 @@
 # docs/configuration.md names every configuration key the parser accepts and
 # every NOFRAG_* environment variable the code reads, and no key that does not
 # exist. Keys come from src/core/config.c (its size-key table and its
-# tok_eq(k, "...") tests), variables from getenv / os.environ in src/, tools/
-# and python/nofrag/.
+# tok_eq(k, "...") tests), variables from getenv / nf__env_on in src/ and
+# tools/, and os.environ in python/nofrag/ and setup.py.
 # Usage: test_docs.sh SOURCE_DIR
 set -eu
 src=$1
@@ -23,8 +23,8 @@ for r in $rows; do
   echo "$keys" | grep -qx "$r" || { echo "docs/configuration.md documents '$r', which is not a key"; fail=1; }
 done
 
-vars=$( (grep -rhoE 'getenv\("NOFRAG_[A-Z_]+"\)' "$src/src" "$src/tools"
-         grep -rhoE "environ(\.get)?[[(]\"NOFRAG_[A-Z_]+\"" "$src/python/nofrag") |
+vars=$( (grep -rhoE '(getenv|nf__env_on)\("NOFRAG_[A-Z_]+"' "$src/src" "$src/tools"
+         grep -rhoE "environ(\.get)?[[(]\"NOFRAG_[A-Z_]+\"" "$src/python/nofrag" "$src/setup.py") |
         grep -oE 'NOFRAG_[A-Z_]+' | sort -u)
 [ "$(echo "$vars" | wc -w)" -ge 10 ] || { echo "found only: $vars"; exit 1; }
 for v in $vars; do
