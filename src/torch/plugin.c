@@ -56,9 +56,9 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; // pool creation, confi
 static char *g_conf;              // nf_torch_configure string (NULL: use NOFRAG_CONF)
 static atomic_int g_pools;        // pools created (configure refuses once > 0)
 static int g_device_count = -1;   // from init_fn
-static char g_err[512];           // last plug-in error (any thread), under g_mu
+static char g_err[1024];           // last plug-in error (any thread), under g_mu
 static _Thread_local char t_err[512]; // nf_torch_last_error's copy of g_err
-static _Thread_local char t_own[512]; // this thread's own last plug-in error ("" : none yet)
+static _Thread_local char t_own[1024]; // this thread's own last plug-in error ("" : none yet)
 static _Thread_local int t_status;    // nf_torch_last_status: this thread's last hook call
 
 typedef void (*nft_throw_fn)(const char *func, const char *file, uint32_t line, const char *msg);
@@ -91,7 +91,7 @@ static void nft_error(const char *fmt, ...)
 #endif
     ;
 static void nft_error(const char *fmt, ...) {
-  char buf[512];
+  char buf[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
@@ -130,7 +130,7 @@ static nf_pool_t *nft_create_locked(int device) {
   nf_config_t cfg;
   nf_config_default(&cfg);
   cfg.backend = NF_BACKEND_CUDA; // the plug-in's default; a string may say host
-  char err[256] = "";
+  char err[768] = ""; // the unknown-key message lists every key
   const char *conf = g_conf ? g_conf : getenv("NOFRAG_CONF");
   if (conf && nf_config_parse(&cfg, conf, err, sizeof err) != NF_OK) {
     snprintf(g_err, sizeof g_err, "bad nofrag configuration '%s': %s", conf, err);
@@ -228,7 +228,7 @@ static void *alloc_impl(size_t size, int device, void *stream, uint64_t id) {
   nf_pool_t *pool = torch_pool_get(device, 1);
   if (!pool) {
     if (size == 0) return NULL;
-    char why[512];
+    char why[sizeof g_err];
     pthread_mutex_lock(&g_mu);
     snprintf(why, sizeof why, "%s", g_err);
     pthread_mutex_unlock(&g_mu);
@@ -489,7 +489,7 @@ NF_API int nf_torch_configure(const char *conf) {
   pthread_once(&g_once, nft_init_once);
   nf_config_t cfg;
   nf_config_default(&cfg);
-  char err[256] = "";
+  char err[768] = ""; // the unknown-key message lists every key
   if (conf && nf_config_parse(&cfg, conf, err, sizeof err) != NF_OK) {
     nft_error("bad nofrag configuration '%s': %s", conf, err);
     return -1;
