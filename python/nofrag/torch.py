@@ -272,8 +272,13 @@ def enable(conf=None, **config):
             "after `import torch`.")
     lib = load()
     s = _lib.conf_join(conf, config, "nofrag.torch.enable")
+    # Without arguments the pools read $NOFRAG_CONF when they are made, at the
+    # first CUDA allocation: parse it now, so that a typo fails here.
+    src = "nofrag.torch.enable"
+    if not s and os.environ.get("NOFRAG_CONF"):
+        s, src = os.environ["NOFRAG_CONF"], "nofrag.torch.enable: $NOFRAG_CONF"
     if lib.nf_torch_configure(s.encode() if s else None) != 0:
-        raise ValueError(f"nofrag.torch.enable: {_lib.last_error()}")
+        raise ValueError(f"{src}: {_lib.last_error()}")
 
     # The C++ adapter (nofrag/torch_adapter.py): a full PyTorch allocator.
     # adapter=False or NOFRAG_ADAPTER=0 keeps the ctypes path.

@@ -136,3 +136,21 @@ class AdapterLoading(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class EnableChecksTheEnvironment(unittest.TestCase):
+    """enable() without arguments parses $NOFRAG_CONF at once: a typo there
+    used to surface only at the first CUDA allocation, as a failed pool."""
+
+    @unittest.skipIf(HAVE_TORCH, "a real torch is importable here")
+    def test_bad_nofrag_conf_fails_at_enable(self):
+        import nofrag.torch as nt
+        torch = types.ModuleType("torch")
+        torch.cuda = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: False)
+        with mock.patch.dict(sys.modules, {"torch": torch}), \
+                mock.patch.dict(os.environ, {"NOFRAG_CONF": "backend:host,limitt:1GiB"}):
+            with self.assertRaises(ValueError) as cm:
+                nt.enable()
+        self.assertIn("$NOFRAG_CONF", str(cm.exception))
+        self.assertIn("limitt", str(cm.exception))
+        self.assertFalse(nt._state["enabled"])
