@@ -28,6 +28,7 @@ wait for the device; see nf_stream_t in nofrag.h). A request that does not fit r
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from typing import Any, Dict, Optional
@@ -70,8 +71,9 @@ def _cupy():
 def enable(conf: Optional[str] = None, **config: Any) -> Pool:
     """Create a nofrag pool on CuPy's current device and make it CuPy's
     allocator (``cupy.cuda.set_allocator``). ``conf`` / ``config`` as for
-    nofrag.Pool (``limit="40GiB"``, ``granule``, ...); the backend is CUDA and
-    the device CuPy's current one unless they say otherwise. Returns the pool.
+    nofrag.Pool (``limit="40GiB"``, ``granule``, ...; with neither,
+    ``$NOFRAG_CONF``); the backend is CUDA and the device CuPy's current one
+    unless they say otherwise. Returns the pool.
     RuntimeError if already enabled (disable() first)."""
     global _pool, _pools
     cupy = _cupy()
@@ -79,6 +81,8 @@ def enable(conf: Optional[str] = None, **config: Any) -> Pool:
         if _pool is not None:
             raise RuntimeError("nofrag.cupy.enable: already enabled (nofrag.cupy.disable() first)")
         device = cupy.cuda.runtime.getDevice()
+        if not conf and not config:  # as nofrag.torch.enable() and nofrag.Pool()
+            conf = os.environ.get("NOFRAG_CONF") or None
         # device=None is no device (conf_string drops None values)
         pinned = config.get("device") is not None or re.search(r"(?:^|,)\s*device\s*:", conf or "") is not None
 

@@ -13,6 +13,7 @@ import os
 import sys
 import types
 import unittest
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..")))
@@ -97,6 +98,19 @@ class TestCupy(unittest.TestCase):
         gc.collect()
         st = pool.stats()
         self.assertEqual((st["live"], st["frees"]), (0, 1))
+
+    def test_enable_without_arguments_reads_nofrag_conf(self):
+        # As nofrag.torch.enable() and nofrag.Pool(): no arguments, the
+        # environment's configuration (it was ignored: a CUDA pool with defaults).
+        with mock.patch.dict(os.environ, {"NOFRAG_CONF": "backend:host,limit:32MiB"}):
+            pool = self.nfc.enable()
+        self.assertIn("backend:host", pool.config())
+        self.assertIn("limit:33554432", pool.config())
+        # Arguments given: the environment is not read.
+        self.nfc.disable()
+        with mock.patch.dict(os.environ, {"NOFRAG_CONF": "limit:32MiB"}):
+            pool = self.nfc.enable(backend="host", limit="64MiB")
+        self.assertIn("limit:67108864", pool.config())
 
     def test_default_backend_is_cuda_on_current_device(self):
         """Without a backend key the pool is CUDA on CuPy's current device:
