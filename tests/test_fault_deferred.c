@@ -11,6 +11,19 @@
 
 #define G (64 * 1024ull)
 
+// A pool of 16 granules on the fault backend over a host backend with manual
+// events, holding two 4-granule blocks a and b.
+static nf_pool_t *two_blocks(nf_backend_t **inner, nf_backend_t **be, void **a, void **b) {
+  assert_int_equal(nf_backend_host_create(inner, 1024 * G, G), NF_OK);
+  assert_int_equal(nf_backend_fault_create(be, *inner, 0, 0, 1), NF_OK);
+  nf_pool_t *p = nft_pool_on(*be, "limit:1MiB,views:0");
+  nf_backend_host_set_manual_events(*inner, 1);
+  *a = nf_alloc(p, 4 * G, NULL);
+  *b = nf_alloc(p, 4 * G, NULL);
+  assert_true(*a && *b);
+  return p;
+}
+
 // A block's offload whose copy completed is finished by whichever pool call
 // polls next, a call about another block maybe. Its finish fails here (the
 // remap of a's host granules at a, or the detached unmap: each backend call
@@ -27,12 +40,8 @@ static void test_finish_failure_deferred(void **state) {
     for (int op = 0; op < 2; op++) // the call on b: offload, prefetch
       for (uint64_t off = 1; off <= 12; off++) {
         nf_backend_t *inner, *be;
-        assert_int_equal(nf_backend_host_create(&inner, 1024 * G, G), NF_OK);
-        assert_int_equal(nf_backend_fault_create(&be, inner, 0, 0, 1), NF_OK);
-        nf_pool_t *p = nft_pool_on(be, "limit:1MiB,views:0");
-        nf_backend_host_set_manual_events(inner, 1);
-        void *a = nf_alloc(p, 4 * G, NULL), *b = nf_alloc(p, 4 * G, NULL);
-        assert_true(a && b);
+        void *a, *b;
+        nf_pool_t *p = two_blocks(&inner, &be, &a, &b);
         nft_fill(a, 4 * G, 31);
         nft_fill(b, 4 * G, 32);
         if (op == 1) {
@@ -91,12 +100,8 @@ static void test_finish_failure_deferred(void **state) {
 static void test_poll_failure_returned(void **state) {
   (void)state;
   nf_backend_t *inner, *be;
-  assert_int_equal(nf_backend_host_create(&inner, 1024 * G, G), NF_OK);
-  assert_int_equal(nf_backend_fault_create(&be, inner, 0, 0, 1), NF_OK);
-  nf_pool_t *p = nft_pool_on(be, "limit:1MiB,views:0");
-  nf_backend_host_set_manual_events(inner, 1);
-  void *a = nf_alloc(p, 4 * G, NULL), *b = nf_alloc(p, 4 * G, NULL);
-  assert_true(a && b);
+  void *a, *b;
+  nf_pool_t *p = two_blocks(&inner, &be, &a, &b);
   nft_fill(a, 4 * G, 33);
   assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
   uint64_t base, failed, tb[3];
