@@ -109,6 +109,9 @@ static void test_rmm_errors(void **state) {
       {"Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0x10,5,0x\n", "bad.csv:2: Stream is not a number"},
       {"Thread,Time,Action,Pointer,Size,Stream\n1,t,free,0x10,99999999999999999999,0\n",
        "bad.csv:2: Size overflows 64 bits"},
+      // 2^64: the last digit (6) is what overflows, not the value before it.
+      {"Thread,Time,Action,Pointer,Size,Stream\n1,t,free,0x10,18446744073709551616,0\n",
+       "bad.csv:2: Size overflows 64 bits"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     for (int mode = 0; mode < 3; mode++) { // plain file, gzip file, buffer: the same message

@@ -111,6 +111,7 @@ static void test_min_capacity_synthetic(void **state) {
   assert_int_equal(b.min_capacity % G, 0);
   assert_true(b.min_capacity >= o.peak_live);
   assert_true(b.min_capacity >= b.lower && b.min_capacity <= b.upper);
+  assert_int_equal(b.lower, (o.peak_live + G - 1) / G * G); // ceil(peak live / G) granules (replay.h)
   assert_int_equal(b.at_min.status, NF_OK);
   assert_true(b.at_min.stats.physical_peak <= b.min_capacity);
   // The guarantee in nofrag.h: an alloc of s succeeds when live granules +

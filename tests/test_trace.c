@@ -86,6 +86,8 @@ static const struct { const char *text; const char *msg; size_t len; } bad[] = {
     {"alloc 1 2 3 4\nalloc 1 18446744073709551616 3 4\n", "2: SIZE overflows 64 bits: '18446744073709551616'", 0},
     {"alloc 99999999999999999999999 2 3 4\n", "1: ADDR overflows 64 bits", 0},
     {"alloc 1 2 3 4\n\nfree_completed 1 2 3 4\nsegment_alloc\n", "4: missing field ADDR", 0},
+    // ':' follows '9' in ASCII: a digit check off by one would read it as ten.
+    {"alloc 1 2 3 4:\n", "1: TIME_US is not an unsigned decimal number: '4:'", 0},
     // An embedded NUL is just a bad byte, not the end of the line.
     {"alloc 1 2 3 4\nalloc 1 2\0003 4 5\n", "2: SIZE is not an unsigned decimal number: '2?3'", 30},
 };
@@ -301,6 +303,11 @@ static void test_ops(void **state) {
   build("segment_free 5 10 0 0\n", &o, NF_ERR_INVALID, "ops:1: segment_free of unknown segment 5");
   build("segment_alloc 5 10 0 0\nsegment_alloc 5 10 0 0\n", &o, NF_ERR_INVALID,
         "ops:2: segment_alloc of live segment 5");
+  // A segment_free gives back the size recorded at its segment_alloc, not the
+  // size on its own line: PyTorch's running sum of segments stays exact.
+  build("segment_alloc 5 4096 0 0\nsegment_free 5 1000 0 0\nsegment_alloc 6 4096 0 0\n", &o, NF_OK, NULL);
+  assert_int_equal(o.native_peak_reserved, 4096);
+  nf__trace_ops_free(&o);
 }
 
 // Many addresses colliding and being deleted: exercises the map's
