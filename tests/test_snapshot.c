@@ -378,27 +378,21 @@ static void test_oom_report(void **state) {
   nf_backend_destroy(be);
 }
 
+typedef struct { nf_pool_t *p; int ooms; } oom_arg;
+static void fail_allocs(void *arg) {
+  oom_arg *a = arg;
+  for (int i = 0; i < a->ooms; i++) assert_null(nf_alloc(a->p, 64 * G, NULL));
+}
+
 // Count the printed reports in what a call wrote to stderr.
 static int stderr_reports(nf_pool_t *p, int ooms) {
-  char path[] = "/tmp/nf_oom_XXXXXX";
-  int fd = mkstemp(path);
-  assert_true(fd >= 0);
-  unlink(path);
-  fflush(stderr);
-  int saved = dup(2);
-  dup2(fd, 2);
-  for (int i = 0; i < ooms; i++) assert_null(nf_alloc(p, 64 * G, NULL));
-  fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  char buf[16384] = "";
-  ssize_t got = pread(fd, buf, sizeof buf - 1, 0);
-  close(fd);
-  buf[got > 0 ? got : 0] = 0;
+  oom_arg a = {p, ooms};
+  char *buf = nft_capture_stderr(fail_allocs, &a);
   int k = 0;
   for (const char *s = buf; (s = strstr(s, "nofrag: out of memory (OOM #")); s++) k++;
   if (k) assert_non_null(strstr(buf, "NOFRAG_QUIET_OOM=1 silences it"));
   if (strstr(buf, "2 more in the previous burst")) k += 100; // flag for the caller
+  free(buf);
   return k;
 }
 

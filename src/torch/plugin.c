@@ -56,9 +56,9 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; // pool creation, confi
 static char *g_conf;              // nf_torch_configure string (NULL: use NOFRAG_CONF)
 static atomic_int g_pools;        // pools created (configure refuses once > 0)
 static int g_device_count = -1;   // from init_fn
-static char g_err[1024];           // last plug-in error (any thread), under g_mu
-static _Thread_local char t_err[512]; // nf_torch_last_error's copy of g_err
-static _Thread_local char t_own[1024]; // this thread's own last plug-in error ("" : none yet)
+static char g_err[1024];          // last plug-in error (any thread), under g_mu
+static _Thread_local char t_err[sizeof g_err]; // nf_torch_last_error's copy of g_err
+static _Thread_local char t_own[sizeof g_err]; // this thread's own last plug-in error ("" : none yet)
 static _Thread_local int t_status;    // nf_torch_last_status: this thread's last hook call
 
 typedef void (*nft_throw_fn)(const char *func, const char *file, uint32_t line, const char *msg);
@@ -71,8 +71,7 @@ static atomic_int g_throw_enabled = 1;
 #define NFT_TORCH_CHECK_FAIL "_ZN3c106detail14torchCheckFailEPKcS2_jS2_"
 
 static void nft_init_once(void) {
-  const char *v = getenv("NOFRAG_VERBOSE");
-  g_verbose = v && *v && strcmp(v, "0") != 0;
+  g_verbose = nf__env_on("NOFRAG_VERBOSE");
   const char *t = getenv("NOFRAG_TORCH_THROW");
   if (t && strcmp(t, "0") == 0) atomic_store(&g_throw_enabled, 0);
   // torch's libraries are loaded RTLD_LOCAL, so look in libc10.so by its
@@ -91,7 +90,7 @@ static void nft_error(const char *fmt, ...)
 #endif
     ;
 static void nft_error(const char *fmt, ...) {
-  char buf[1024];
+  char buf[sizeof g_err];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
