@@ -11,6 +11,12 @@
 //   stats.c      statistics and the invariant checker
 //   publish.c    counters published to an observer's buffer (publish.h)
 //   config.c     config strings
+//   view.c       views: a granule mapped at several places, parked and taken back
+//   granule.c    free lists of physical granules (per tier), granule table slots
+//   private_pool.c  private pools (CUDA graphs), routes
+//   peer.c       peer access: other GPUs of the process map this pool's memory
+// Sub-headers, included here after the types they need: bins.h (the bins'
+// inline park), stream.h (stream state predicates), unit.h (units).
 // Layers above (tier/, observe/) are told of events through the hooks in
 // nf_pool_t (nf_tier_hooks_t, nf_observe_hooks_t), never called by name.
 #ifndef NF_CORE_H
@@ -337,42 +343,7 @@ struct nf_pool_s {
   // ---- end private pools: fields
 };
 
-// Stream state predicates (pure: no backend call), used by every file of the
-// core. A record on X after `need` covers the block's work on X. The block's
-// tick may come from another stream's later free (merged blocks keep the
-// latest tick), so X's own newest free bounds it: X's work on it is no later.
-// need 0: X never freed a block, so none of its work is on freed memory (a
-// conservative mark -- views_on -- names it all the same; record_stream'd
-// blocks wait on the pending list): nothing to wait for. Otherwise a stream
-// that only ever allocates would pin such ranges for good, since nothing
-// records an event on it (streams_settle skips it).
-static inline uint64_t nf__need_tick(const nf_stream_rec_t *r, uint64_t tick) {
-  return tick < r->last_free ? tick : r->last_free;
-}
-// The slots that hold a stream: below the high-water mark, not given back
-// (stream.c, streams_recycle).
-static inline uint64_t nf__streams_held(const nf_pool_t *p) {
-  return (p->nstreams >= 64 ? ~0ull : (1ull << p->nstreams) - 1) & ~p->stream_free;
-}
-// Stream x's work up to `need` (nf__need_tick) is known complete.
-static inline bool nf__need_done(const nf_stream_rec_t *r, uint64_t need) { return !need || r->done_tick > need; }
-
-static inline bool nf__block_retired(const nf_pool_t *p, const nf_block_t *b) {
-  for (uint64_t m = b->smask; m; m &= m - 1) {
-    const nf_stream_rec_t *r = &p->streams[__builtin_ctzll(m)];
-    if (!nf__need_done(r, nf__need_tick(r, b->tick))) return false;
-  }
-  return true;
-}
-
-static inline bool nf__block_usable(const nf_pool_t *p, const nf_block_t *b, uint32_t s) {
-  for (uint64_t m = b->smask & ~(1ull << s); m; m &= m - 1) {
-    uint32_t x = (uint32_t)__builtin_ctzll(m);
-    uint64_t need = nf__need_tick(&p->streams[x], b->tick);
-    if (!nf__need_done(&p->streams[x], need) && p->waited[s][x] <= need) return false;
-  }
-  return true;
-}
+#include "core/stream.h" // stream state predicates (pure: no backend call)
 
 // ---- private pools (private_pool.c)
 // A private pool owns whole address-range chunks (chunk->priv) and their own
@@ -463,60 +434,8 @@ void nf__release_block(nf_pool_t *p, nf_block_t *b);
 void nf__bin_unlink(nf_pool_t *p, nf_block_t *b); // out of its bin and the pointer map (still FREE, not indexed)
 void nf__bins_flush(nf_pool_t *p);                // every parked block into the free index, coalesced
 void nf__bin_take_order(nf_pool_t *p, const nf_block_t *b, nf_block_t *r);
-// Deferred coalescing: park a freed block of the general pool in the bin of
-// its exact size, un-coalesced. Not while views are on (they track free
-// granules per block), not with spilled granules about (they must leave free
-// ranges), not for private pools (their blocks stay theirs). A bin holding
-// another size, full, or the byte bound (limit/16) reached: released as
-// usual. The large arena parks one block at a time, one whose allocation
-// placement made with no mapping (`memo`), and the next free releases it
-// first: parking large blocks for longer changed which free block later large
-// requests took (+3..8% peak physical memory on the replay traces).
-// nf__bin_parkable: the bin b may go to, or NULL (nothing changes).
-static NF_ALWAYS_INLINE nf_bin_t *nf__bin_parkable(nf_pool_t *p, const nf_block_t *b, bool memo) {
-  if (p->vw_on | p->host_sweep | (p->host_mapped > p->offl_granules) | (b->chunk->priv != NULL))
-    return NULL;
-  bool large = b->arena != NF_ARENA_SMALL;
-  if (large && (!memo || p->bin_large)) return NULL;
-  uint64_t units = b->size >> NF_ALIGN_SHIFT;
-  nf_bin_t *bin = &p->bins[nf__bin_of(units)];
-  if ((bin->units != units && bin->n) || bin->n >= NF_BIN_MAX || p->bin_bytes + b->size > p->cfg.limit >> 4)
-    return NULL;
-  return bin;
-}
-static NF_ALWAYS_INLINE void nf__bin_push(nf_pool_t *p, nf_bin_t *bin, nf_block_t *b, bool memo) {
-  bin->units = b->size >> NF_ALIGN_SHIFT; // (an empty bin takes any size)
-  b->parked = 1;
-  b->memo = memo;
-  b->fx = p->fx; // nf_free bumped it: this park is the pool's latest event
-  b->fprev = NULL;
-  b->fnext = bin->head;
-  if (bin->head) bin->head->fprev = b;
-  bin->head = b;
-  bin->n++;
-  p->bin_blocks++;
-  p->bin_bytes += b->size;
-  if (b->arena != NF_ARENA_SMALL) p->bin_large = b;
-}
-static NF_ALWAYS_INLINE bool nf__bin_park(nf_pool_t *p, nf_block_t *b, bool memo) {
-  nf_bin_t *bin = nf__bin_parkable(p, b, memo);
-  if (bin) nf__bin_push(p, bin, b, memo);
-  return bin != NULL;
-}
+#include "core/bins.h" // the bins' inline park / unpark
 
-// Out of its bin (still FREE, not indexed, still in the map).
-static inline void nf__bin_out(nf_pool_t *p, nf_block_t *b) {
-  nf_bin_t *bin = &p->bins[nf__bin_of(b->size >> NF_ALIGN_SHIFT)];
-  if (b->fprev) b->fprev->fnext = b->fnext;
-  else bin->head = b->fnext;
-  if (b->fnext) b->fnext->fprev = b->fprev;
-  b->fprev = b->fnext = NULL;
-  b->parked = 0;
-  if (b == p->bin_large) p->bin_large = NULL;
-  bin->n--;
-  p->bin_blocks--;
-  p->bin_bytes -= b->size;
-}
 // The pool lock. Every operation takes it here, except alloc_entry (nf_alloc
 // and friends, pool.c), which takes or parks the hot block itself: this parks
 // a deferred free first, so that nothing else ever sees a free block that is
