@@ -144,6 +144,9 @@ typedef struct nf_config_s {
                               //!< cost is per mapping, not per byte); 0 or 1 = off (every granule its own).
                               //!< A unit is unmapped only whole: nf_offload moves a unit inside a block
                               //!< whole, and refuses a block over part of one (docs/design.md, "Units")
+  int edges;                  //!< 1: at the limit, a request that would fail may start inside the last,
+                              //!< partly used granule of another block, mapped a second time there
+                              //!< (edge sharing: its bytes stay apart; docs/design.md, "Edge sharing"); 0: off
 } nf_config_t;
 
 #define NF_BACKEND_HOST 0
@@ -357,6 +360,9 @@ typedef struct nf_stats_s {
   // "allocated" and "freed": physical == physical_created - physical_released.
   uint64_t physical_created;                //!< device granules ever created x G (a unit: its granules)
   uint64_t physical_released;               //!< device granules ever released x G
+  // Edge sharing (config `edges`): a live block's end granule that another block holds part of, mapped twice.
+  uint64_t edges;                           //!< such granules now (each one fewer granule in use)
+  uint64_t edges_made;                      //!< ... made so far
 } nf_stats_t;
 
 // ---------------------------------------------------------------- offload

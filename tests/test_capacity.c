@@ -341,7 +341,7 @@ static void test_null_pool_and_messages(void **state) {
   nf_pool_t *p = NULL;
   assert_int_equal(nf_pool_create_from_string(&p, "limit:1GiB,bogus:1"), NF_ERR_CONFIG);
   nft_last_error_has("nofrag: ");
-  nft_last_error_has("units)"); // the list of valid keys, to its end
+  nft_last_error_has("units, edges)"); // the list of valid keys, to its end
 }
 
 int main(void) {

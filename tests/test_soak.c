@@ -354,7 +354,8 @@ static void run(uint64_t seed, int ops, double fault_p) {
   if (rnd(s, 4) == 0) k += snprintf(conf + k, sizeof conf - (size_t)k, ",reserve:%llu", U(s->limit / 4));
   if (rnd(s, 3) == 0) // address ranges of the limit's size: many chunks, blocks at their ends
     k += snprintf(conf + k, sizeof conf - (size_t)k, ",va_chunk:%llu", U(s->limit));
-  if (rnd(s, 3) == 0) s->retain = s->limit / 8, snprintf(conf + k, sizeof conf - (size_t)k, ",retain:%llu", U(s->retain));
+  if (rnd(s, 3) == 0) s->retain = s->limit / 8, k += snprintf(conf + k, sizeof conf - (size_t)k, ",retain:%llu", U(s->retain));
+  if (rnd(s, 2)) snprintf(conf + k, sizeof conf - (size_t)k, ",edges:1"); // edge sharing at the limit (edge.c)
   nf_config_t cfg;
   nf_config_default(&cfg);
   char err[256] = "";
@@ -426,6 +427,7 @@ static void run(uint64_t seed, int ops, double fault_p) {
   totals.reclaims += st.reclaims, totals.spills += st.spills, totals.offloads += st.offloads;
   totals.prefetches += st.prefetches, totals.cross_stream_reuses += st.cross_stream_reuses, totals.ooms += st.ooms;
   totals.calls.event_sync += st.calls.event_sync, totals.calls.stream_wait += st.calls.stream_wait;
+  totals.edges_made += st.edges_made;
   nf_pool_destroy(s->p);
   uint64_t gr = 1, maps = 1;
   nf_backend_host_usage(s->host, &gr, &maps);
@@ -451,15 +453,17 @@ static void test_soak(void **state) {
   soak(env_u64("NF_SOAK_FIRST", 1), env_u64("NF_SOAK_SEEDS", 12), (int)env_u64("NF_SOAK_OPS", 1500), 0);
   if (getenv("NF_SOAK_VERBOSE"))
     fprintf(stderr, "view reuses %llu moves %llu evictions %llu reclaims %llu spills %llu ooms %llu offloads %llu "
-            "prefetches %llu cross-stream %llu syncs %llu waits %llu\n", U(totals.view_reuses), U(totals.view_moves),
-            U(totals.view_evictions), U(totals.reclaims), U(totals.spills), U(totals.ooms), U(totals.offloads),
-            U(totals.prefetches), U(totals.cross_stream_reuses), U(totals.calls.event_sync), U(totals.calls.stream_wait));
+            "prefetches %llu cross-stream %llu syncs %llu waits %llu shared granules %llu\n", U(totals.view_reuses),
+            U(totals.view_moves), U(totals.view_evictions), U(totals.reclaims), U(totals.spills), U(totals.ooms),
+            U(totals.offloads), U(totals.prefetches), U(totals.cross_stream_reuses), U(totals.calls.event_sync),
+            U(totals.calls.stream_wait), U(totals.edges_made));
   if (env_u64("NF_SOAK_SEED", 0)) return;
   // The run exercised what it is about (it cannot pass by doing nothing).
   assert_true(totals.view_reuses > 0 && totals.view_moves > 0 && totals.view_evictions > 0);
   assert_true(totals.reclaims > 0 && totals.spills > 0 && totals.ooms > 0);
   assert_true(totals.offloads > 0 && totals.prefetches > 0 && totals.cross_stream_reuses > 0);
   assert_true(totals.calls.event_sync > 0 && totals.calls.stream_wait > 0);
+  assert_true(totals.edges_made > 0);
 }
 
 static void test_soak_faults(void **state) {

@@ -45,9 +45,10 @@ void nfc_print_json(const nfc_cli *cli, const nf__trace_ops *ops, const nf__repl
   printf("},\"reclaims\":%" PRIu64 ",\"reclaimed_granules\":%" PRIu64 ",\"cross_stream_reuses\":%" PRIu64
          ",\"spilled_peak\":%" PRIu64 ",\"spills\":%" PRIu64 ",\"views\":%" PRIu64 ",\"view_reuses\":%" PRIu64
          ",\"view_moves\":%" PRIu64 ",\"view_evictions\":%" PRIu64 ",\"units_made\":%" PRIu64
-         ",\"units_unmapped\":%" PRIu64 ",\"unit_splits\":%" PRIu64,
+         ",\"units_unmapped\":%" PRIu64 ",\"unit_splits\":%" PRIu64 ",\"edges_made\":%" PRIu64,
          s->reclaims, s->reclaimed_granules, s->cross_stream_reuses, s->spilled_peak, s->spills, s->views,
-         s->view_reuses, s->view_moves, s->view_evictions, s->units_made, s->units_unmapped, s->unit_splits);
+         s->view_reuses, s->view_moves, s->view_evictions, s->units_made, s->units_unmapped, s->unit_splits,
+         s->edges_made);
   // events_per_second counts trace events walked (free_requested and
   // segment_* included, as no-ops); ops_per_second counts allocator calls.
   size_t events_done = r->ops_done < ops->n_ops ? (size_t)ops->ops[r->ops_done].event : ops->n_events;
@@ -170,6 +171,9 @@ void nfc_print_text(const nfc_cli *cli, const nf__trace_ops *ops, const nf__repl
   if (s->units_made)
     printf("units                 %" PRIu64 " made, %" PRIu64 " unmapped (%" PRIu64 " split by a block over part of "
            "one), %" PRIu64 " mapped at the end\n", s->units_made, s->units_unmapped, s->unit_splits, s->units);
+  if (s->edges_made)
+    printf("edge sharing          %" PRIu64 " granules shared by two blocks' ends (a second mapping each), %" PRIu64
+           " at the end\n", s->edges_made, s->edges);
   if (s->spills) {
     nf__fmt_bytes(h1, sizeof h1, s->spilled_peak);
     printf("spilled               peak %" PRIu64 " B (%s) on host granules, %" PRIu64 " allocations spilled\n",

@@ -50,7 +50,8 @@ from common import (GiB, ROOT, BudgetedRunner, base_env, bisect_caps, determinis
                     long_steps)
 # tight:1 / spill:host; nofrag-base: plain nofrag from another build ($NOFRAG_BASE_LIB), for a
 # change's A/B in the same round (--capped-allocs nofrag,nofrag-base)
-ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill", "nofrag-base", "nofrag-units")
+ALLOCS = ("native", "expandable", "nofrag", "nofrag-tight", "nofrag-spill", "nofrag-base", "nofrag-units",
+          "nofrag-edges")
 DEFAULT_ALLOCS = "native,expandable,nofrag,nofrag-tight"  # nofrag-spill on request (bench/gpu/spill.py)
 MODELS = {  # batch, seq range (None: fixed shapes), default steps, run timeout s
     "gpt2": dict(batch=16, seq=(64, 1024), steps=20, timeout=150),
@@ -121,6 +122,8 @@ def run_worker(a):
             conf["spill"] = "host"
         if a.alloc == "nofrag-units":
             conf["units"] = "16"
+        if a.alloc == "nofrag-edges":
+            conf["edges"] = "1"
         if os.environ.get("NOFRAG_BENCH_TRACE"):  # a directory: record the run for `nofrag replay`
             conf["trace"] = os.path.join(os.environ["NOFRAG_BENCH_TRACE"], f"{a.model}-{a.alloc}-{a.cap}.csv")
             conf["trace_max"] = "2GiB"

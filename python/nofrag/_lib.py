@@ -247,7 +247,8 @@ class NfStats(ctypes.Structure):
     ] + [(n, _u64) for n in (  # host tier (spill and offload)
         "spilled", "spilled_peak", "offloaded", "offloaded_disk", "host_physical", "host_physical_peak",
         "spills", "offloads", "prefetches", "views", "view_reuses", "view_moves", "view_evictions",
-        "units", "units_made", "units_unmapped", "unit_splits", "physical_created", "physical_released")]
+        "units", "units_made", "units_unmapped", "unit_splits", "physical_created", "physical_released",
+        "edges", "edges_made")]
 
     def to_dict(self):
         d = {}

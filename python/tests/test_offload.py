@@ -95,13 +95,14 @@ class PoolCase(unittest.TestCase):
 class TestMirror(unittest.TestCase):
     def test_new_fields_mirrored(self):
         names = [n for n, _ in nofrag.NfStats._fields_]
-        self.assertEqual(names[-19:-10], ["spilled", "spilled_peak", "offloaded", "offloaded_disk", "host_physical",
+        self.assertEqual(names[-21:-12], ["spilled", "spilled_peak", "offloaded", "offloaded_disk", "host_physical",
                                            "host_physical_peak", "spills", "offloads", "prefetches"])
-        self.assertEqual(names[-10:-6], ["views", "view_reuses", "view_moves", "view_evictions"])
-        self.assertEqual(names[-6:-2], ["units", "units_made", "units_unmapped", "unit_splits"])
-        self.assertEqual(names[-2:], ["physical_created", "physical_released"])
+        self.assertEqual(names[-12:-8], ["views", "view_reuses", "view_moves", "view_evictions"])
+        self.assertEqual(names[-8:-4], ["units", "units_made", "units_unmapped", "unit_splits"])
+        self.assertEqual(names[-4:-2], ["physical_created", "physical_released"])
+        self.assertEqual(names[-2:], ["edges", "edges_made"])
         self.assertEqual(ctypes.sizeof(nofrag.NfStats), LIB.nf_stats_size())
-        for n in names[-19:]:
+        for n in names[-21:]:
             self.assertEqual(getattr(nofrag.NfStats, n).offset, LIB.nf_stats_offset(n.encode()), n)
         off = nofrag.NfStats.calls.offset + nofrag.NfCalls.copy.offset
         self.assertEqual(off, LIB.nf_stats_offset(b"calls.copy"))

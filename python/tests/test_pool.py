@@ -103,11 +103,11 @@ class TestPool(unittest.TestCase):
 
     def test_configure_error_lists_every_key(self):
         # The plug-in cut the unknown-key message at 256 bytes: the list of
-        # valid keys lost its end ("..., release_idle_ms, units" and no ")").
+        # valid keys lost its end ("..., release_idle_ms, units, edges" and no ")").
         with self.assertRaises(ValueError) as cm:
             nofrag.configure("bogus:1")
         self.assertIn("unknown key 'bogus'", str(cm.exception))
-        self.assertIn("release_idle_ms, units)", str(cm.exception))
+        self.assertIn("release_idle_ms, units, edges)", str(cm.exception))
 
     def test_config_not_a_string_or_with_nul(self):
         # A NUL cut the string at the C parser: "limit:1GiB\0,limitt:1" made a

@@ -35,7 +35,7 @@
 
 static const char VALID_KEYS[] =
     "limit, reserve, release_threshold, retain, granule, small_max, va_chunk, "
-    "device, backend, host_capacity, release_after, tight, trace, trace_max, spill, spill_limit, spill_reserve, offload_dir, views, release_idle_ms, units";
+    "device, backend, host_capacity, release_after, tight, trace, trace_max, spill, spill_limit, spill_reserve, offload_dir, views, release_idle_ms, units, edges";
 
 nf_status_t nf_config_default(nf_config_t *cfg) {
   if (!cfg) return NF_ERR_INVALID;
@@ -310,6 +310,7 @@ static nf_status_t apply(nf_config_t *c, tok_t k, tok_t v, char *err, size_t err
   }
   if (tok_eq(k, "device")) return parse_int(v, "device", NF_CONFIG_MAX_DEVICE, &c->device, err, errlen);
   if (tok_eq(k, "tight")) return parse_int(v, "tight", 1, &c->tight, err, errlen);
+  if (tok_eq(k, "edges")) return parse_int(v, "edges", 1, &c->edges, err, errlen);
   if (tok_eq(k, "views")) {
     int n = 0;
     if ((st = parse_int(v, "views", NF_CONFIG_MAX_VIEWS, &n, err, errlen)) != NF_OK) return st;
@@ -445,11 +446,11 @@ int nf_config_format(const nf_config_t *cfg, char *buf, size_t len) {
                   ",granule:%" PRIu64 ",small_max:%" PRIu64 ",va_chunk:%" PRIu64
                   ",device:%d,backend:%s,host_capacity:%" PRIu64 ",release_after:%" PRIu64 ",tight:%d"
                   ",trace_max:%" PRIu64 ",spill:%s,spill_limit:%" PRIu64 ",spill_reserve:%" PRIu64 ",views:%" PRIu64
-                  ",release_idle_ms:%" PRIu64 ",units:%" PRIu64 "%s%.*s%s%.*s",
+                  ",release_idle_ms:%" PRIu64 ",units:%" PRIu64 ",edges:%d%s%.*s%s%.*s",
                   cfg->limit, cfg->reserve, rt, cfg->retain, cfg->granule, cfg->small_max,
                   cfg->va_chunk, cfg->device, be, cfg->host_capacity, cfg->release_after, cfg->tight,
                   cfg->trace_max, cfg->spill ? "host" : "off", cfg->spill_limit, cfg->spill_reserve, cfg->views,
-                  cfg->release_idle_ms, cfg->units,
+                  cfg->release_idle_ms, cfg->units, cfg->edges,
                   cfg->trace[0] ? ",trace:" : "", (int)strnlen(cfg->trace, sizeof cfg->trace - 1), cfg->trace,
                   cfg->offload_dir[0] ? ",offload_dir:" : "",
                   (int)strnlen(cfg->offload_dir, sizeof cfg->offload_dir - 1), cfg->offload_dir);
@@ -486,6 +487,7 @@ nf_status_t nf__config_check(const nf_config_t *c) {
       return nf__error(NF_ERR_CONFIG, "nofrag: %s %" PRIu64 " exceeds the maximum of %" PRIu64, N[i].key, N[i].v,
                        N[i].max);
   if (c->tight != 0 && c->tight != 1) return nf__error(NF_ERR_CONFIG, "nofrag: tight %d: 0 or 1", c->tight);
+  if (c->edges != 0 && c->edges != 1) return nf__error(NF_ERR_CONFIG, "nofrag: edges %d: 0 or 1", c->edges);
   if (c->spill != 0 && c->spill != 1) return nf__error(NF_ERR_CONFIG, "nofrag: spill %d: 0 or 1", c->spill);
   if (!memchr(c->trace, 0, sizeof c->trace) || !memchr(c->offload_dir, 0, sizeof c->offload_dir))
     return nf__error(NF_ERR_CONFIG, "nofrag: %s does not end within its %d bytes",

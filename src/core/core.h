@@ -51,7 +51,14 @@
 
 
 // ------------------------------------------------------------------ blocks
-enum { NF_BLK_FREE = 0, NF_BLK_LIVE = 1, NF_BLK_PENDING = 2 };
+// SHADOW (edge.c): bytes of a granule that another virtual place's live block
+// uses through a second mapping of it: never free, never live, in no index.
+enum { NF_BLK_FREE = 0, NF_BLK_LIVE = 1, NF_BLK_PENDING = 2, NF_BLK_SHADOW = 3 };
+// nf_block_t.edge (edge.c): of a live (or pending) block, which of its end
+// granules it shares (HEAD, TAIL); of a shadow, GUEST (beside the block, in the
+// shared granule's second mapping) or HOST (at the granule's own place), and
+// the end of the block it serves.
+enum { NF_EDGE_NONE = 0, NF_EDGE_HEAD = 1, NF_EDGE_TAIL = 2, NF_EDGE_GUEST = 4, NF_EDGE_HOST = 8 };
 enum { NF_ARENA_SMALL = 0, NF_ARENA_LARGE = 1, NF_ARENA_COUNT = 2 };
 
 typedef struct nf_chunk_s nf_chunk_t;
@@ -77,6 +84,8 @@ struct nf_block_s {
   uint8_t shared;            // live: exported by nf_ipc_export (its granules must stay where they are)
   uint64_t fx;               // p->fx after its allocation / its park
   nf_stream_t orphan;        // live, stream NF_STREAM_ORPHAN: its allocation stream (nf__block_home)
+  uint8_t edge;              // NF_EDGE_*: a live (or pending) block's shared end granules, or a shadow's role
+  nf_block_t *twin;          // shadow: the other shadow of its pair (edge.c)
 };
 
 // A reserved virtual address range, with per-granule mapping state.
@@ -95,7 +104,12 @@ struct nf_chunk_s {
   uint64_t *ptick;   // per granule holding a parked view: the work through it is that of frees up to this
                      // tick (0: none); allocated at the chunk's first park (NULL: the free run's tick bounds it)
   // ---- end views
+  uint64_t *guest;   // bitmap: granule i maps phys[i], owned elsewhere, for a live block's shared first
+                     // granule (edge.c; also `mapped` and ready, not counted in gran_mapped); NULL: none yet
 };
+
+// Granule g of c is a second mapping of a granule owned elsewhere (edge.c).
+static inline bool nf__guest(const nf_chunk_t *c, uint64_t g) { return c->guest && (c->guest[g >> 6] >> (g & 63) & 1); }
 
 // ------------------------------------------------------------------ TLSF
 #define NF_SL_LOG2 5
@@ -331,6 +345,10 @@ struct nf_pool_s {
   uint64_t un_made, un_gone, un_split; // counters (tests, replay): units created, unmapped, dissolved
   uint64_t un_live;       // units mapped now
   // ---- end units
+  // ---- edge sharing (edge.c)
+  void (*edge_dead)(nf_pool_t *p, nf_block_t *guest); // nf__edge_dead (stream.c calls it)
+  uint64_t edge_live, edge_made;                      // shared granules now, made (tests, replay)
+  // ---- end edge sharing
 
   nf_tier_hooks_t tier;   // set by the assembler (src/nofrag.c); NULL members: no such tier
   nf_observe_hooks_t obs; // likewise for observers
@@ -538,6 +556,7 @@ void nf__view_chunk_free(nf_chunk_t *c);
 void nf__view_chunk_unmap(nf_pool_t *p, nf_chunk_t *c);
 void nf__view_live(nf_pool_t *p, const nf_block_t *b);
 void nf__view_dead(nf_pool_t *p, const nf_block_t *b, bool merge);
+void nf__view_park_at(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t i, uint64_t tick);
 nf_status_t nf__view_fill(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t room);
 void nf__view_settle(nf_pool_t *p, nf_block_t *b, uint64_t g0, uint64_t g1, bool placed);
 uint64_t nf__view_adoptable(const nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uint64_t n);
@@ -551,6 +570,15 @@ bool nf__view_evict_all(nf_pool_t *p);
 // ---- end views
 
 #include "core/unit.h" // units (unit.c): declarations
+
+// ---- edge sharing (edge.c): at the limit, a request whose size is not a whole
+// number of granules may start (or end) inside a granule another block holds
+// part of, mapped there a second time. The two places never share a byte: a
+// shadow block covers each side's part of the other's.
+nf_status_t nf__edge_place(nf_pool_t *p, uint64_t rsize, uint32_t s, nf_block_t **out);
+void nf__edge_dead(nf_pool_t *p, nf_block_t *guest); // after the block's release, for each shared end
+nf_status_t nf__edge_check(nf_pool_t *p, const nf_chunk_t *c, uint64_t g); // nf_pool_check: guest granule g of c
+// ---- end edge sharing
 
 // stats.c
 static inline void nf__peak(uint64_t *peak, uint64_t v) { if (v > *peak) *peak = v; }

@@ -34,8 +34,17 @@ static bool fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, n
 // (`used`: its streams worked on them, so they order the next user), then
 // it joins its free index.
 static void block_release(nf_pool_t *p, nf_block_t *b, bool used) {
+  nf_block_t *guest = NULL; // its first granule shared (edge.c): the pair ends once it is released
+  nf_block_t *gt = NULL; // ... and its last
+  if (NF_UNLIKELY(b->edge)) {
+    if (b->edge & NF_EDGE_HEAD) guest = b->prev;
+    if (b->edge & NF_EDGE_TAIL) gt = b->next;
+    b->edge = NF_EDGE_NONE;
+  }
   if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, used);
   nf__release_block(p, b);
+  if (NF_UNLIKELY(guest != NULL)) nf__edge_dead(p, guest);
+  if (NF_UNLIKELY(gt != NULL)) nf__edge_dead(p, gt);
 }
 
 // Order, carve and map the detached free block *bp for a request. On error
@@ -325,8 +334,16 @@ static NF_NOINLINE void *alloc_locked(nf_pool_t *p, size_t size, uint64_t rsize,
     memo = false;
     // Out of granules: once stitching has unmapped every cached granule, the
     // placement needing the fewest new ones may still fit.
-    if (st != NF_ERR_OOM || attempt || !(b = nf__place_min(p, tl, rsize, s, &off, &mapped))) goto fail;
+    if (st != NF_ERR_OOM || attempt || !(b = nf__place_min(p, tl, rsize, s, &off, &mapped))) break;
   }
+  // Still out of granules: maybe one fewer, its first shared with another
+  // block's last (edge.c; config `edges`). The OOM's message stands if not.
+  if (NF_UNLIKELY(st == NF_ERR_OOM) && !pv && p->cfg.edges) {
+    nf_status_t es = nf__edge_place(p, rsize, s, &b);
+    if (es != NF_OK && es != NF_ERR_OOM) st = es;
+    else if (es == NF_OK) st = NF_OK;
+  }
+  if (st != NF_OK) goto fail;
   b->memo = memo;
 placed:
   nf__map_insert(p, b); // room made above (placement only removes entries: bins flushed)

@@ -33,6 +33,8 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   s.view_moves = p->vw_transfers;
   s.units = p->un_live;
   s.units_made = p->un_made;
+  s.edges = p->edge_live;
+  s.edges_made = p->edge_made;
   s.units_unmapped = p->un_gone;
   s.unit_splits = p->un_split;
   s.view_evictions = p->vw_evicted;
@@ -64,6 +66,7 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
   nf__pool_lock(p);
   nf_status_t st = NF_OK;
   uint64_t live = 0, live_r = 0, nlive = 0, norphans = 0, mapped = 0, nfree_blocks = 0, tlsf_blocks = 0, nd = 0, nhost = 0;
+  uint64_t nguest = 0, nshadow = 0, npaired = 0; // edge sharing (edge.c)
   uint8_t *seen = calloc(p->gran_cap ? p->gran_cap : 1, 1); // physical granule mapped once at most
   CHECK(seen, "check: out of memory");
   for (nf_chunk_t *c = p->chunks; c; c = c->next) {
@@ -78,6 +81,17 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
       CHECK(!(b->state == NF_BLK_FREE && prev && prev->state == NF_BLK_FREE && !b->parked && !prev->parked),
             "check: free blocks %p and %p are adjacent, not coalesced", (void *)prev->addr, (void *)b->addr);
       if (b->state == NF_BLK_FREE) { nfree_blocks++; continue; }
+      if (b->state == NF_BLK_SHADOW) { // its pair is checked from its guest granule (nf__edge_check)
+        CHECK(b->twin && b->twin->twin == b && (b->edge & (NF_EDGE_GUEST | NF_EDGE_HOST)) &&
+                  (b->twin->edge ^ b->edge) == (NF_EDGE_GUEST | NF_EDGE_HOST),
+              "check: shadow block %p is not paired", (void *)b->addr);
+        nshadow++;
+        continue;
+      }
+      CHECK(b->state == NF_BLK_LIVE || b->state == NF_BLK_PENDING, "check: block %p in bad state %u", (void *)b->addr,
+            (unsigned)b->state);
+      CHECK(!(b->edge & ~(NF_EDGE_HEAD | NF_EDGE_TAIL)), "check: block %p: bad edge mark", (void *)b->addr);
+      npaired += (b->edge & NF_EDGE_HEAD) + (b->edge >> 1 & 1);
       // A live or pending block's streams hold their slots (streams_recycle),
       // but a live one's allocation stream may have lost its slot (streams_steal).
       if (b->stream == NF_STREAM_ORPHAN) {
@@ -113,7 +127,13 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
     for (uint64_t g = 0; g < c->ngran; g++) {
       bool m = c->mapped[g >> 6] >> (g & 63) & 1, r = ready[g >> 6] >> (g & 63) & 1;
       CHECK(m || !r, "check: granule ready but not mapped");
+      CHECK(m || !nf__guest(c, g), "check: shared granule not mapped");
       if (!m) continue;
+      if (nf__guest(c, g)) { // a second mapping of a granule owned elsewhere
+        if ((st = nf__edge_check(p, c, g)) != NF_OK) goto out;
+        nguest++;
+        continue;
+      }
       mapped++;
       uint32_t i = c->phys[g];
       CHECK(i < p->gran_cap && p->gran[i].state == NF_GR_MAPPED, "check: mapped granule %u in bad state", i);
@@ -170,6 +190,9 @@ nf_status_t nf_pool_check(nf_pool_t *p) {
         (unsigned long long)p->map.count, (unsigned long long)nlive, (unsigned long long)p->bin_blocks);
   CHECK(!p->last || p->last->state != NF_BLK_LIVE || nf__map_find(p, p->last->addr) == p->last,
         "check: nf_free's guess %p is a live block the map does not name", (void *)p->last->addr);
+  CHECK(nguest == p->edge_live && npaired == nguest && nshadow == 2 * nguest,
+        "check: %llu shared granules, %llu paired blocks, %llu shadows; %llu pairs counted", (unsigned long long)nguest,
+        (unsigned long long)npaired, (unsigned long long)nshadow, (unsigned long long)p->edge_live);
   CHECK(mapped == p->gran_mapped, "check: mapped bits %llu, counter %llu", (unsigned long long)mapped,
         (unsigned long long)p->gran_mapped);
   CHECK(nhost == p->host_mapped && p->offl_granules <= nhost, "check: host granules mapped %llu, counter %llu",

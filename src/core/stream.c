@@ -25,7 +25,7 @@ static uint64_t streams_named(const nf_pool_t *p, bool allocs) {
   uint64_t named = p->capture_mask;
   for (nf_chunk_t *c = p->chunks; c; c = c->next)
     for (const nf_block_t *b = c->first; b; b = b->next)
-      if (b->state != NF_BLK_FREE) {
+      if (b->state == NF_BLK_LIVE || b->state == NF_BLK_PENDING) { // (not a shadow: edge.c)
         named |= b->extra;
         if (b->stream != NF_STREAM_ORPHAN && (allocs || b->state != NF_BLK_LIVE || b->where)) named |= 1ull << b->stream;
       }
@@ -481,8 +481,17 @@ nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
     if (b->fnext) b->fnext->fprev = b->fprev;
     b->extra = 0;
     b->state = NF_BLK_FREE;
+    nf_block_t *guest = NULL; // its first granule shared (edge.c): the pair ends once it is released
+    nf_block_t *gt = NULL; // ... and its last
+  if (NF_UNLIKELY(b->edge)) {
+    if (b->edge & NF_EDGE_HEAD) guest = b->prev;
+    if (b->edge & NF_EDGE_TAIL) gt = b->next;
+    b->edge = NF_EDGE_NONE;
+  }
     if (NF_UNLIKELY(p->vw_on)) p->vw_dead(p, b, true); // a hook: views lie above the streams
     nf__release_block(p, b);
+    if (NF_UNLIKELY(guest != NULL)) p->edge_dead(p, guest); // likewise
+    if (NF_UNLIKELY(gt != NULL)) p->edge_dead(p, gt);
   }
   return NF_OK;
 }

@@ -166,16 +166,20 @@ static bool orderless(const nf_pool_t *p, uint32_t i, uint32_t s) {
 // work through that place is its users' so far (vmask / vtick: every free
 // there since it was owned there): the view can go once that is complete,
 // however recent the free range around it is (view_fill, step 2).
-static void park(nf_pool_t *p, uint32_t i) {
-  nf_granule_t *x = &p->gran[i];
-  nf_chunk_t *o = x->at_c;
+static void ptick_set(nf_chunk_t *o, uint64_t g, uint64_t tick) {
   if (!o->ptick && (o->ptick = calloc(o->ngran, sizeof *o->ptick))) {
     // Out of memory before (no ptick: step 2 waited for the free run's
     // tick): the views parked then keep that bound, not a tick of 0.
-    for (uint64_t g = 0; g < o->ngran; g++)
-      if (nf__bit(o->stale, g)) o->ptick[g] = UINT64_MAX;
+    for (uint64_t x = 0; x < o->ngran; x++)
+      if (nf__bit(o->stale, x)) o->ptick[x] = UINT64_MAX;
   }
-  if (o->ptick) o->ptick[x->at_g] = x->vmask ? x->vtick : 0;
+  if (o->ptick) o->ptick[g] = tick;
+}
+
+static void park(nf_pool_t *p, uint32_t i) {
+  nf_granule_t *x = &p->gran[i];
+  nf_chunk_t *o = x->at_c;
+  ptick_set(o, x->at_g, x->vmask ? x->vtick : 0);
   nf__bit_clr(o->mapped, x->at_g);
   nf__bit_clr(NF_READY(o), x->at_g);
   nf__bit_set(o->stale, x->at_g);
@@ -183,6 +187,17 @@ static void park(nf_pool_t *p, uint32_t i) {
   x->nviews++;
   p->vw_count++;
   p->gran_mapped--;
+}
+
+// Edge sharing (edge.c): the second mapping of granule i at g of c, whose
+// block is gone and whose `mapped` bit is cleared, stays as a parked view of
+// it; `tick` bounds the work through it (0: none).
+void nf__view_park_at(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t i, uint64_t tick) {
+  ptick_set(c, g, tick);
+  nf__bit_set(c->stale, g);
+  p->gran[i].nviews++;
+  p->vw_count++;
+  p->fx++;
 }
 
 // Granule i (free or parked away, its place's view at g of c) becomes owned there.

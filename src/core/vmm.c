@@ -206,6 +206,11 @@ nf_status_t nf__unmap_run(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1)
   for (uint64_t g = g0; g < g1; g++) {
     nf__bit_clr(c->mapped, g);
     nf__bit_clr(NF_READY(c), g);
+    if (NF_UNLIKELY(nf__guest(c, g))) { // a second mapping (edge.c; teardown): the granule is owned elsewhere
+      nf__bit_clr(c->guest, g);
+      p->gran_mapped++;
+      continue;
+    }
     uint32_t i = c->phys[g];
     p->host_mapped -= p->gran[i].tier == NF_TIER_HOST;
     if (NF_LIKELY(!p->gran[i].unit)) nf__gran_push_free(p, i);
@@ -583,6 +588,7 @@ void nf__chunks_destroy(nf_pool_t *p) {
     p->be->ops->va_release(p->be, c->base, c->size);
     free(c->mapped);
     free(c->phys);
+    free(c->guest);
     nf__view_chunk_free(c);
     free(c);
   }

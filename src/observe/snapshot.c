@@ -45,7 +45,7 @@ static const char *tier_name(unsigned t) {
 }
 
 static const char *state_name(unsigned s) {
-  return s == NF_BLK_LIVE ? "live" : s == NF_BLK_PENDING ? "pending" : "free";
+  return s == NF_BLK_LIVE ? "live" : s == NF_BLK_PENDING ? "pending" : s == NF_BLK_SHADOW ? "shadow" : "free";
 }
 
 
@@ -56,11 +56,15 @@ static void snap_blocks(sbuf_t *b, const nf_pool_t *p, const nf_chunk_t *c) {
   for (const nf_block_t *k = c->first; k; k = k->next) {
     sb_printf(b, "%s\n{\"addr\":\"0x%llx\",\"size\":%llu,\"state\":\"%s\"", k == c->first ? "" : ",",
               (unsigned long long)k->addr, (unsigned long long)k->size, state_name(k->state));
-    if (k->state != NF_BLK_FREE) // live, or freed but waiting on record_stream work
+    if (k->state == NF_BLK_SHADOW) // bytes another place's block uses through a second mapping (edge.c)
+      sb_printf(b, ",\"shadow_of\":\"0x%llx\"", (unsigned long long)k->twin->addr);
+    if (k->state == NF_BLK_LIVE || k->state == NF_BLK_PENDING) // live, or freed but waiting on record_stream work
       sb_printf(b, ",\"requested\":%llu,\"stream\":\"0x%llx\",\"extra_streams\":\"0x%llx\"",
                 (unsigned long long)k->req, (unsigned long long)(uintptr_t)nf__block_stream(p, k),
                 (unsigned long long)k->extra);
-    if (k->state != NF_BLK_LIVE) // streams whose work may still use the memory
+    if (k->edge & NF_EDGE_HEAD) sb_printf(b, ",\"shared_first_granule\":true");
+    if (k->edge & NF_EDGE_TAIL) sb_printf(b, ",\"shared_last_granule\":true");
+    if (k->state == NF_BLK_FREE || k->state == NF_BLK_PENDING) // streams whose work may still use the memory
       sb_printf(b, ",\"stream_mask\":\"0x%llx\"", (unsigned long long)k->smask);
     if (k->state == NF_BLK_LIVE && k->where) // nf_offload'ed: its owned granules are on that tier
       sb_printf(b, ",\"offloaded\":\"%s\"",

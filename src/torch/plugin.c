@@ -591,6 +591,7 @@ NF_API size_t nf_stats_offset(const char *field) {
       F(spilled), F(spilled_peak), F(offloaded), F(offloaded_disk), F(host_physical), F(host_physical_peak),
       F(spills), F(offloads), F(prefetches), F(views), F(view_reuses), F(view_moves), F(view_evictions),
       F(units), F(units_made), F(units_unmapped), F(unit_splits), F(physical_created), F(physical_released),
+      F(edges), F(edges_made),
 #undef F
   };
   if (!field) return (size_t)-1;

@@ -79,6 +79,7 @@ void test_pool_many_streams(nf_backend_t *be);
 void test_pool_streams_live(nf_backend_t *be);
 void test_pool_route_in_capture(nf_backend_t *be);
 void test_pool_spill_offload(nf_backend_t *be);
+void test_pool_edges(nf_backend_t *be);
 void test_pool_backend_faults(nf_backend_t *inner); // owns inner (a CUDA backend of its own)
 void test_pool_wait_faults(nf_backend_t *inner);    // likewise
 

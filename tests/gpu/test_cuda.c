@@ -15,7 +15,7 @@
 // peers in test_cuda_tiers.c, backend faults in test_cuda_faults.c, failing
 // waits for copies held on a stream in test_cuda_waits.c (argv[2] "waits":
 // that section alone; "units": the units section, test_cuda_units.c, alone;
-// "streams": test_cuda_streams.c alone).
+// "streams": test_cuda_streams.c alone; "edges": test_cuda_edges.c alone).
 #include "cuda_test.h"
 #include "torch/torch.h"
 
@@ -608,6 +608,8 @@ int main(int argc, char **argv) {
   const char *only = argc > 2 ? argv[2] : "";
   if (!strcmp(only, "units")) {
     test_pool_units(be);
+  } else if (!strcmp(only, "edges")) {
+    test_pool_edges(be);
   } else if (!strcmp(only, "streams")) {
     test_pool_many_streams(be);
     test_pool_streams_live(be);
@@ -627,6 +629,7 @@ int main(int argc, char **argv) {
       test_pool_route_in_capture(be);
       test_pool_peers(be);
       test_pool_units(be);
+      test_pool_edges(be);
       test_pool_spill_offload(be);
       own_backend(test_pool_backend_faults);
     }

@@ -1,0 +1,277 @@
+// Edge sharing (src/core/edge.c): at the limit, a request that would fail
+// starts (or ends, or both) inside another block's partly used granule,
+// mapped a second time. Each scenario leaves the pool exactly one or two
+// granules short, checks that the request fits only with `edges:1`, that the
+// shared granule really is one physical granule (bytes written through the
+// new block appear at the other place, under its shadow), that no live byte
+// is touched through either place, and that the pair ends cleanly.
+#include "nf_test.h"
+
+#include "core/core.h"
+
+#define G 65536ull
+#define LIMIT "limit:512KiB,small_max:4KiB" // 8 granules; every request here in the large arena
+
+typedef struct scen_s {
+  nf_backend_t *be, *host;
+  nf_pool_t *p;
+  nft_live_t l[8]; // the scenario's live blocks, filled with patterns
+  int n;
+} scen_t;
+
+static void *take(scen_t *s, uint64_t n, bool keep) {
+  void *x = nf_alloc(s->p, n, 0);
+  assert_non_null(x);
+  if (keep) {
+    uint64_t tag = 100 + (uint64_t)s->n;
+    nft_fill(x, n, tag);
+    s->l[s->n++] = (nft_live_t){.p = x, .n = n, .tag = tag};
+  }
+  return x;
+}
+
+static void give(scen_t *s, void *x) { assert_int_equal(nf_free(s->p, x), NF_OK); }
+
+static void pool_on(scen_t *s, const char *conf, bool faults) {
+  *s = (scen_t){0};
+  char c[256];
+  snprintf(c, sizeof c, LIMIT ",%s", conf);
+  nf_config_t cfg;
+  nf_config_default(&cfg);
+  char err[256];
+  assert_int_equal(nf_config_parse(&cfg, c, err, sizeof err), NF_OK);
+  assert_int_equal(nf_backend_host_create(&s->host, 1024 * G, G), NF_OK);
+  s->be = s->host;
+  if (faults) assert_int_equal(nf_backend_fault_create(&s->be, s->host, 0, 0, 1), NF_OK);
+  assert_int_equal(nf_pool_create(&s->p, s->be, &cfg), NF_OK);
+}
+
+static void pool_off(scen_t *s) {
+  nft_check_all(s->l, s->n);
+  assert_int_equal(nf_pool_check(s->p), NF_OK);
+  for (int i = 0; i < s->n; i++)
+    if (s->l[i].p) give(s, s->l[i].p);
+  assert_int_equal(nf_pool_check(s->p), NF_OK);
+  nf_pool_destroy(s->p);
+  nft_usage_is(s->host, 0, 0); // the second mappings went too
+  nf_backend_destroy(s->be); // (a fault backend destroys the host one it wraps)
+}
+
+// Granule 1 holds a1's last quarter and then `lend` free bytes, with a3 live
+// after them; `fill` granules are cached (mapped, free): every other granule
+// of the 8 is taken.
+static uintptr_t head_lender(scen_t *s, uint64_t lend, uint64_t fill) {
+  char *a1 = take(s, 2 * G - lend, true);
+  char *a2 = take(s, lend, false);
+  char *a3 = take(s, G, true);
+  assert_ptr_equal(a2, a1 + 2 * G - lend);
+  assert_ptr_equal(a3, a1 + 2 * G);
+  give(s, a2);
+  if (fill) give(s, take(s, fill * G, false));
+  return (uintptr_t)a1 + G; // granule 1
+}
+
+static nf_stats_t st(scen_t *s) { return nft_stats_of(s->p); }
+
+// The request's first bytes live in granule 1's free tail: one granule fewer.
+static void test_edge_head(void **state) {
+  (void)state;
+  for (int on = 0; on < 2; on++) {
+    scen_t s;
+    pool_on(&s, on ? "edges:1" : "edges:0", false);
+    uintptr_t x = head_lender(&s, G / 2, 5); // 5 granules cached, the request needs 6 on a boundary
+    char *c = nf_alloc(s.p, 5 * G + G / 4, 0);
+    if (!on) { // the reference: out of memory
+      assert_null(c);
+      assert_int_equal(st(&s).edges_made, 0);
+      pool_off(&s);
+      continue;
+    }
+    assert_non_null(c);
+    assert_int_equal(st(&s).edges, 1);
+    assert_int_equal(((uintptr_t)c + G / 4) & (G - 1), 0); // its first G/4 bytes end a granule
+    assert_int_equal(nf_pool_check(s.p), NF_OK);
+    // One physical granule: what the block writes appears at granule 1's own
+    // place, in the shadow's bytes (read through that mapping), and nowhere else.
+    memset(c, 0x5A, G / 4);
+    for (uint64_t i = 0; i < G / 4; i += 4096) assert_int_equal(((unsigned char *)x)[3 * G / 4 + i], 0x5A);
+    nft_check_all(s.l, s.n);
+    nft_fill(c, 5 * G + G / 4, 7);
+    s.l[s.n++] = (nft_live_t){.p = c, .n = 5 * G + G / 4, .tag = 7};
+    // The rest of granule 1's free tail is still usable at its own place.
+    char *d = take(&s, G / 4, true);
+    assert_ptr_equal(d, (char *)x + G / 2);
+    nft_check_all(s.l, s.n);
+    assert_int_equal(nf_pool_check(s.p), NF_OK);
+    // The pair ends with the block: the second mapping stays as a parked view.
+    uint64_t views = st(&s).views;
+    give(&s, c);
+    s.l[s.n - 2].p = NULL;
+    assert_int_equal(st(&s).edges, 0);
+    assert_int_equal(st(&s).views, views + 1);
+    assert_int_equal(nf_pool_check(s.p), NF_OK);
+    nft_check_all(s.l, s.n);
+    // And again, now that the shadow's bytes came back to granule 1's place.
+    c = take(&s, 5 * G + G / 4, true);
+    assert_int_equal(st(&s).edges, 1);
+    assert_int_equal(st(&s).edges_made, 2);
+    nft_check_all(s.l, s.n);
+    pool_off(&s);
+  }
+}
+
+// Granule 1 starts with `lend` free bytes, then q, live: a request may end there.
+static uintptr_t tail_lender(scen_t *s, uint64_t at, uint64_t lend) {
+  char *a = take(s, at * G, true);
+  char *p = take(s, lend, false);
+  char *q = take(s, G - lend, true);
+  assert_ptr_equal(p, a + at * G);
+  assert_ptr_equal(q, p + lend);
+  give(s, p);
+  return (uintptr_t)p;
+}
+
+static void test_edge_tail(void **state) {
+  (void)state;
+  scen_t s;
+  pool_on(&s, "edges:1", false);
+  uintptr_t x = tail_lender(&s, 1, G / 2);
+  give(&s, take(&s, 6 * G, false)); // granules 2..7 cached
+  char *c = nf_alloc(s.p, 6 * G + G / 4, 0);
+  assert_non_null(c);
+  assert_int_equal(st(&s).edges, 1);
+  assert_int_equal((uintptr_t)c & (G - 1), 0); // starts on a boundary, ends G/4 into the shared granule
+  memset(c + 6 * G, 0xA5, G / 4);
+  for (uint64_t i = 0; i < G / 4; i += 4096) assert_int_equal(((unsigned char *)x)[i], 0xA5);
+  nft_check_all(s.l, s.n);
+  nft_fill(c, 6 * G + G / 4, 9);
+  s.l[s.n++] = (nft_live_t){.p = c, .n = 6 * G + G / 4, .tag = 9};
+  char *d = take(&s, G / 4, true); // the free head's rest, at its own place
+  assert_ptr_equal(d, (char *)x + G / 4);
+  nft_check_all(s.l, s.n);
+  pool_off(&s);
+}
+
+// Two granules short: both ends shared, h + t = r + G bytes in the two.
+static void test_edge_both(void **state) {
+  (void)state;
+  scen_t s;
+  pool_on(&s, "edges:1", false);
+  char *a1 = take(&s, 5 * G / 4, true), *a2 = take(&s, 3 * G / 4, false), *a3 = take(&s, G, true);
+  char *p = take(&s, 3 * G / 4, false), *q = take(&s, G / 4, true);
+  assert_ptr_equal(q, a1 + 3 * G + 3 * G / 4);
+  (void)a3;
+  give(&s, a2);
+  give(&s, p);
+  give(&s, take(&s, 4 * G, false)); // granules 4..7 cached
+  // 5 G + G/4 needs 6 granules on a boundary, 5 with one end shared: only 4 are there.
+  assert_null(nf_alloc(s.p, 5 * G + 3 * G / 4, 0)); // r = 3G/4: h + t = 7G/4 > the 3G/2 lent
+  char *c = nf_alloc(s.p, 5 * G + G / 4, 0);
+  assert_non_null(c);
+  assert_int_equal(st(&s).edges, 2);
+  assert_int_equal(nf_pool_check(s.p), NF_OK);
+  nft_fill(c, 5 * G + G / 4, 11);
+  s.l[s.n++] = (nft_live_t){.p = c, .n = 5 * G + G / 4, .tag = 11};
+  nft_check_all(s.l, s.n);
+  // Its first 3G/4 bytes are granule 1's last, its last G/2 granule 3's first.
+  assert_int_equal(memcmp(c, a1 + 5 * G / 4, 3 * G / 4), 0);
+  assert_int_equal(memcmp(c + 5 * G + G / 4 - G / 2, a1 + 3 * G, G / 2), 0);
+  give(&s, c);
+  s.l[s.n - 1].p = NULL;
+  assert_int_equal(st(&s).edges, 0);
+  assert_int_equal(nf_pool_check(s.p), NF_OK);
+  pool_off(&s);
+}
+
+// Short by more than sharing can give: out of memory, and nothing changed.
+static void test_edge_refused(void **state) {
+  (void)state;
+  scen_t s;
+  pool_on(&s, "edges:1", false);
+  head_lender(&s, G / 2, 5);
+  nf_stats_t a = st(&s);
+  assert_null(nf_alloc(s.p, 6 * G + G / 4, 0)); // needs 6 with a shared end: 5 are there
+  nf_stats_t b = st(&s);
+  assert_int_equal(b.edges_made, 0);
+  assert_int_equal(b.calls.map, a.calls.map);
+  assert_int_equal(nf_pool_check(s.p), NF_OK);
+  pool_off(&s);
+}
+
+// A block freed behind a record_stream: the pair ends when its event completes.
+static void test_edge_pending(void **state) {
+  (void)state;
+  scen_t s;
+  pool_on(&s, "edges:1", false);
+  nf_backend_host_set_manual_events(s.host, 1);
+  head_lender(&s, G / 2, 5);
+  char *c = take(&s, 5 * G + G / 4, false);
+  assert_int_equal(st(&s).edges, 1);
+  assert_int_equal(nf_record_stream(s.p, c, (nf_stream_t)0x100), NF_OK);
+  give(&s, c);
+  assert_int_equal(st(&s).edges, 1); // its shared granule waits with it
+  assert_int_equal(nf_pool_check(s.p), NF_OK);
+  nf_backend_host_complete_events(s.host);
+  assert_int_equal(nf_trim(s.p), NF_OK);
+  assert_int_equal(st(&s).edges, 0);
+  assert_int_equal(nf_pool_check(s.p), NF_OK);
+  pool_off(&s);
+}
+
+// Offloaded to the host tier and back: its own granules move, the shared one
+// stays, and every byte comes back.
+static void test_edge_offload(void **state) {
+  (void)state;
+  scen_t s;
+  pool_on(&s, "edges:1,spill_limit:1MiB", false);
+  head_lender(&s, G / 2, 5);
+  char *c = take(&s, 5 * G + G / 4, true);
+  assert_int_equal(st(&s).edges, 1);
+  assert_int_equal(nf_offload(s.p, c, 0, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_offload_wait(s.p), NF_OK);
+  assert_int_equal(nf_pool_check(s.p), NF_OK);
+  nft_check_all(s.l, s.n);
+  assert_int_equal(nf_prefetch(s.p, c, 0), NF_OK);
+  assert_int_equal(nf_offload_wait(s.p), NF_OK);
+  nft_check_all(s.l, s.n);
+  pool_off(&s);
+}
+
+// Every backend call of the shared placement fails in turn: the request
+// either fails with the pool as it was, or succeeds whole.
+static void test_edge_faults(void **state) {
+  (void)state;
+  for (uint64_t k = 1;; k++) {
+    scen_t s;
+    pool_on(&s, "edges:1", true);
+    head_lender(&s, G / 2, 5);
+    uint64_t calls, failed;
+    nf_backend_fault_counts(s.be, &calls, &failed);
+    nf_backend_fault_set(s.be, calls + k, 0);
+    char *c = nf_alloc(s.p, 5 * G + G / 4, 0);
+    nf_backend_fault_counts(s.be, &calls, &failed);
+    nf_backend_fault_set(s.be, 0, 0);
+    assert_int_equal(nf_pool_check(s.p), NF_OK);
+    nft_check_all(s.l, s.n);
+    if (c) {
+      nft_fill(c, 5 * G + G / 4, 13);
+      s.l[s.n++] = (nft_live_t){.p = c, .n = 5 * G + G / 4, .tag = 13};
+    } else {
+      assert_int_equal(st(&s).edges, 0);
+    }
+    if (getenv("NFT_VERBOSE")) fprintf(stderr, "fault at call %llu: %s, %llu shared\n", (unsigned long long)k, c ? "placed" : "refused", (unsigned long long)st(&s).edges_made);
+    pool_off(&s);
+    if (!failed) break; // the k-th call was past the last one: every call was failed once
+    assert_true(k < 200);
+  }
+}
+
+int main(void) {
+  setenv("NOFRAG_QUIET_OOM", "1", 1);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_edge_head),    cmocka_unit_test(test_edge_tail),    cmocka_unit_test(test_edge_both),
+      cmocka_unit_test(test_edge_refused), cmocka_unit_test(test_edge_pending), cmocka_unit_test(test_edge_offload),
+      cmocka_unit_test(test_edge_faults),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
