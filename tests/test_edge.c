@@ -89,8 +89,14 @@ static void test_edge_head(void **state) {
     }
     assert_non_null(c);
     assert_int_equal(st(&s).edges, 1);
+    assert_int_equal(st(&s).live_granules, 8); // distinct granules: the shared one counts once
     assert_int_equal(((uintptr_t)c + G / 4) & (G - 1), 0); // its first G/4 bytes end a granule
     assert_int_equal(nf_pool_check(s.p), NF_OK);
+    char *snap = nf_snapshot(s.p); // the pair as the snapshot shows it
+    assert_non_null(snap);
+    assert_non_null(strstr(snap, "\"state\":\"shadow\""));
+    assert_non_null(strstr(snap, "\"shared_first_granule\":true"));
+    nf_snapshot_free(snap);
     // One physical granule: what the block writes appears at granule 1's own
     // place, in the shadow's bytes (read through that mapping), and nowhere else.
     memset(c, 0x5A, G / 4);
@@ -218,6 +224,41 @@ static void test_edge_pending(void **state) {
   pool_off(&s);
 }
 
+// Stream order through both places of the shared granule (host backend with
+// manual events: it counts any use of physical memory not ordered after the
+// previous user's work, whichever mapping either went through).
+static void test_edge_stream_order(void **state) {
+  (void)state;
+  scen_t s;
+  pool_on(&s, "edges:1", false);
+  nf_backend_host_set_manual_events(s.host, 1);
+  nf_stream_t s1 = (nf_stream_t)0x100, s2 = (nf_stream_t)0x200;
+  char *a1 = take(&s, 3 * G / 2, true);
+  char *a2 = nf_alloc(s.p, G / 2, s1); // granule 1's second half, used on s1, then freed
+  assert_ptr_equal(a2, a1 + 3 * G / 2);
+  nf_backend_host_use_new(s.be, s1, a2, G / 2);
+  nf_backend_host_use(s.be, s1, a2, G / 2);
+  take(&s, G, true);
+  give(&s, take(&s, 5 * G, false));
+  give(&s, a2);
+  // The sharing block, on s2, takes s1's last bytes of granule 1: ordered after s1.
+  char *c = nf_alloc(s.p, 5 * G + G / 4, s2);
+  assert_non_null(c);
+  assert_int_equal(st(&s).edges, 1);
+  nf_backend_host_use_new(s.be, s2, c, 5 * G + G / 4);
+  nf_backend_host_use(s.be, s2, c, 5 * G + G / 4);
+  assert_int_equal(nf_backend_host_violations(s.be), 0);
+  // Freed: its bytes at granule 1's own place go to a block on s1, ordered after s2.
+  assert_int_equal(nf_free(s.p, c), NF_OK);
+  char *e = nf_alloc(s.p, G / 2, s1);
+  assert_ptr_equal(e, a2);
+  nf_backend_host_use_new(s.be, s1, e, G / 2);
+  assert_int_equal(nf_backend_host_violations(s.be), 0);
+  nf_backend_host_complete_events(s.host);
+  give(&s, e);
+  pool_off(&s);
+}
+
 // Offloaded to the host tier and back: its own granules move, the shared one
 // stays, and every byte comes back.
 static void test_edge_offload(void **state) {
@@ -271,7 +312,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_edge_head),    cmocka_unit_test(test_edge_tail),    cmocka_unit_test(test_edge_both),
       cmocka_unit_test(test_edge_refused), cmocka_unit_test(test_edge_pending), cmocka_unit_test(test_edge_offload),
-      cmocka_unit_test(test_edge_faults),
+      cmocka_unit_test(test_edge_stream_order), cmocka_unit_test(test_edge_faults),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -190,7 +190,7 @@ uint64_t nf__largest_free_mapped(const nf_pool_t *p, uint64_t *live_granules) {
       }
     }
   }
-  if (live_granules) *live_granules = lg;
+  if (live_granules) *live_granules = lg - p->edge_live; // a shared granule's second place holds none of its own (edge.c)
   return best;
 }
 
