@@ -7,7 +7,8 @@
 // them after every operation that remapped or reclaimed memory.
 // Elsewhere: creation, limits, trim and the release policy (test_capacity.c),
 // placement (test_placement.c), the bound on mappings (test_vmm.c), lazy
-// events (test_stream.c), stitching through views (test_view.c).
+// events (test_stream.c), stitching through views (test_view.c); more cases
+// of the bins and the hot pair in test_pool_hot.c.
 #include "nf_test.h"
 #include "core/core.h" // white box: p->bin_blocks and p->hot show parks and pops; p->hot_off
 
