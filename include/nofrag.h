@@ -144,9 +144,10 @@ typedef struct nf_config_s {
                               //!< cost is per mapping, not per byte); 0 or 1 = off (every granule its own).
                               //!< A unit is unmapped only whole: nf_offload moves a unit inside a block
                               //!< whole, and refuses a block over part of one (docs/design.md, "Units")
-  int edges;                  //!< 1: at the limit, a request that would fail may start inside the last,
-                              //!< partly used granule of another block, mapped a second time there
-                              //!< (edge sharing: its bytes stay apart; docs/design.md, "Edge sharing"); 0: off
+  int edges;                  //!< 1 (default): at the limit, a request that would fail may start (or end)
+                              //!< inside another block's partly used granule, mapped a second time there
+                              //!< (edge sharing: the two blocks' bytes stay apart; docs/design.md, "Edge
+                              //!< sharing"); 0: such a request fails
 } nf_config_t;
 
 #define NF_BACKEND_HOST 0

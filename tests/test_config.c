@@ -96,6 +96,10 @@ static void test_each_key(void **state) {
   assert_int_equal(c.units, 16);
   bad("units:2000", "units", "1024");
   bad("units:-1", "units", NULL);
+  assert_int_equal(def().edges, 1); // on by default (docs/design.md, "Edge sharing")
+  c = ok("edges:0");
+  assert_int_equal(c.edges, 0);
+  bad("edges:2", "edges", NULL);
 
   // Several keys at once; whitespace around every token; later keys win.
   c = ok("  limit : 1GiB ,\treserve:2MiB,  device : 3 ,limit:2GiB\n");

@@ -355,7 +355,7 @@ static void run(uint64_t seed, int ops, double fault_p) {
   if (rnd(s, 3) == 0) // address ranges of the limit's size: many chunks, blocks at their ends
     k += snprintf(conf + k, sizeof conf - (size_t)k, ",va_chunk:%llu", U(s->limit));
   if (rnd(s, 3) == 0) s->retain = s->limit / 8, k += snprintf(conf + k, sizeof conf - (size_t)k, ",retain:%llu", U(s->retain));
-  if (rnd(s, 2)) snprintf(conf + k, sizeof conf - (size_t)k, ",edges:1"); // edge sharing at the limit (edge.c)
+  snprintf(conf + k, sizeof conf - (size_t)k, ",edges:%d", (int)rnd(s, 2)); // edge sharing at the limit (edge.c)
   nf_config_t cfg;
   nf_config_default(&cfg);
   char err[256] = "";
@@ -405,7 +405,11 @@ static void run(uint64_t seed, int ops, double fault_p) {
   for (uint64_t id = 1; id < NPRIV; id++)
     if (s->refs[id]) assert_int_equal(nf_private_trim(s->p, id), NF_OK);
   nf_stats_t st;
-  for (int pass = 0; pass < 2; pass++) // resident blocks go first: then every offloaded one fits back
+  for (int pass = 0; pass < 2; pass++) { // resident blocks go first: then every offloaded one fits back
+    // ... once the private pools' free memory, theirs while they exist, is trimmed again: the
+    // resident blocks just freed there would otherwise keep granules an offloaded block needs.
+    for (uint64_t id = 1; pass == 1 && id < NPRIV; id++)
+      if (s->refs[id]) assert_int_equal(nf_private_trim(s->p, id), NF_OK);
     for (int i = 0; i < MAXB; i++) {
       blk_t *b = &s->b[i];
       if (!b->p || (pass == 0) != (b->where == 0)) continue;
@@ -415,6 +419,7 @@ static void run(uint64_t seed, int ops, double fault_p) {
       if (nf_free(s->p, b->p) != NF_OK) SOAK_FAIL(s, "final free: %s", nf_last_error());
       b->p = NULL;
     }
+  }
   verify(s, true);
   for (uint64_t id = 1; id < NPRIV; id++)
     while (s->refs[id]--) assert_int_equal(nf_private_release(s->p, id), NF_OK);

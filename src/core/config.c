@@ -54,6 +54,7 @@ nf_status_t nf_config_default(nf_config_t *cfg) {
   cfg->trace_max = 256 * NF_MiB;                    // trace recording: off (trace ""), bounded
   cfg->views = 16384;                               // parked views (vm.max_map_count is 65,530)
   cfg->release_idle_ms = 10000;                     // as jemalloc's dirty_decay_ms: longer than a step
+  cfg->edges = 1;                                   // edge sharing: only where a request would fail
   return NF_OK;
 }
 

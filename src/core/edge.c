@@ -328,11 +328,13 @@ nf_status_t nf__edge_check(nf_pool_t *p, const nf_chunk_t *c, uint64_t g) {
   uint32_t i = c->phys[g];
   CHECK(i < p->gran_cap, "check: shared granule at %p: bad granule %u", (void *)ga, i);
   const nf_granule_t *x = &p->gran[i];
-  const nf_chunk_t *o = x->at_c;
-  CHECK(x->state == NF_GR_MAPPED && x->tier == NF_TIER_DEVICE && o == host->chunk && x->at_g < o->ngran &&
-            nf__bit(o->mapped, x->at_g) && o->phys[x->at_g] == i && !nf__guest(o, x->at_g),
+  // Its owning place: the granule the other shadow lies in (at_c / at_g are only hints).
+  const nf_chunk_t *o = host->chunk;
+  uint64_t og = (host->addr - o->base) >> p->gshift;
+  CHECK(x->state == NF_GR_MAPPED && x->tier == NF_TIER_DEVICE && nf__bit(o->mapped, og) && nf__bit(NF_READY(o), og) &&
+            o->phys[og] == i && !nf__guest(o, og),
         "check: shared granule at %p: granule %u is not owned where its other shadow is", (void *)ga, i);
-  uintptr_t ia = o->base + ((uint64_t)x->at_g << p->gshift);
+  uintptr_t ia = o->base + (og << p->gshift);
   // head: here [0, y) is the shadow's, there [y, G); tail: here [t, G), there [0, t).
   bool split = head ? host->addr == ia + sh->size && host->addr + host->size == ia + G
                     : host->addr == ia && host->size == G - sh->size;

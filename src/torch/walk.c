@@ -13,8 +13,10 @@ static void walk_run(nf_pool_t *p, const nf_chunk_t *c, uintptr_t a, uintptr_t e
   for (const nf_block_t *b = c->first; b; b = b->next) {
     uintptr_t lo = b->addr > a ? b->addr : a, hi = b->addr + b->size < e ? b->addr + b->size : e;
     if (hi <= lo) continue;
-    nf_torch_blk_t blk = {.addr = lo, .size = hi - lo, .req = 0, .state = b->state, .stream = NULL};
-    if (b->state != NF_BLK_FREE) {
+    // A shadow (edge sharing, src/core/edge.c) holds no tensor: PyTorch sees inactive memory there.
+    uint8_t state = b->state == NF_BLK_SHADOW ? NF_BLK_FREE : b->state;
+    nf_torch_blk_t blk = {.addr = lo, .size = hi - lo, .req = 0, .state = state, .stream = NULL};
+    if (state != NF_BLK_FREE) {
       blk.req = b->addr == lo && b->req <= hi - lo ? b->req : hi - lo;
       blk.stream = nf__block_stream(p, b);
     }
