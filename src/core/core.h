@@ -4,6 +4,7 @@
 //   capacity.c   pool creation and teardown, limits, reserve, trim
 //   freelist.c   TLSF index of free blocks, split and coalesce
 //   placement.c  the placement policy (which free block, which end)
+//   edge.c       edge sharing: a block's end granule shared with another's, mapped twice
 //   vmm.c        granules, address-range chunks, mapping, stitching, spill, release
 //   unit.c       mapping units: multi-granule allocations made by growth (cfg.units)
 //   stream.c     stream table, lazy events, cross-stream ordering
@@ -16,7 +17,8 @@
 //   private_pool.c  private pools (CUDA graphs), routes
 //   peer.c       peer access: other GPUs of the process map this pool's memory
 // Sub-headers, included here after the types they need: bins.h (the bins'
-// inline park), stream.h (stream state predicates), unit.h (units).
+// inline park), stream.h (stream state predicates), private_pool.h, unit.h (units),
+// edge.h (edge sharing).
 // Layers above (tier/, observe/) are told of events through the hooks in
 // nf_pool_t (nf_tier_hooks_t, nf_observe_hooks_t), never called by name.
 #ifndef NF_CORE_H
@@ -107,9 +109,6 @@ struct nf_chunk_s {
   uint64_t *guest;   // bitmap: granule i maps phys[i], owned elsewhere, for a live block's shared first
                      // granule (edge.c; also `mapped` and ready, not counted in gran_mapped); NULL: none yet
 };
-
-// Granule g of c is a second mapping of a granule owned elsewhere (edge.c).
-static inline bool nf__guest(const nf_chunk_t *c, uint64_t g) { return c->guest && (c->guest[g >> 6] >> (g & 63) & 1); }
 
 // ------------------------------------------------------------------ TLSF
 #define NF_SL_LOG2 5
@@ -363,44 +362,7 @@ struct nf_pool_s {
 
 #include "core/stream.h" // stream state predicates (pure: no backend call)
 
-// ---- private pools (private_pool.c)
-// A private pool owns whole address-range chunks (chunk->priv) and their own
-// free index, so its freed blocks are reused only by allocations routed to
-// it, and nothing unmaps its granules while it exists (nf__unmap_cached skips
-// its chunks). When its last user releases it, its chunks join the general
-// pool: free blocks become general free blocks, live ones stay where they are.
-typedef struct nf_priv_s {
-  uint64_t id;
-  uint64_t uses;                  // use count; 0: handed back (the struct is gone)
-  uint64_t live_blocks, live;     // live blocks in its chunks, requested bytes
-  nf_tlsf_t tlsf[NF_ARENA_COUNT]; // its free blocks
-  struct nf_priv_s *next;
-} nf_priv_t;
-
-// A route: allocations on stream index `s` (capture: the stream is being
-// captured) or from thread `thread` (by_thread) go to `pv`.
-typedef struct nf_route_s {
-  nf_priv_t *pv;
-  uint64_t thread;
-  uint32_t s;
-  bool by_thread;
-} nf_route_t;
-
-// The free index a block belongs to: its chunk owner's.
-static inline nf_tlsf_t *nf__tlsf_of(nf_pool_t *p, const nf_block_t *b) {
-  return NF_UNLIKELY(b->chunk->priv != NULL) ? &b->chunk->priv->tlsf[b->arena] : &p->tlsf[b->arena];
-}
-nf_priv_t *nf__priv_find(const nf_pool_t *p, uint64_t id);
-nf_priv_t *nf__priv_route(const nf_pool_t *p, uint32_t s); // route for an allocation on stream index s (NULL: general)
-nf_status_t nf__priv_chunk_new(nf_pool_t *p, nf_priv_t *pv, int arena, uint64_t min_size);
-uint64_t nf__priv_check(nf_pool_t *p, nf_status_t *st); // nf_pool_check: free blocks indexed in private pools
-void nf__privs_destroy(nf_pool_t *p);
-// Whether a free block may be used on stream s with no event call (always
-// true outside captures; during one, placement takes only such blocks).
-static inline bool nf__capture_ok(const nf_pool_t *p, const nf_block_t *b, uint32_t s) {
-  return NF_LIKELY(!p->capture_mask) || nf__block_usable(p, b, s);
-}
-// ---- end private pools
+#include "core/private_pool.h" // private pools (private_pool.c): types and declarations
 
 // Backend calls of every kind (nf_stats_t.backend_calls, the monitor's).
 static inline uint64_t nf__calls_total(const nf_calls_t *c) {
@@ -571,14 +533,7 @@ bool nf__view_evict_all(nf_pool_t *p);
 
 #include "core/unit.h" // units (unit.c): declarations
 
-// ---- edge sharing (edge.c): at the limit, a request whose size is not a whole
-// number of granules may start (or end) inside a granule another block holds
-// part of, mapped there a second time. The two places never share a byte: a
-// shadow block covers each side's part of the other's.
-nf_status_t nf__edge_place(nf_pool_t *p, uint64_t rsize, uint32_t s, nf_block_t **out);
-void nf__edge_dead(nf_pool_t *p, nf_block_t *guest); // after the block's release, for each shared end
-nf_status_t nf__edge_check(nf_pool_t *p, const nf_chunk_t *c, uint64_t g); // nf_pool_check: guest granule g of c
-// ---- end edge sharing
+#include "core/edge.h" // edge sharing (edge.c): declarations
 
 // stats.c
 static inline void nf__peak(uint64_t *peak, uint64_t v) { if (v > *peak) *peak = v; }

@@ -178,6 +178,15 @@ static nf_status_t guest_map(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t x
   return NF_OK;
 }
 
+// Block b's end `end` (NF_EDGE_HEAD or _TAIL) shared: its two shadows name each other.
+static void pair_link(nf_block_t *b, nf_block_t *guest, nf_block_t *host, uint8_t end) {
+  guest->edge = NF_EDGE_GUEST | end;
+  host->edge = NF_EDGE_HOST | end;
+  guest->twin = host;
+  host->twin = guest;
+  b->edge |= end;
+}
+
 // Plans, by granules saved: the head in a lent granule tail (h bytes there),
 // the tail in a lent granule head (t bytes), or both.
 typedef struct plan_s {
@@ -267,20 +276,8 @@ nf_status_t nf__edge_place(nf_pool_t *p, uint64_t rsize, uint32_t s, nf_block_t 
       if (sh[i]) shadow_free(p, sh[i], 0, 0, false);
     return nf__error(st, "%s", msg);
   }
-  if (pl.h) {
-    gh->edge = NF_EDGE_GUEST | NF_EDGE_HEAD;
-    hh->edge = NF_EDGE_HOST | NF_EDGE_HEAD;
-    gh->twin = hh;
-    hh->twin = gh;
-    b->edge |= NF_EDGE_HEAD;
-  }
-  if (pl.t) {
-    gt->edge = NF_EDGE_GUEST | NF_EDGE_TAIL;
-    ht->edge = NF_EDGE_HOST | NF_EDGE_TAIL;
-    gt->twin = ht;
-    ht->twin = gt;
-    b->edge |= NF_EDGE_TAIL;
-  }
+  if (pl.h) pair_link(b, gh, hh, NF_EDGE_HEAD);
+  if (pl.t) pair_link(b, gt, ht, NF_EDGE_TAIL);
   nf_block_t *all[5] = {hh, ht, gh, gt, b};
   for (int i = 0; i < 5; i++)
     if (all[i]) nf__view_live(p, all[i]);

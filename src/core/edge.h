@@ -1,0 +1,24 @@
+// Edge sharing (edge.c): part of the core's private header (core.h includes it
+// after the pool's types).
+#ifndef NF_CORE_EDGE_H
+#define NF_CORE_EDGE_H
+
+// At the limit, a request whose size is not a whole number of granules may
+// start (or end) inside a granule another block holds part of, mapped there a
+// second time. The two places never share a byte: a shadow block covers each
+// side's part of the other's.
+
+// Granule g of c is a second mapping of a granule owned elsewhere.
+static inline bool nf__guest(const nf_chunk_t *c, uint64_t g) { return c->guest && (c->guest[g >> 6] >> (g & 63) & 1); }
+nf_status_t nf__edge_place(nf_pool_t *p, uint64_t rsize, uint32_t s, nf_block_t **out);
+void nf__edge_dead(nf_pool_t *p, nf_block_t *guest); // after the block's release, for each shared end
+nf_status_t nf__edge_check(nf_pool_t *p, const nf_chunk_t *c, uint64_t g); // nf_pool_check: guest granule g of c
+// A block about to be released whose end granules are shared: its guest
+// shadows (NULL: that end not shared), for nf__edge_dead after the release.
+static inline void nf__edge_guests(nf_block_t *b, nf_block_t **head, nf_block_t **tail) {
+  *head = b->edge & NF_EDGE_HEAD ? b->prev : NULL;
+  *tail = b->edge & NF_EDGE_TAIL ? b->next : NULL;
+  b->edge = NF_EDGE_NONE;
+}
+
+#endif
