@@ -6,7 +6,7 @@
 // so slots are recycled and taken (orphans re-homed at free, offload and prefetch); a refusal
 // (NF_ERR_UNSUPPORTED: every slot named otherwise) is accepted, and the patterns and the pool
 // check must hold after it as after any other operation.
-// Inputs of a length not a multiple of 4 end in a configuration byte (units, tight, views off, edges).
+// Inputs of a length not a multiple of 4 end in a configuration byte (units, tight, views off, edges off).
 // Stream order is checked too: the host backend's events complete only when an op says so
 // (or the pool waits for them), each allocation declares its stream's work on the block
 // (and record_stream the other stream's), and the backend counts every reuse or unmap of
@@ -64,13 +64,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   c.spill = 1;
   c.spill_limit = 32 * G;
   // An input whose length is not a multiple of 4 ends in a configuration byte: bits for units
-  // of 4 granules, tight, views off, no release decay and edge sharing.
+  // of 4 granules, tight, views off, no release decay and edge sharing off.
   uint8_t conf = size % 4 ? data[size - 1] : 0;
   if (conf & 1) c.units = 4;
   if (conf & 2) c.tight = 1;
   if (conf & 4) c.views = 0;
   if (conf & 8) c.release_after = 0;
-  if (conf & 16) c.edges = 1;
+  if (conf & 16) c.edges = 0; // (on by default)
   nf_pool_t *p;
   if (nf_pool_create(&p, be, &c) != NF_OK) abort();
   nf_backend_host_set_manual_events(be, 1);
