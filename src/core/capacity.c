@@ -73,6 +73,7 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
   p->cfg.release_threshold = resolve_threshold(cfg->release_threshold, p->cfg.limit, cfg->limit != 0);
   p->release_auto = cfg->release_threshold == NF_RELEASE_AUTO;
   p->clock = clock_monotonic;
+  p->vw_release = nf__release_viewed; // (a hook: stream.c lies below views and edge sharing)
   if (!p->cfg.va_chunk) {
     uint64_t v = p->cfg.limit > (NF_GiB << 8) ? NF_GiB << 10 : p->cfg.limit * 4;
     p->cfg.va_chunk = v < NF_GiB ? NF_GiB : v;

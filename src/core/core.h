@@ -332,7 +332,8 @@ struct nf_pool_s {
   nf_block_t *vw_blk;     // the block nf__map_block is mapping (NULL: a tier maps a live block)
   uint32_t vw_s;          // its stream
   bool vw_on;             // granules have moved: frees record their streams in the granules
-  void (*vw_dead)(nf_pool_t *p, const nf_block_t *b, bool merge); // nf__view_dead, set when vw_on (stream.c calls it)
+  // nf__release_viewed (edge.c), set at creation: stream.c releases blocks through it once views are on.
+  void (*vw_release)(nf_pool_t *p, nf_block_t *b, bool used);
   uint64_t vw_count;      // parked views (at most about cfg.views)
   nf_chunk_t *vw_cur_c;   // where the search for a cached granule resumes
   uint64_t vw_cur_g;
@@ -345,7 +346,6 @@ struct nf_pool_s {
   uint64_t un_live;       // units mapped now
   // ---- end units
   // ---- edge sharing (edge.c)
-  void (*edge_dead)(nf_pool_t *p, nf_block_t *guest); // nf__edge_dead (stream.c calls it)
   uint64_t edge_live, edge_made;                      // shared granules now, made (tests, replay)
   // ---- end edge sharing
 

@@ -11,13 +11,16 @@
 // of k + 1 unused virtual granules (the chunk's `guest` bit: mapped and ready
 // there, owned at its own place i), and the block takes [G - r, G) of j and the
 // k granules after it, mapped as usual. It needs k granules, not k + 1.
+// Likewise its end may take the first r bytes of a granule whose last bytes
+// another block uses (its tail shared), or both ends may be shared, h + t =
+// r + G bytes in two such granules: k - 1 granules.
 //
 // The two places of X never share a byte (nor a cache line: blocks are 512 B
 // aligned): at i a shadow block covers [G - r, G), the bytes the new block uses
 // through j; at j a shadow covers [0, G - r), the bytes the other side may use
 // through i. Shadows are neither free nor live: no placement takes them, no
 // statistic counts them, and only the release of the paired block ends them
-// (nf__edge_dead): j becomes a parked view of X (view.c), and both shadows
+// (nf__release_viewed): j becomes a parked view of X (view.c), and both shadows
 // become free space carrying the paired block's streams, so that the next user
 // of those bytes, through either place, is ordered after its work. While the
 // pair lives X cannot move: the shadow at i keeps that place busy.
@@ -125,7 +128,15 @@ static void shadow_free(nf_pool_t *p, nf_block_t *sh, uint64_t m, uint64_t tick,
   nf__release_block(p, sh);
 }
 
-void nf__edge_dead(nf_pool_t *p, nf_block_t *guest) {
+// Carved shadows undone before their pair was made (NULL: not carved): back
+// to free space with the streams they had.
+static void shadows_free(nf_pool_t *p, nf_block_t *sh[4]) {
+  for (int i = 0; i < 4; i++)
+    if (sh[i]) shadow_free(p, sh[i], 0, 0, false);
+}
+
+// The pair of a released block's shared end granule ends (its guest shadow).
+static void edge_dead(nf_pool_t *p, nf_block_t *guest) {
   nf_chunk_t *c = guest->chunk;
   // f: the block's range, released (free), beside its guest shadow
   nf_block_t *host = guest->twin, *f = guest->edge & NF_EDGE_HEAD ? guest->next : guest->prev;
@@ -140,6 +151,15 @@ void nf__edge_dead(nf_pool_t *p, nf_block_t *guest) {
   shadow_free(p, host, m, tick, true); // the granule, owned there, takes the block's streams
   p->edge_live--;
   p->fx++;
+}
+
+void nf__release_viewed(nf_pool_t *p, nf_block_t *b, bool used) {
+  nf_block_t *gh = b->edge & NF_EDGE_HEAD ? b->prev : NULL, *gt = b->edge & NF_EDGE_TAIL ? b->next : NULL;
+  b->edge = NF_EDGE_NONE;
+  nf__view_dead(p, b, used);
+  nf__release_block(p, b);
+  if (NF_UNLIKELY(gh != NULL)) edge_dead(p, gh);
+  if (NF_UNLIKELY(gt != NULL)) edge_dead(p, gt);
 }
 
 // The free block of c holding [a, a + n) (not parked: bins are flushed), or NULL.
@@ -252,9 +272,7 @@ nf_status_t nf__edge_place(nf_pool_t *p, uint64_t rsize, uint32_t s, nf_block_t 
     if (!(b = nf__split(p, b, ba - b->addr, rsize))) ok = false;
   }
   if (!ok) {
-    nf_block_t *sh[4] = {gt, gh, ht, hh};
-    for (int i = 0; i < 4; i++)
-      if (sh[i]) shadow_free(p, sh[i], 0, 0, false);
+    shadows_free(p, (nf_block_t *[4]){gt, gh, ht, hh});
     return nf__error(NF_ERR_NOMEM, "nofrag: out of host memory");
   }
   b->state = NF_BLK_LIVE; // from here stitching neither unmaps nor coalesces it
@@ -271,9 +289,7 @@ nf_status_t nf__edge_place(nf_pool_t *p, uint64_t rsize, uint32_t s, nf_block_t 
     snprintf(msg, sizeof msg, "%s", nf_last_error());
     b->state = NF_BLK_FREE;
     nf__release_block(p, b);
-    nf_block_t *sh[4] = {gt, gh, ht, hh};
-    for (int i = 0; i < 4; i++)
-      if (sh[i]) shadow_free(p, sh[i], 0, 0, false);
+    shadows_free(p, (nf_block_t *[4]){gt, gh, ht, hh});
     return nf__error(st, "%s", msg);
   }
   if (pl.h) pair_link(b, gh, hh, NF_EDGE_HEAD);
@@ -281,18 +297,12 @@ nf_status_t nf__edge_place(nf_pool_t *p, uint64_t rsize, uint32_t s, nf_block_t 
   nf_block_t *all[5] = {hh, ht, gh, gt, b};
   for (int i = 0; i < 5; i++)
     if (all[i]) nf__view_live(p, all[i]);
-  p->edge_dead = nf__edge_dead; // stream.c releases record_stream'ed blocks through it
   p->edge_live += !!pl.h + !!pl.t;
   if (m && (st = nf__map_block(p, b)) != NF_OK) {
     // The rest does not fit after all: the pairs end as after a free (the
     // second mappings stay, parked). The failed call's message stands.
-    uint8_t e = b->edge;
     b->state = NF_BLK_FREE;
-    b->edge = NF_EDGE_NONE;
-    nf__view_dead(p, b, false);
-    nf__release_block(p, b);
-    if (e & NF_EDGE_HEAD) nf__edge_dead(p, gh);
-    if (e & NF_EDGE_TAIL) nf__edge_dead(p, gt);
+    nf__release_viewed(p, b, false);
     return st;
   }
   p->edge_made += !!pl.h + !!pl.t;

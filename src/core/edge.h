@@ -11,14 +11,12 @@
 // Granule g of c is a second mapping of a granule owned elsewhere.
 static inline bool nf__guest(const nf_chunk_t *c, uint64_t g) { return c->guest && (c->guest[g >> 6] >> (g & 63) & 1); }
 nf_status_t nf__edge_place(nf_pool_t *p, uint64_t rsize, uint32_t s, nf_block_t **out);
-void nf__edge_dead(nf_pool_t *p, nf_block_t *guest); // after the block's release, for each shared end
 nf_status_t nf__edge_check(nf_pool_t *p, const nf_chunk_t *c, uint64_t g); // nf_pool_check: guest granule g of c
-// A block about to be released whose end granules are shared: its guest
-// shadows (NULL: that end not shared), for nf__edge_dead after the release.
-static inline void nf__edge_guests(nf_block_t *b, nf_block_t **head, nf_block_t **tail) {
-  *head = b->edge & NF_EDGE_HEAD ? b->prev : NULL;
-  *tail = b->edge & NF_EDGE_TAIL ? b->next : NULL;
-  b->edge = NF_EDGE_NONE;
-}
+// The release of block b (state FREE) once views are on: its granules' busy
+// bits and last users (nf__view_dead; `used`: its streams worked on them),
+// the free index, then the pairs of its shared end granules. Pairs exist
+// only with views on (nf__edge_place), so the release without views needs
+// none of it.
+void nf__release_viewed(nf_pool_t *p, nf_block_t *b, bool used);
 
 #endif

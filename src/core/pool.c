@@ -34,12 +34,8 @@ static bool fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, n
 // (`used`: its streams worked on them, so they order the next user), then
 // it joins its free index.
 static void block_release(nf_pool_t *p, nf_block_t *b, bool used) {
-  nf_block_t *gh = NULL, *gt = NULL; // its end granules shared (edge.c): the pairs end once it is released
-  if (NF_UNLIKELY(b->edge)) nf__edge_guests(b, &gh, &gt);
-  if (NF_UNLIKELY(p->vw_on)) nf__view_dead(p, b, used);
-  nf__release_block(p, b);
-  if (NF_UNLIKELY(gh != NULL)) nf__edge_dead(p, gh);
-  if (NF_UNLIKELY(gt != NULL)) nf__edge_dead(p, gt);
+  if (NF_UNLIKELY(p->vw_on)) nf__release_viewed(p, b, used);
+  else nf__release_block(p, b);
 }
 
 // Order, carve and map the detached free block *bp for a request. On error

@@ -481,12 +481,8 @@ nf_status_t nf__pending_poll(nf_pool_t *p, bool blocking) {
     if (b->fnext) b->fnext->fprev = b->fprev;
     b->extra = 0;
     b->state = NF_BLK_FREE;
-    nf_block_t *gh = NULL, *gt = NULL; // its end granules shared (edge.c): the pairs end once it is released
-    if (NF_UNLIKELY(b->edge)) nf__edge_guests(b, &gh, &gt);
-    if (NF_UNLIKELY(p->vw_on)) p->vw_dead(p, b, true); // a hook: views lie above the streams
-    nf__release_block(p, b);
-    if (NF_UNLIKELY(gh != NULL)) p->edge_dead(p, gh); // likewise
-    if (NF_UNLIKELY(gt != NULL)) p->edge_dead(p, gt);
+    if (NF_UNLIKELY(p->vw_on)) p->vw_release(p, b, true); // a hook: views and edge sharing lie above the streams
+    else nf__release_block(p, b);
   }
   return NF_OK;
 }

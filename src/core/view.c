@@ -83,7 +83,6 @@ void nf__view_live(nf_pool_t *p, const nf_block_t *b) {
 // from the blocks; what was freed before counts as used by every stream up
 // to now (conservative: one wait per stream at most).
 static void views_on(nf_pool_t *p) {
-  p->vw_dead = nf__view_dead; // stream.c releases blocks held by record_stream through it
   for (nf_chunk_t *c = p->chunks; c; c = c->next) {
     memset(c->busy, 0, ((c->ngran + 63) >> 6) * sizeof(uint64_t));
     for (const nf_block_t *b = c->first; b; b = b->next) {
