@@ -156,6 +156,7 @@ typedef struct nfc_cli_s {
   const char *trace;
   const char *conf;
   const char *limit_str, *granule_str, *allocator, *html;
+  const char *device; // --device: NULL on the simulated device
   int min_capacity, json, verify, hotspots;
   int run_nofrag, run_model[NF_MODEL_NKINDS]; // from --allocator
 } nfc_cli;
@@ -171,5 +172,18 @@ void nfc_print_model_json(const nf__trace_ops *ops, const nf__model_result *r, c
                           int bisected);
 void nfc_print_model_text(const nf__trace_ops *ops, const nf__model_result *r, const nf__model_bisect *b,
                           int bisected);
+
+// ------------------------------------------------ --device (tools/device.c)
+#include "replay.h"
+
+// A real GPU to replay on: "cuda" or "cuda:N". Loads the driver (through
+// the library's CUDA backend, which says why when there is none), makes one
+// CUDA stream for each trace stream whose handle `raw[k]` is not 0 (0: the
+// default stream). Non-zero: err says why, nothing kept.
+typedef struct nfc_device_s nfc_device;
+int nfc_device_open(const char *spec, size_t n_streams, const uint64_t *raw, nfc_device **out, char *err,
+                    size_t errlen);
+const nf__replay_dev *nfc_device_hooks(const nfc_device *d);
+void nfc_device_close(nfc_device *d); // waits for the device's work first; NULL: nothing
 
 #endif

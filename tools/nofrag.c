@@ -48,7 +48,12 @@ static const char usage[] =
     "                    default settings), expandable (the same with expandable_segments:True)\n"
     "                    or all (the three, then a side-by-side table). The models take --limit\n"
     "                    as PyTorch's memory fraction and free their cache and retry before OOM\n"
-    "  --verify          write a signature into every block and check it at its free\n"
+    "  --verify          write a signature into every block and check it at its free (its first 8\n"
+    "                    bytes, its last 8-aligned 8 and the first 8 of every granule it runs into)\n"
+    "  --device cuda[:N] replay nofrag on GPU N (default 0) instead of the simulated device: the\n"
+    "                    library's CUDA backend, one CUDA stream per trace stream; with --verify\n"
+    "                    the signatures go through device memory. The time then includes the\n"
+    "                    driver's calls. The models still run on the CPU\n"
     "  --json            print one JSON object instead of text\n"
     "  --html FILE       also write a self-contained HTML page: live vs reserved over the replay\n"
     "                    for nofrag and, when the trace has segment events, for PyTorch's\n"
@@ -92,6 +97,7 @@ static int cmd_replay(int argc, char **argv) {
     else if (strncmp(a, "--conf", 6) == 0) val = &cli.conf;
     else if (strncmp(a, "--allocator", 11) == 0) val = &cli.allocator;
     else if (strncmp(a, "--html", 6) == 0) val = &cli.html;
+    else if (strncmp(a, "--device", 8) == 0) val = &cli.device;
     else if (a[0] == '-' && a[1]) { fprintf(stderr, "nofrag: unknown option '%s' (see nofrag --help)\n", a); return 2; }
     else if (!cli.trace) cli.trace = a;
     else { fprintf(stderr, "nofrag: unexpected argument '%s' (one TRACE only)\n", a); return 2; }
@@ -102,6 +108,7 @@ static int cmd_replay(int argc, char **argv) {
                        : val == &cli.granule_str ? "--granule"
                        : val == &cli.allocator   ? "--allocator"
                        : val == &cli.html        ? "--html"
+                       : val == &cli.device      ? "--device"
                                                  : "--conf")) {
         fprintf(stderr, "nofrag: unknown option '%s' (see nofrag --help)\n", a);
         return 2;
@@ -134,7 +141,7 @@ static int cmd_replay(int argc, char **argv) {
   // choose or size a backend would be silently ignored, so refuse them.
   if (ro.cfg.backend != NF_BACKEND_HOST || ro.cfg.device || ro.cfg.host_capacity) {
     fprintf(stderr, "nofrag: --conf '%s': %s has no effect here: replay always runs on a simulated device (the "
-            "host backend, 2 TiB or the limit); drop it\n", cli.conf,
+            "host backend, 2 TiB or the limit) or, with --device cuda[:N], on that GPU; drop it\n", cli.conf,
             ro.cfg.backend != NF_BACKEND_HOST ? "backend:cuda" : ro.cfg.device ? "device" : "host_capacity");
     return 2;
   }
@@ -174,6 +181,15 @@ static int cmd_replay(int argc, char **argv) {
             "any limit (the excess goes to host memory); drop one of them\n");
     return 2;
   }
+  if (cli.device && !cli.run_nofrag) {
+    fprintf(stderr, "nofrag: --device runs nofrag on a GPU; the models (--allocator %s) run on the CPU only: drop "
+            "--device or add nofrag (--allocator all)\n", alloc);
+    return 2;
+  }
+  if (cli.device && cli.granule_str) {
+    fprintf(stderr, "nofrag: --granule with --device: the granule is the driver's (2 MiB on CUDA); drop --granule\n");
+    return 2;
+  }
   if (cli.hotspots && !cli.run_model[0] && !cli.run_model[1]) {
     fprintf(stderr, "nofrag: --hotspots needs --allocator native, expandable or all (the models' segments)\n");
     return 2;
@@ -211,6 +227,17 @@ static int cmd_replay(int argc, char **argv) {
     nf__trace_free(&t);
     nfc_sites_free(&sites);
     return 2;
+  }
+  nfc_device *device = NULL;
+  if (cli.device) {
+    if (nfc_device_open(cli.device, ops.n_streams, ops.streams, &device, err, sizeof err) != 0) {
+      fprintf(stderr, "nofrag: %s\n", err);
+      nf__trace_ops_free(&ops);
+      nf__trace_free(&t);
+      nfc_sites_free(&sites);
+      return 2;
+    }
+    ro.dev = nfc_device_hooks(device);
   }
   if (cli.hotspots && sites.n <= 1)
     fprintf(stderr, "nofrag: %s: no call sites in this trace (--hotspots needs a PyTorch snapshot with stacks)\n",
@@ -399,6 +426,7 @@ out:
   for (size_t k = 0; k < sizeof hs / sizeof *hs; k++) nfc_html_series_free(&hs[k]);
   for (size_t k = 0; k < n_hot; k++) nfc_hotspots_free(&hot[k]);
   nfc_sites_free(&sites);
+  nfc_device_close(device);
   nf__trace_ops_free(&ops);
   nf__trace_free(&t);
   return rc;

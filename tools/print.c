@@ -20,6 +20,8 @@ void nfc_print_json(const nfc_cli *cli, const nf__trace_ops *ops, const nf__repl
   const nf_stats_t *s = &r->stats;
   printf("{\"trace\":");
   nfc_json_str(stdout, cli->trace);
+  printf(",\"device\":");
+  nfc_json_str(stdout, cli->device ? cli->device : "simulated");
   printf(",\"granule\":%" PRIu64 ",\"limit\":", r->granule);
   if (ro->cfg.limit) printf("%" PRIu64, r->limit); else printf("null");
   printf(",\"capacity\":%" PRIu64 ",\"events\":%zu,\"allocs\":%zu,\"frees\":%zu,\"free_requested\":%zu"
@@ -131,7 +133,10 @@ void nfc_print_text(const nfc_cli *cli, const nf__trace_ops *ops, const nf__repl
          ops->n_segment_alloc, ops->n_segment_free, ops->n_streams, ops->n_streams == 1 ? "" : "s");
   nf__fmt_bytes(h1, sizeof h1, r->granule);
   nf__fmt_bytes(h2, sizeof h2, r->limit);
-  printf("granule               %s\nlimit                 %s", h1, ro->cfg.limit ? h2 : "none (simulated capacity 2 TiB)");
+  char h4[64] = "none (simulated capacity 2 TiB)";
+  if (cli->device) snprintf(h4, sizeof h4, "none (the device's memory, %s)", h2);
+  printf("device                %s\n", cli->device ? cli->device : "simulated (host backend)");
+  printf("granule               %s\nlimit                 %s", h1, ro->cfg.limit ? h2 : h4);
   if (ro->cfg.limit && r->limit != ro->cfg.limit) { // the pool keeps whole granules
     char h3[32];
     nf__fmt_bytes(h3, sizeof h3, ro->cfg.limit);

@@ -10,6 +10,7 @@ typedef struct slot_s {
   void *ptr;
   uint64_t size;
   uint64_t sig;
+  nf_stream_t st; // the stream it was allocated on (a device reads its words there)
 } slot_t;
 
 static double now_s(void) {
@@ -24,25 +25,61 @@ static uint64_t mix64(uint64_t x) { // splitmix64 finalizer
   return x ^ (x >> 31);
 }
 
-// Signature: 8 bytes at the start and (complemented) 8 at the end of a block.
-// Only these are written: the real traces keep ~23 GB live, and touching a
-// page or two per block is what the host machine can afford. Blocks under 16
-// bytes get the first min(size, 8) bytes only.
-static void sig_write(const slot_t *s) {
-  unsigned char *p = s->ptr;
-  uint64_t a = s->sig, b = ~s->sig;
-  memcpy(p, &a, s->size < 8 ? s->size : 8);
-  if (s->size >= 16) memcpy(p + s->size - 8, &b, 8);
+// Signature words of a block: its first 8 bytes, the first 8 of every
+// granule it runs into (an interior granule mapped wrong, or at the wrong
+// place, changes one), and its last whole 8-aligned 8. One page per granule is what the host
+// machine can afford with ~23 GB live; a block under 16 bytes gets its first
+// min(size, 8) bytes only (len: those bytes of word 0). Returns the count.
+static size_t sig_words(const slot_t *s, uint64_t g, uint64_t *off, uint64_t *val) {
+  size_t n = 0;
+  off[n] = 0, val[n++] = s->sig;
+  if (s->size < 16) return n;
+  uint64_t b = g - (uint64_t)(uintptr_t)s->ptr % g;
+  for (; b + 16 <= s->size; b += g) off[n] = b, val[n++] = mix64(s->sig + b);
+  off[n] = (s->size - 8) & ~(uint64_t)7, val[n++] = ~s->sig; // aligned: a device writes words
+  return n;
 }
 
-static int sig_ok(const slot_t *s) {
-  const unsigned char *p = s->ptr;
-  uint64_t a = s->sig, b = ~s->sig, v = 0, w = 0;
-  size_t n = s->size < 8 ? s->size : 8;
-  memcpy(&v, p, n);
-  if (memcmp(&v, &a, n) != 0) return 0;
-  if (s->size >= 16) { memcpy(&w, p + s->size - 8, 8); if (w != b) return 0; }
-  return 1;
+// Words a block of `size` bytes can have (sig_words), for the buffers.
+static size_t sig_max(uint64_t size, uint64_t g) { return (size_t)(size / g) + 3; }
+
+// Write / check a block's words: in place on the host, else through the
+// device's hooks (in its memory, in stream order). 0 ok, 1 a word differs,
+// -1 a device error (in err).
+typedef struct sigbuf_s {
+  uint64_t *off, *val, *got;
+  uint64_t g;
+  const nf__replay_dev *dev;
+} sigbuf_t;
+
+static int sig_write(sigbuf_t *sb, const slot_t *s, nf_stream_t st, char *err, size_t errlen) {
+  size_t n = sig_words(s, sb->g, sb->off, sb->val);
+  if (sb->dev) return sb->dev->put(sb->dev->ctx, st, s->ptr, n, sb->off, sb->val, err, errlen) ? -1 : 0;
+  unsigned char *p = s->ptr;
+  for (size_t i = 0; i < n; i++) memcpy(p + sb->off[i], &sb->val[i], s->size < 8 ? s->size : 8);
+  return 0;
+}
+
+static int sig_check(sigbuf_t *sb, const slot_t *s, nf_stream_t st, char *err, size_t errlen) {
+  size_t n = sig_words(s, sb->g, sb->off, sb->val);
+  size_t len = s->size < 8 ? s->size : 8;
+  if (sb->dev) {
+    if (sb->dev->get(sb->dev->ctx, st, s->ptr, n, sb->off, sb->got, err, errlen)) return -1;
+  } else {
+    const unsigned char *p = s->ptr;
+    for (size_t i = 0; i < n; i++) { sb->got[i] = 0; memcpy(&sb->got[i], p + sb->off[i], len); }
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint64_t want = 0, have = 0; // (a block under 8 bytes: its bytes of the word only)
+    memcpy(&want, &sb->val[i], len);
+    memcpy(&have, &sb->got[i], len);
+    if (have != want) {
+      snprintf(err, errlen, "%llu bytes changed at offset %llu", (unsigned long long)len,
+               (unsigned long long)sb->off[i]);
+      return 1;
+    }
+  }
+  return 0;
 }
 
 void nf__replay_opts_default(nf__replay_opts *o) {
@@ -66,6 +103,7 @@ static const char *unprefixed(const char *m) { return strncmp(m, "nofrag: ", 8) 
 
 nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts, nf__replay_result *res) {
   memset(res, 0, sizeof *res);
+  const nf__replay_dev *dev = opts->dev;
   nf_config_t cfg = opts->cfg;
   uint64_t g = opts->granule ? opts->granule : cfg.granule ? cfg.granule : NF_REPLAY_GRANULE;
   uint64_t cap = opts->capacity ? opts->capacity : NF_REPLAY_CAPACITY;
@@ -77,18 +115,38 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
 
   nf_backend_t *be = NULL;
   nf_pool_t *pool = NULL;
+  sigbuf_t sb = {.g = g, .dev = dev};
+  uint64_t biggest = 0;
+  for (size_t k = 0; k < ops->n_ops; k++)
+    if (ops->ops[k].kind == NF_TRACE_OP_ALLOC && ops->ops[k].size > biggest) biggest = ops->ops[k].size;
+  size_t nw = opts->verify ? sig_max(biggest, g) : 1;
   slot_t *slots = calloc(ops->n_slots ? ops->n_slots : 1, sizeof *slots);
   nf_stream_t *streams = calloc(ops->n_streams ? ops->n_streams : 1, sizeof *streams);
-  if (!slots || !streams) {
+  sb.off = malloc(nw * sizeof *sb.off);
+  sb.val = malloc(nw * sizeof *sb.val);
+  sb.got = malloc(nw * sizeof *sb.got);
+  if (!slots || !streams || !sb.off || !sb.val || !sb.got) {
     res->status = NF_ERR_NOMEM;
     snprintf(res->error, sizeof res->error, "out of memory for %zu replay slots", ops->n_slots);
     goto out;
   }
-  // The trace's raw handle is the stream: 0 stays the default stream (NULL).
-  for (size_t k = 0; k < ops->n_streams; k++) streams[k] = (nf_stream_t)(uintptr_t)ops->streams[k];
+  // The trace's raw handle is the stream on the simulated device (0 stays
+  // the default stream, NULL); a real device names its own.
+  for (size_t k = 0; k < ops->n_streams; k++)
+    streams[k] = dev ? dev->stream(dev->ctx, k, ops->streams[k]) : (nf_stream_t)(uintptr_t)ops->streams[k];
 
-  nf_status_t st = nf_backend_host_create(&be, cap, g);
-  if (st != NF_OK) {
+  nf_status_t st = NF_OK;
+  if (dev) {
+    char e[256] = "";
+    uint64_t dcap = 0;
+    if (dev->backend(dev->ctx, g, &be, &dcap, e, sizeof e)) {
+      res->status = NF_ERR_BACKEND;
+      snprintf(res->error, sizeof res->error, "device backend: %s", e);
+      be = NULL;
+      goto out;
+    }
+    res->capacity = dcap;
+  } else if ((st = nf_backend_host_create(&be, cap, g)) != NF_OK) {
     res->status = st;
     snprintf(res->error, sizeof res->error, "simulated host backend (capacity %llu B, granule %llu B): %s",
              (unsigned long long)cap, (unsigned long long)g, unprefixed(nf_last_error()));
@@ -107,8 +165,10 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
   nf_config_t in_force;
   nf_pool_config(pool, &in_force);
   if (in_force.limit) res->limit = in_force.limit;
+  if (dev && !res->capacity) res->capacity = cfg.limit ? 0 : res->limit; // not known: the pool's default limit
 
   const int verify = opts->verify;
+  char why[256] = "";
   double t0 = now_s();
   size_t i = 0;
   int at_half = 0; // the loop reached the trace's second half
@@ -125,8 +185,9 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
     if (op->kind == NF_TRACE_OP_ALLOC) {
       s->size = op->size;
       s->ptr = NULL;
+      s->st = streams[op->stream];
       if (op->size == 0) continue; // nf_alloc(0) is NULL by contract; nothing to replay
-      s->ptr = nf_alloc(pool, (size_t)op->size, streams[op->stream]);
+      s->ptr = nf_alloc(pool, (size_t)op->size, s->st);
       if (!s->ptr) {
         nf_status_t ast = nf_last_status();
         fail_at(res, ops, i, ast == NF_OK ? NF_ERR_INVALID : ast);
@@ -136,16 +197,26 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
       }
       if (verify) {
         s->sig = mix64(((uint64_t)i << 24) ^ op->slot ^ 0x6e6f66726167ull);
-        sig_write(s);
+        if (sig_write(&sb, s, s->st, why, sizeof why)) {
+          fail_at(res, ops, i, NF_ERR_BACKEND);
+          snprintf(res->error, sizeof res->error, "device: writing the signature at event %zu: %s",
+                   res->fail_event, why);
+          break;
+        }
       }
     } else {
       if (verify && s->ptr) {
         res->verified++;
-        if (!sig_ok(s)) {
-          fail_at(res, ops, i, NF_ERR_INVALID);
-          snprintf(res->error, sizeof res->error,
-                   "data lost: block of %llu bytes at %p (slot %u) changed before its free at event %zu",
-                   (unsigned long long)s->size, s->ptr, op->slot, res->fail_event);
+        int bad = sig_check(&sb, s, s->st, why, sizeof why);
+        if (bad) {
+          fail_at(res, ops, i, bad < 0 ? NF_ERR_BACKEND : NF_ERR_INVALID);
+          if (bad < 0)
+            snprintf(res->error, sizeof res->error, "device: reading the signature at event %zu: %s",
+                     res->fail_event, why);
+          else
+            snprintf(res->error, sizeof res->error,
+                     "data lost: block of %llu bytes at %p (slot %u) changed before its free at event %zu (%s)",
+                     (unsigned long long)s->size, s->ptr, op->slot, res->fail_event, why);
           break;
         }
       }
@@ -164,6 +235,10 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
       opts->sample(opts->sample_ctx, i + 1, &cur);
     }
   }
+  if (dev && dev->drain && dev->drain(dev->ctx, why, sizeof why) && res->status == NF_OK) {
+    res->status = NF_ERR_BACKEND;
+    snprintf(res->error, sizeof res->error, "device: waiting for its work at the end: %s", why);
+  }
   res->seconds = now_s() - t0;
   if (opts->sample && i > 0 && opts->sample_every > 1 && i % opts->sample_every != 0) {
     nf_stats_t cur; // the last op done (or the failing one's predecessor)
@@ -180,10 +255,13 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
     for (size_t k = 0; k < ops->n_slots; k++) {
       if (!slots[k].ptr) continue;
       res->verified++;
-      if (!sig_ok(&slots[k])) {
-        res->status = NF_ERR_INVALID;
-        snprintf(res->error, sizeof res->error, "data lost: block of %llu bytes at %p (slot %zu) live at the end",
-                 (unsigned long long)slots[k].size, slots[k].ptr, k);
+      int bad = sig_check(&sb, &slots[k], slots[k].st, why, sizeof why);
+      if (bad) {
+        res->status = bad < 0 ? NF_ERR_BACKEND : NF_ERR_INVALID;
+        if (bad < 0) snprintf(res->error, sizeof res->error, "device: reading the signature at the end: %s", why);
+        else
+          snprintf(res->error, sizeof res->error, "data lost: block of %llu bytes at %p (slot %zu) live at the end (%s)",
+                   (unsigned long long)slots[k].size, slots[k].ptr, k, why);
         break;
       }
     }
@@ -200,6 +278,9 @@ out:
   if (be) nf_backend_destroy(be);
   free(slots);
   free(streams);
+  free(sb.off);
+  free(sb.val);
+  free(sb.got);
   return res->status;
 }
 

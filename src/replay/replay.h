@@ -1,7 +1,8 @@
-// Trace replay through the library on the host backend (internal).
+// Trace replay through the library on the host backend, or on a real device
+// the caller hands in (internal).
 //
 // A replay turns a trace's ops (trace.h) into nf_alloc / nf_free calls on a
-// fresh host backend + pool: one call per alloc, the free at free_completed
+// fresh backend + pool: one call per alloc, the free at free_completed
 // (when PyTorch could reuse the block), each alloc on its trace stream. It
 // measures what the allocator needed (peak mapped / physical, backend calls)
 // for the program's demand (peak live), and with `verify` proves that no
@@ -20,11 +21,35 @@
 #define NF_REPLAY_CAPACITY ((uint64_t)2 << 40)
 #define NF_REPLAY_GRANULE ((uint64_t)2 << 20) // CUDA's granularity
 
+// A real device to replay on, instead of the simulated one (the CLI's
+// --device: tools/device.c does it for CUDA). The replay library knows no
+// driver: the device makes each run's backend and the streams, and moves the
+// signature words of --verify in and out of its memory in stream order.
+typedef struct nf__replay_dev_s {
+  void *ctx;
+  // A fresh backend for one run (each probe of a bisection gets its own),
+  // and the device's memory in *capacity (0: not known). Non-zero: err says why.
+  int (*backend)(void *ctx, uint64_t granule, nf_backend_t **out, uint64_t *capacity, char *err, size_t errlen);
+  // The stream for the trace's stream k (raw: its handle in the trace, 0
+  // the default stream); the same k always gets the same stream.
+  nf_stream_t (*stream)(void *ctx, size_t k, uint64_t raw);
+  // Write n 8-byte words val[i] at ptr + off[i], queued on stream s; read
+  // them back after s's work (get waits). Non-zero: a driver error, in err.
+  int (*put)(void *ctx, nf_stream_t s, void *ptr, size_t n, const uint64_t *off, const uint64_t *val, char *err,
+             size_t errlen);
+  int (*get)(void *ctx, nf_stream_t s, void *ptr, size_t n, const uint64_t *off, uint64_t *val, char *err,
+             size_t errlen);
+  // After the last op (before the pool goes): wait for all queued work, so
+  // that the run's time includes it. Non-zero: err says why. May be NULL.
+  int (*drain)(void *ctx, char *err, size_t errlen);
+} nf__replay_dev;
+
 typedef struct nf__replay_opts_s {
   nf_config_t cfg;   // pool config; cfg.limit 0 = unlimited (the capacity)
   uint64_t granule;  // 0 = cfg.granule, or NF_REPLAY_GRANULE if that is 0 too
   uint64_t capacity; // 0 = max(NF_REPLAY_CAPACITY, limit)
   int verify;        // write a signature into every block, check it at free
+  const nf__replay_dev *dev; // NULL: the simulated host device
   int check;         // nf_pool_check at the end of a completed replay
   // Optional sampling hook (NULL: none, no cost): called with the pool's
   // statistics after every `sample_every`-th op (0 = every op) and once after
