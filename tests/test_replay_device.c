@@ -81,7 +81,11 @@ static nf__replay_dev hd_hooks(hostdev_t *h) {
 // Two streams; rounds of 24 blocks of 1/2 to 6 granules (not whole granules),
 // each round freeing the one before but for every 5th block, which stays:
 // holes of changing sizes, so that under a limit the pool must stitch.
-static void synthetic(nf_trace_t *t, nf__trace_ops *o, uint64_t seed) {
+// (and `ro`: the defaults, its granule, --verify on)
+static void synthetic(nf_trace_t *t, nf__trace_ops *o, nf__replay_opts *ro, uint64_t seed) {
+  nf__replay_opts_default(ro);
+  ro->granule = G;
+  ro->verify = 1;
   char *text = malloc(1 << 20), err[256] = "";
   assert_non_null(text);
   size_t off = 0;
@@ -107,11 +111,8 @@ static void test_device_same_as_simulated(void **state) {
   (void)state;
   nf_trace_t t;
   nf__trace_ops o;
-  synthetic(&t, &o, nft_env_seed(11));
   nf__replay_opts ro;
-  nf__replay_opts_default(&ro);
-  ro.granule = G;
-  ro.verify = 1;
+  synthetic(&t, &o, &ro, nft_env_seed(11));
   nf__replay_result a, b;
   nf__replay_bisect bis;
   char err[256] = "";
@@ -152,11 +153,8 @@ static void test_device_catches_wrong_granules(void **state) {
   (void)state;
   nf_trace_t t;
   nf__trace_ops o;
-  synthetic(&t, &o, nft_env_seed(12));
   nf__replay_opts ro;
-  nf__replay_opts_default(&ro);
-  ro.granule = G;
-  ro.verify = 1;
+  synthetic(&t, &o, &ro, nft_env_seed(12));
   for (int how = 1; how <= 2; how++) {
     hostdev_t h = {.cap = (uint64_t)1 << 36, .corrupt = how};
     nf__replay_dev d = hd_hooks(&h);
@@ -177,11 +175,8 @@ static void test_device_failures(void **state) {
   (void)state;
   nf_trace_t t;
   nf__trace_ops o;
-  synthetic(&t, &o, nft_env_seed(13));
   nf__replay_opts ro;
-  nf__replay_opts_default(&ro);
-  ro.granule = G;
-  ro.verify = 1;
+  synthetic(&t, &o, &ro, nft_env_seed(13));
   struct { hostdev_t h; const char *want; } cases[] = {
       {{.fail_backend = 1}, "device backend: no such device (injected)"},
       {{.fail_put = 7}, "device: writing the signature at event"},
