@@ -44,6 +44,13 @@ nf_test_cuda() {
   fi
 }
 
+# The replay on the GPU against the replay on the simulated device
+# (tests/gpu/replay_device.sh; after nf_build_lib): same decisions, every block
+# verified through device memory, at the minimum capacity and at 1.01 x live.
+nf_replay_device() {
+  sh tests/gpu/replay_device.sh ./build/nofrag "$@" 2>&1 | tee "$OUT/replay_device.log"
+}
+
 # The device tool brings back at most 8 files: pack everything in $OUT into
 # all.tar.gz and keep beside it only the files named (read first).
 nf_pack_out() {
