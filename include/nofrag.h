@@ -364,6 +364,11 @@ typedef struct nf_stats_s {
   // Edge sharing (config `edges`): a live block's end granule that another block holds part of, mapped twice.
   uint64_t edges;                           //!< such granules now (each one fewer granule in use)
   uint64_t edges_made;                      //!< ... made so far
+  // Time in backend calls (wall clock on the calling thread, under the pool's
+  // lock), per kind as `calls`: what the driver charged, and in event_sync
+  // the host waits for stream work (a GPU's queued kernels included).
+  nf_calls_t call_ns;                       //!< nanoseconds per kind (0 where no call was made)
+  uint64_t backend_ns;                      //!< sum of call_ns
 } nf_stats_t;
 
 // ---------------------------------------------------------------- offload

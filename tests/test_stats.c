@@ -5,6 +5,8 @@
 #include "nf_test.h"
 #include "core/core.h" // white box: corrupt the structures the checker walks
 
+#include <time.h>
+
 #define G (64 * 1024)
 
 // Peaks reset to the current levels, not to zero: a peak below the level
@@ -65,6 +67,45 @@ static void check_fails(nf_pool_t *p, const char *msg) {
   if (nf_pool_check(p) != NF_ERR_INVALID) fail_msg("not caught: the corruption of \"%s\"", msg);
   nft_last_error_has(msg);
 }
+// Time in backend calls goes to the call's kind: a backend whose map sleeps
+// 2 ms shows it under call_ns.map, not under create (microseconds on memfd),
+// nothing under kinds never called, and backend_ns is the sum.
+static const nf_backend_ops_t *host_ops;
+static nf_status_t slow_map(nf_backend_t *be, uintptr_t va, size_t size, nf_handle_t h) {
+  struct timespec t = {0, 2000000};
+  while (nanosleep(&t, &t) != 0) {}
+  return host_ops->map(be, va, size, h);
+}
+
+static void test_call_time_by_kind(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB");
+  host_ops = be->ops;
+  nf_backend_ops_t slow = *be->ops;
+  slow.map = slow_map;
+  be->ops = &slow;
+  void *a[4];
+  for (int i = 0; i < 4; i++) assert_non_null(a[i] = nf_alloc(p, 3 * G + 100, NULL));
+  nf_stats_t s = nft_stats_of(p);
+  assert_true(s.calls.map >= 4);
+  assert_true(s.call_ns.map >= s.calls.map * 2000000ull);
+  assert_true(s.calls.create >= 4);
+  assert_true(s.call_ns.create < s.call_ns.map / 4);
+  assert_int_equal(s.calls.copy, 0);
+  assert_int_equal(s.call_ns.copy, 0);
+  assert_int_equal(s.calls.event_sync, 0);
+  assert_int_equal(s.call_ns.event_sync, 0);
+  const uint64_t *n = &s.call_ns.va_reserve;
+  uint64_t sum = 0;
+  for (size_t k = 0; k < sizeof s.call_ns / sizeof *n; k++) sum += n[k];
+  assert_int_equal(s.backend_ns, sum);
+  for (int i = 0; i < 4; i++) nf_free(p, a[i]);
+  nf_pool_destroy(p);
+  be->ops = host_ops;
+  nf_backend_destroy(be);
+}
+
 static void test_check_catches(void **state) {
   (void)state;
   nf_backend_t *be;
@@ -113,6 +154,7 @@ int main(void) {
       cmocka_unit_test(test_physical_created_released),
       cmocka_unit_test(test_live_granules_shared_once),
       cmocka_unit_test(test_check_catches),
+      cmocka_unit_test(test_call_time_by_kind),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 
 #define CALLS(X) X(va_reserve) X(va_release) X(create) X(release) X(map) X(unmap) X(set_access) \
   X(event_create) X(event_record) X(event_query) X(event_sync) X(stream_wait) X(copy)
+typedef struct { const char *n; uint64_t ns; } call_time;
 
 void nfc_print_json(const nfc_cli *cli, const nf__trace_ops *ops, const nf__replay_opts *ro,
                     const nf__replay_result *r, const nf__replay_bisect *b, int bisected, const char *end) {
@@ -42,6 +43,11 @@ void nfc_print_json(const nfc_cli *cli, const nf__trace_ops *ops, const nf__repl
          r->calls_second_half);
   const char *sep = "";
 #define X(f) printf("%s\"" #f "\":%" PRIu64, sep, s->calls.f); sep = ",";
+  CALLS(X)
+#undef X
+  printf("},\"backend_seconds\":%.6f,\"call_seconds\":{", (double)s->backend_ns * 1e-9);
+  sep = "";
+#define X(f) printf("%s\"" #f "\":%.6f", sep, (double)s->call_ns.f * 1e-9); sep = ",";
   CALLS(X)
 #undef X
   printf("},\"reclaims\":%" PRIu64 ",\"reclaimed_granules\":%" PRIu64 ",\"cross_stream_reuses\":%" PRIu64
@@ -167,6 +173,19 @@ void nfc_print_text(const nfc_cli *cli, const nf__trace_ops *ops, const nf__repl
   CALLS(X)
 #undef X
   printf(")\n");
+  // What the (simulated or real) device charged for them, the largest kinds first.
+  printf("  time in them        %.3f s", (double)s->backend_ns * 1e-9);
+  {
+    call_time k[16];
+    int nk = 0;
+#define X(f) if (s->call_ns.f) { k[nk].n = #f; k[nk++].ns = s->call_ns.f; }
+    CALLS(X)
+#undef X
+    for (int i = 1; i < nk; i++) // insertion sort, descending (13 kinds at most)
+      for (int j = i; j > 0 && k[j].ns > k[j - 1].ns; j--) { call_time t = k[j]; k[j] = k[j - 1]; k[j - 1] = t; }
+    for (int i = 0; i < nk && i < 4; i++) printf("%s%s %.3f", i ? ", " : " (", k[i].n, (double)k[i].ns * 1e-9);
+    printf("%s\n", nk ? ")" : "");
+  }
   printf("  in 2nd half         %" PRIu64 " (%s)\n", r->calls_second_half,
          r->ops_done < ops->n_ops / 2 ? "the replay stopped before the trace's second half" // no call made there
                                       : "steady state: the trace's later steps");

@@ -149,7 +149,7 @@ def run_worker(a):
     lens = seq_lengths(a.model, a.steps)
     batch = MODELS[a.model]["batch"]
     gen = torch.Generator(device="cuda")
-    losses, times, calls, live_peaks, drv, kinds = [], [], [], [], [], []
+    losses, times, calls, live_peaks, drv, kinds, kind_ns = [], [], [], [], [], [], []
     res["status"] = "running"
     for step in range(a.steps):
         gen.manual_seed(SEED * 1000 + step)
@@ -176,6 +176,7 @@ def run_worker(a):
             st = nf.stats(0)
             calls.append(st["backend_calls"])
             kinds.append(dict(st["calls"], reclaims=st["reclaims"], spilled=st.get("spilled", 0)))
+            kind_ns.append(dict(st.get("call_ns", {})))  # time in the calls (event_sync: host waits)
         else:
             ms = torch.cuda.memory_stats()
             drv.append(ms.get("num_device_alloc", 0) + ms.get("num_device_free", 0))
@@ -208,6 +209,14 @@ def run_worker(a):
             delta = {k: v - prev.get(k, 0) for k, v in cur.items()}
             by_step.append({k: v for k, v in delta.items() if v})
         res["calls_by_kind_by_step"] = by_step
+        # Per step, the seconds spent in those calls by kind: the driver's
+        # charge (map, set_access, ...) and the host waits (event_sync).
+        ns_step = []
+        for prev, cur in zip([{}] + kind_ns, kind_ns):
+            delta = {k: (v - prev.get(k, 0)) * 1e-9 for k, v in cur.items()}
+            ns_step.append({k: round(v, 6) for k, v in delta.items() if v})
+        res["call_seconds_by_kind_by_step"] = ns_step
+        res["call_seconds_by_step"] = [round(sum(d.values()), 6) for d in ns_step]
     else:
         res["peak_requested"] = ms.get("requested_bytes.all.peak", 0)
         res["driver_calls_by_step"] = drv

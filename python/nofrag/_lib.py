@@ -248,7 +248,10 @@ class NfStats(ctypes.Structure):
         "spilled", "spilled_peak", "offloaded", "offloaded_disk", "host_physical", "host_physical_peak",
         "spills", "offloads", "prefetches", "views", "view_reuses", "view_moves", "view_evictions",
         "units", "units_made", "units_unmapped", "unit_splits", "physical_created", "physical_released",
-        "edges", "edges_made")]
+        "edges", "edges_made")] + [
+        ("call_ns", NfCalls),  # nanoseconds in backend calls, per kind (host waits: event_sync)
+        ("backend_ns", _u64),
+    ]
 
     def to_dict(self):
         d = {}

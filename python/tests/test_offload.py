@@ -95,6 +95,8 @@ class PoolCase(unittest.TestCase):
 class TestMirror(unittest.TestCase):
     def test_new_fields_mirrored(self):
         names = [n for n, _ in nofrag.NfStats._fields_]
+        self.assertEqual(names[-2:], ["call_ns", "backend_ns"])
+        names = names[:-2]
         self.assertEqual(names[-21:-12], ["spilled", "spilled_peak", "offloaded", "offloaded_disk", "host_physical",
                                            "host_physical_peak", "spills", "offloads", "prefetches"])
         self.assertEqual(names[-12:-8], ["views", "view_reuses", "view_moves", "view_evictions"])
@@ -106,6 +108,10 @@ class TestMirror(unittest.TestCase):
             self.assertEqual(getattr(nofrag.NfStats, n).offset, LIB.nf_stats_offset(n.encode()), n)
         off = nofrag.NfStats.calls.offset + nofrag.NfCalls.copy.offset
         self.assertEqual(off, LIB.nf_stats_offset(b"calls.copy"))
+        for n in ("call_ns", "backend_ns"):
+            self.assertEqual(getattr(nofrag.NfStats, n).offset, LIB.nf_stats_offset(n.encode()), n)
+        off = nofrag.NfStats.call_ns.offset + nofrag.NfCalls.event_sync.offset
+        self.assertEqual(off, LIB.nf_stats_offset(b"call_ns.event_sync"))
 
     def test_conf_string_keys(self):
         self.assertEqual(nofrag.conf_string(spill=True, spill_limit="8GiB", offload_dir="/scratch/x"),

@@ -32,6 +32,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #define NF_ALIGN_SHIFT 9 // blocks are 512-byte aligned, sizes multiples of 512
 #define NF_ALIGN ((uint64_t)1 << NF_ALIGN_SHIFT)
@@ -308,6 +309,7 @@ struct nf_pool_s {
   char xfer_msg[768];
 
   nf_stats_t st; // counters and peaks (computed fields filled by nf_stats_get)
+  uint64_t be_t0; // NF_BE: the clock at the call in progress
 
   // OOM report (snapshot.c): a burst is OOMs less than a second apart; only
   // its first is printed, the next print counts the ones held back.
@@ -369,9 +371,23 @@ static inline uint64_t nf__calls_total(const nf_calls_t *c) {
   return c->va_reserve + c->va_release + c->create + c->release + c->map + c->unmap + c->set_access +
          c->event_create + c->event_record + c->event_query + c->event_sync + c->stream_wait + c->copy;
 }
-// Counting wrappers around backend ops: every call is counted in the stats.
-#define NF_BE(pool, op, counter, ...) \
-  ((pool)->st.calls.counter++, (pool)->be->ops->op((pool)->be, __VA_ARGS__))
+static inline uint64_t nf__calls_ns_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+// Adds the time since t0 to *acc; returns the call's status.
+static inline nf_status_t nf__calls_timed(uint64_t *acc, uint64_t t0, nf_status_t st) {
+  *acc += nf__calls_ns_now() - t0;
+  return st;
+}
+// Counting wrappers around backend ops: every call is counted in the stats,
+// and timed (a real clock, not the pool's: replay runs that on trace time).
+// be_t0 is set before the call (a sequence point); nf__calls_timed reads the
+// clock after it returns. Backend ops never call NF_BE themselves.
+#define NF_BE(pool, op, counter, ...)                                                            \
+  ((pool)->st.calls.counter++, (pool)->be_t0 = nf__calls_ns_now(),                             \
+   nf__calls_timed(&(pool)->st.call_ns.counter, (pool)->be_t0, (pool)->be->ops->op((pool)->be, __VA_ARGS__)))
 
 // capacity.c: the core of a pool, without tiers or observers (src/nofrag.c
 // attaches those). Errors set nf_last_error(); *out is NULL on failure.

@@ -22,6 +22,7 @@ void nf_stats_get(nf_pool_t *p, nf_stats_t *out) {
   s.largest_free_mapped = nf__largest_free_mapped(p, &s.live_granules);
   if (p->pub_lf_stale) { p->pub_lf_ns = 0; nf__pub_full(p); } // the monitor gets a fresh walk too
   s.backend_calls = nf__calls_total(&s.calls);
+  s.backend_ns = nf__calls_total(&s.call_ns);
   s.spilled = (p->host_mapped - p->offl_granules) << p->gshift;
   s.offloaded = (p->offl_granules + p->detached_granules) << p->gshift;
   s.offloaded_disk = p->disk_bytes;

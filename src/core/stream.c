@@ -92,8 +92,9 @@ static nf_status_t streams_recycle(nf_pool_t *p, uint64_t keep) {
                   : !p->be->ops->sync ? "the backend cannot wait for the whole device"
                   : NULL;
   if (why) return slots_refused(why);
-  p->st.calls.event_sync++; // a host wait, counted with the event ones (PyTorch: num_sync_all_streams)
-  st = p->be->ops->sync(p->be);
+  p->st.calls.event_sync++; // a host wait, counted and timed with the event ones (PyTorch: num_sync_all_streams)
+  p->be_t0 = nf__calls_ns_now();
+  st = nf__calls_timed(&p->st.call_ns.event_sync, p->be_t0, p->be->ops->sync(p->be));
   if (st != NF_OK)
     return nf__error(st, "nofrag: %d streams used: device synchronize (to give back the slots of unused streams) "
                      "failed: %s", NF_MAX_STREAMS, nf__backend_err());
@@ -491,8 +492,7 @@ void nf__streams_destroy(nf_pool_t *p) {
   for (uint32_t a = 0; a < p->nstreams; a++) {
     nf_stream_rec_t *r = &p->streams[a];
     if (r->rec_tick) { // the newest record covers the older ones
-      p->st.calls.event_sync++;
-      p->be->ops->event_sync(p->be, nf__stream_event(r));
+      (void)NF_BE(p, event_sync, event_sync, nf__stream_event(r));
     }
     for (int h = 0; h < NF_EVENTS; h++)
       if (r->ev[h]) p->be->ops->event_destroy(p->be, r->ev[h]);

@@ -407,8 +407,7 @@ void nf__view_chunk_unmap(nf_pool_t *p, nf_chunk_t *c) {
     if (!nf__bit(c->stale, g)) continue;
     uint64_t e = g;
     while (e < c->ngran && nf__bit(c->stale, e)) e++;
-    p->st.calls.unmap++;
-    p->be->ops->unmap(p->be, c->base + (g << p->gshift), (e - g) << p->gshift);
+    (void)NF_BE(p, unmap, unmap, c->base + (g << p->gshift), (e - g) << p->gshift);
     for (; g < e; g++) unview(p, c, g);
   }
 }

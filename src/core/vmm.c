@@ -584,8 +584,7 @@ void nf__chunks_destroy(nf_pool_t *p) {
       g = e;
     }
     nf__view_chunk_unmap(p, c);
-    p->st.calls.va_release++;
-    p->be->ops->va_release(p->be, c->base, c->size);
+    (void)NF_BE(p, va_release, va_release, c->base, c->size);
     free(c->mapped);
     free(c->phys);
     free(c->guest);

@@ -91,8 +91,7 @@ static nf_status_t copy_window(nf_pool_t *p, const nf_chunk_t *c, uint64_t g0, c
       if (we != w + (e - j) * G) break;
     }
     uintptr_t blk = c->base + (g0 + j) * G;
-    p->st.calls.copy++;
-    st = p->be->ops->copy(p->be, out ? w : blk, out ? blk : w, (e - j) * G, p->streams[s].handle);
+    st = NF_BE(p, copy, copy, out ? w : blk, out ? blk : w, (e - j) * G, p->streams[s].handle);
     if (st != NF_OK) return nf__error(st, "nofrag: offload copy failed: %s", nf__backend_err());
     *queued = true;
   }

@@ -51,8 +51,7 @@ static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, u
   for (uint64_t k = 0; k < len && st == NF_OK; k += chunk) {
     uint64_t n = len - k < chunk ? len - k : chunk;
     if (out) {
-      p->st.calls.copy++;
-      st = p->be->ops->copy(p->be, (uintptr_t)buf, va + k, n, r->handle);
+      st = NF_BE(p, copy, copy, (uintptr_t)buf, va + k, n, r->handle);
       if (st != NF_OK) { nf__error(st, "nofrag: offload to disk: copy failed: %s", nf__backend_err()); break; }
       if ((st = nf__stream_record(p, s)) == NF_OK) st = NF_BE(p, event_sync, event_sync, nf__stream_event(r));
       if (st != NF_OK) {
@@ -62,9 +61,8 @@ static nf_status_t disk_io(nf_pool_t *p, bool out, uint64_t off, uintptr_t va, u
       }
       st = file_io(p, true, buf, n, off + k);
     } else if ((st = file_io(p, false, buf, n, off + k)) == NF_OK) {
-      p->st.calls.copy++;
       // Pageable source: the copy has read the buffer when it returns.
-      st = p->be->ops->copy(p->be, va + k, (uintptr_t)buf, n, r->handle);
+      st = NF_BE(p, copy, copy, va + k, (uintptr_t)buf, n, r->handle);
       if (st != NF_OK) nf__error(st, "nofrag: prefetch from disk: copy failed: %s", nf__backend_err());
     }
   }

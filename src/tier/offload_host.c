@@ -73,9 +73,8 @@ static nf_status_t copy_runs(nf_pool_t *p, const nf_xfer_t *x, const nf_chunk_t 
     uint64_t e = j + 1;
     while (e < x->n && x->gs[e] == x->gs[e - 1] + 1) e++;
     uintptr_t blk = c->base + x->gs[j] * G, stg = x->stage + j * G;
-    p->st.calls.copy++;
-    nf_status_t st = p->be->ops->copy(p->be, to_stage ? stg : blk, to_stage ? blk : stg, (e - j) * G,
-                                      p->streams[x->s].handle);
+    nf_status_t st = NF_BE(p, copy, copy, to_stage ? stg : blk, to_stage ? blk : stg, (e - j) * G,
+                           p->streams[x->s].handle);
     if (st != NF_OK) return nf__error(st, "nofrag: offload copy failed: %s", nf__backend_err());
     *queued = j = e;
   }
@@ -375,8 +374,7 @@ static uint64_t prefetch_undo(nf_pool_t *p, nf_chunk_t *c, nf_xfer_t *x, const u
     uint64_t g = x->gs[j];
     fate[j] = holds(c, g, x->hg[j]) ? HOST : holds(c, g, dev[j]) && j < landed ? FILLED : LOST;
     if (fate[j] == LOST && holds(c, g, dev[j]) && nf__bit(NF_READY(c), g)) {
-      p->st.calls.copy++;
-      if (p->be->ops->copy(p->be, c->base + g * G, x->stage + j * G, G, p->streams[x->s].handle) == NF_OK)
+      if (NF_BE(p, copy, copy, c->base + g * G, x->stage + j * G, G, p->streams[x->s].handle) == NF_OK)
         fate[j] = COPIED, queued = true;
     }
   }

@@ -591,7 +591,10 @@ NF_API size_t nf_stats_offset(const char *field) {
       F(spilled), F(spilled_peak), F(offloaded), F(offloaded_disk), F(host_physical), F(host_physical_peak),
       F(spills), F(offloads), F(prefetches), F(views), F(view_reuses), F(view_moves), F(view_evictions),
       F(units), F(units_made), F(units_unmapped), F(unit_splits), F(physical_created), F(physical_released),
-      F(edges), F(edges_made),
+      F(edges), F(edges_made), F(call_ns), F(call_ns.va_reserve), F(call_ns.va_release), F(call_ns.create),
+      F(call_ns.release), F(call_ns.map), F(call_ns.unmap), F(call_ns.set_access), F(call_ns.event_create),
+      F(call_ns.event_record), F(call_ns.event_query), F(call_ns.event_sync), F(call_ns.stream_wait), F(call_ns.copy),
+      F(backend_ns),
 #undef F
   };
   if (!field) return (size_t)-1;
