@@ -213,6 +213,9 @@ def summary(device=0):
               f"{s.get('prefetches', 0)}",
               f" backend calls {s['backend_calls']}: " + ", ".join(
                   f"{k} {v}" for k, v in s["calls"].items() if v),
+              f" time in them {s.get('backend_ns', 0) * 1e-9:.3f} s: " + ", ".join(
+                  f"{k} {v * 1e-9:.3f}" for k, v in sorted(s.get("call_ns", {}).items(), key=lambda kv: -kv[1])[:4]
+                  if v),
               f" granule {s['granule']} B, bytes allocated {b_alloc}, freed {b_freed}, "
               f"allocs {n_alloc}, frees {n_free}",
               "=" * 72]

@@ -346,6 +346,10 @@ class TestPluginOnHost(unittest.TestCase):
         self.assertEqual(f["allocated_bytes.small_pool.current"], 0)
         self.assertIn("num_alloc_retries", f)
         self.assertIn("nofrag memory summary", nft.summary(0))
+        # The time in backend calls: flattened per kind, and in the summary.
+        self.assertEqual(f["nofrag.backend_ns"], sum(f[f"nofrag.call_ns.{k}"] for k in s["call_ns"]))
+        self.assertGreater(f["nofrag.call_ns.map"], 0)
+        self.assertIn(" time in them ", nft.summary(0))
         lib.nf_torch_free(p, 5 * MiB + 3, 0, None)
         nft._mark_baseline(0)
         self.assertEqual(nft.flat_stats(0)["allocation.all.allocated"], 0)
