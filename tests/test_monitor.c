@@ -108,6 +108,7 @@ static void check_match(nf_pool_t *p, bool all) {
   if (all) { // after a slow path (trim): the slow-path fields too
     assert_int_equal(v[0].v[NF_PUB_RECLAIMS], s.reclaims);
     assert_int_equal(v[0].v[NF_PUB_BACKEND_CALLS], s.backend_calls);
+    assert_int_equal(v[0].v[NF_PUB_BACKEND_NS], s.backend_ns);
     assert_int_equal(v[0].v[NF_PUB_LARGEST_FREE], s.largest_free_mapped);
   }
   free(v);

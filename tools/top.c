@@ -46,19 +46,24 @@ static void human(char *buf, size_t n, uint64_t b) {
 
 // Allocation rate: allocs delta over the refresh period when the previous
 // frame saw the same pool, else the average since the pool was created.
-static double alloc_rate(const nf_mon_entry_t *e, const nf_mon_entry_t *prev, long nprev, double dt) {
+// Field k's growth per second: since the previous frame, else since the pool began.
+static double rate(const nf_mon_entry_t *e, int k, const nf_mon_entry_t *prev, long nprev, double dt) {
   for (long i = 0; prev && i < nprev; i++)
-    if (prev[i].pid == e->pid && prev[i].pool_id == e->pool_id && dt > 0 &&
-        e->v[NF_PUB_ALLOCS] >= prev[i].v[NF_PUB_ALLOCS])
-      return (double)(e->v[NF_PUB_ALLOCS] - prev[i].v[NF_PUB_ALLOCS]) / dt;
+    if (prev[i].pid == e->pid && prev[i].pool_id == e->pool_id && dt > 0 && e->v[k] >= prev[i].v[k])
+      return (double)(e->v[k] - prev[i].v[k]) / dt;
   double up = now_s(CLOCK_REALTIME) - (double)e->start_ns * 1e-9;
-  return up > 0.001 ? (double)e->v[NF_PUB_ALLOCS] / up : 0.0;
+  return up > 0.001 ? (double)e->v[k] / up : 0.0;
+}
+static double alloc_rate(const nf_mon_entry_t *e, const nf_mon_entry_t *prev, long nprev, double dt) {
+  return rate(e, NF_PUB_ALLOCS, prev, nprev, dt);
 }
 
 static void print_table(FILE *f, const nf_mon_entry_t *v, long n, const nf_mon_entry_t *prev, long nprev,
                         double dt) {
-  fprintf(f, "%-8s %-4s %-8s %10s %10s %10s %10s %6s %10s %9s %9s %10s %6s\n", "PID", "POOL", "DEVICE", "LIVE",
-          "MAPPED", "PHYSICAL", "LIMIT", "FRAG%", "LARGEST", "SPILLED", "OFFLOADED", "ALLOC/S", "OOMS");
+  // CALLS%: the share of wall time the pool spent in backend calls (driver
+  // work and host waits), over the last frame.
+  fprintf(f, "%-8s %-4s %-8s %10s %10s %10s %10s %6s %10s %9s %9s %10s %6s %6s\n", "PID", "POOL", "DEVICE", "LIVE",
+          "MAPPED", "PHYSICAL", "LIMIT", "FRAG%", "LARGEST", "SPILLED", "OFFLOADED", "ALLOC/S", "CALLS%", "OOMS");
   for (long i = 0; i < n; i++) {
     const nf_mon_entry_t *e = &v[i];
     char live[16], mapped[16], phys[16], lim[16], lf[16], sp[16], off[16];
@@ -69,9 +74,9 @@ static void print_table(FILE *f, const nf_mon_entry_t *v, long n, const nf_mon_e
     human(lf, sizeof lf, e->v[NF_PUB_LARGEST_FREE]);
     human(sp, sizeof sp, e->v[NF_PUB_SPILLED]);
     human(off, sizeof off, e->v[NF_PUB_OFFLOADED]);
-    fprintf(f, "%-8d %-4u %-8s %10s %10s %10s %10s %6.1f %10s %9s %9s %10.0f %6llu\n", e->pid, e->pool_id, e->device,
-            live, mapped, phys, lim, 100.0 * e->fragmentation, lf, sp, off, alloc_rate(e, prev, nprev, dt),
-            (unsigned long long)e->v[NF_PUB_OOMS]);
+    fprintf(f, "%-8d %-4u %-8s %10s %10s %10s %10s %6.1f %10s %9s %9s %10.0f %6.1f %6llu\n", e->pid, e->pool_id,
+            e->device, live, mapped, phys, lim, 100.0 * e->fragmentation, lf, sp, off, alloc_rate(e, prev, nprev, dt),
+            1e-7 * rate(e, NF_PUB_BACKEND_NS, prev, nprev, dt), (unsigned long long)e->v[NF_PUB_OOMS]);
   }
   if (!n) fprintf(f, "(no nofrag pools)\n");
 }
@@ -83,7 +88,7 @@ static void print_json(FILE *f, const nf_mon_entry_t *v, long n) {
       [NF_PUB_LIMIT] = "limit", [NF_PUB_GRANULE] = "granule",
       [NF_PUB_LARGEST_FREE] = "largest_free", [NF_PUB_SPILLED] = "spilled", [NF_PUB_OOMS] = "ooms",
       [NF_PUB_RECLAIMS] = "reclaims", [NF_PUB_BACKEND_CALLS] = "backend_calls", [NF_PUB_OFFLOADED] = "offloaded",
-      [NF_PUB_AWAY] = "away"};
+      [NF_PUB_AWAY] = "away", [NF_PUB_BACKEND_NS] = "backend_ns"};
   fputc('[', f);
   for (long i = 0; i < n; i++) {
     const nf_mon_entry_t *e = &v[i];

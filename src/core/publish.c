@@ -50,6 +50,7 @@ void nf__pub_full(nf_pool_t *p) {
   v[NF_PUB_OOMS] = p->st.ooms;
   v[NF_PUB_RECLAIMS] = p->st.reclaims;
   v[NF_PUB_BACKEND_CALLS] = nf__calls_total(&p->st.calls); // as nf_stats_t's
+  v[NF_PUB_BACKEND_NS] = nf__calls_total(&p->st.call_ns);
   uint64_t s = atomic_load_explicit(&m->seq, memory_order_relaxed);
   atomic_store_explicit(&m->seq, s + 1, memory_order_relaxed);
   for (int i = 0; i < NF_PUB_NFIELDS; i++) atomic_store_explicit(&m->v[i], v[i], memory_order_release);

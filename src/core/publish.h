@@ -23,6 +23,7 @@ enum {
   // (an older writer's file reads 0 for these).
   NF_PUB_OFFLOADED,    // host granules holding nf_offload'ed blocks x G (attached and detached)
   NF_PUB_AWAY,         // live bytes not mapped (disk and detached offloads): fragmentation leaves them out
+  NF_PUB_BACKEND_NS,   // nanoseconds in backend calls (nf_stats_t.backend_ns; slow paths)
   NF_PUB_NFIELDS
 };
 #define NF_PUB_V1_FIELDS 13 // fields of the first layout: the smallest file a reader accepts
