@@ -455,6 +455,9 @@ NF_API nf_status_t nf_offload_wait(nf_pool_t *pool);
 NF_API nf_status_t nf_block_tiers(nf_pool_t *pool, const void *ptr, uint64_t bytes[3]);
 
 //! Fill `st` (includes a walk for largest_free_mapped / live_granules).
+//! nf_stats_t grows at its end between 0.x releases (no ABI promise before
+//! 1.0): build against the header of the library you load (the Python
+//! package checks its mirror against nf_stats_size()).
 NF_API void nf_stats_get(nf_pool_t *pool, nf_stats_t *st);
 //! Reset the peaks to the current values.
 NF_API void nf_stats_reset_peaks(nf_pool_t *pool);
