@@ -5,73 +5,7 @@
 // shared granule really is one physical granule (bytes written through the
 // new block appear at the other place, under its shadow), that no live byte
 // is touched through either place, and that the pair ends cleanly.
-#include "nf_test.h"
-
-#include "core/core.h"
-
-#define G 65536ull
-#define LIMIT "limit:512KiB,small_max:4KiB" // 8 granules; every request here in the large arena
-
-typedef struct scen_s {
-  nf_backend_t *be, *host;
-  nf_pool_t *p;
-  nft_live_t l[8]; // the scenario's live blocks, filled with patterns
-  int n;
-} scen_t;
-
-static void *take(scen_t *s, uint64_t n, bool keep) {
-  void *x = nf_alloc(s->p, n, 0);
-  assert_non_null(x);
-  if (keep) {
-    uint64_t tag = 100 + (uint64_t)s->n;
-    nft_fill(x, n, tag);
-    s->l[s->n++] = (nft_live_t){.p = x, .n = n, .tag = tag};
-  }
-  return x;
-}
-
-static void give(scen_t *s, void *x) { assert_int_equal(nf_free(s->p, x), NF_OK); }
-
-static void pool_on(scen_t *s, const char *conf, bool faults) {
-  *s = (scen_t){0};
-  char c[256];
-  snprintf(c, sizeof c, LIMIT ",%s", conf);
-  nf_config_t cfg;
-  nf_config_default(&cfg);
-  char err[256];
-  assert_int_equal(nf_config_parse(&cfg, c, err, sizeof err), NF_OK);
-  assert_int_equal(nf_backend_host_create(&s->host, 1024 * G, G), NF_OK);
-  s->be = s->host;
-  if (faults) assert_int_equal(nf_backend_fault_create(&s->be, s->host, 0, 0, 1), NF_OK);
-  assert_int_equal(nf_pool_create(&s->p, s->be, &cfg), NF_OK);
-}
-
-static void pool_off(scen_t *s) {
-  nft_check_all(s->l, s->n);
-  assert_int_equal(nf_pool_check(s->p), NF_OK);
-  for (int i = 0; i < s->n; i++)
-    if (s->l[i].p) give(s, s->l[i].p);
-  assert_int_equal(nf_pool_check(s->p), NF_OK);
-  nf_pool_destroy(s->p);
-  nft_usage_is(s->host, 0, 0); // the second mappings went too
-  nf_backend_destroy(s->be); // (a fault backend destroys the host one it wraps)
-}
-
-// Granule 1 holds a1's last quarter and then `lend` free bytes, with a3 live
-// after them; `fill` granules are cached (mapped, free): every other granule
-// of the 8 is taken.
-static uintptr_t head_lender(scen_t *s, uint64_t lend, uint64_t fill) {
-  char *a1 = take(s, 2 * G - lend, true);
-  char *a2 = take(s, lend, false);
-  char *a3 = take(s, G, true);
-  assert_ptr_equal(a2, a1 + 2 * G - lend);
-  assert_ptr_equal(a3, a1 + 2 * G);
-  give(s, a2);
-  if (fill) give(s, take(s, fill * G, false));
-  return (uintptr_t)a1 + G; // granule 1
-}
-
-static nf_stats_t st(scen_t *s) { return nft_stats_of(s->p); }
+#include "edge_test.h"
 
 // The request's first bytes live in granule 1's free tail: one granule fewer.
 static void test_edge_head(void **state) {
@@ -124,17 +58,6 @@ static void test_edge_head(void **state) {
     nft_check_all(s.l, s.n);
     pool_off(&s);
   }
-}
-
-// Granule 1 starts with `lend` free bytes, then q, live: a request may end there.
-static uintptr_t tail_lender(scen_t *s, uint64_t at, uint64_t lend) {
-  char *a = take(s, at * G, true);
-  char *p = take(s, lend, false);
-  char *q = take(s, G - lend, true);
-  assert_ptr_equal(p, a + at * G);
-  assert_ptr_equal(q, p + lend);
-  give(s, p);
-  return (uintptr_t)p;
 }
 
 static void test_edge_tail(void **state) {
@@ -308,11 +231,15 @@ static void test_edge_faults(void **state) {
 }
 
 int main(void) {
-  setenv("NOFRAG_QUIET_OOM", "1", 1);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_edge_head),    cmocka_unit_test(test_edge_tail),    cmocka_unit_test(test_edge_both),
-      cmocka_unit_test(test_edge_refused), cmocka_unit_test(test_edge_pending), cmocka_unit_test(test_edge_offload),
-      cmocka_unit_test(test_edge_stream_order), cmocka_unit_test(test_edge_faults),
+      cmocka_unit_test(test_edge_head),
+      cmocka_unit_test(test_edge_tail),
+      cmocka_unit_test(test_edge_both),
+      cmocka_unit_test(test_edge_refused),
+      cmocka_unit_test(test_edge_pending),
+      cmocka_unit_test(test_edge_offload),
+      cmocka_unit_test(test_edge_stream_order),
+      cmocka_unit_test(test_edge_faults),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
