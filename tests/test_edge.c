@@ -149,37 +149,44 @@ static void test_edge_pending(void **state) {
 
 // Stream order through both places of the shared granule (host backend with
 // manual events: it counts any use of physical memory not ordered after the
-// previous user's work, whichever mapping either went through).
+// previous user's work, whichever mapping either went through). Either end
+// shared, the request's other granules cached or still to be created: the
+// sharing block (on s2) takes bytes of granule 1 last used on s1 through
+// their own place, and after its free a block on s1 takes them again there.
 static void test_edge_stream_order(void **state) {
   (void)state;
-  scen_t s;
-  pool_on(&s, "edges:1", false);
-  nf_backend_host_set_manual_events(s.host, 1);
-  nf_stream_t s1 = (nf_stream_t)0x100, s2 = (nf_stream_t)0x200;
-  char *a1 = take(&s, 3 * G / 2, true);
-  char *a2 = nf_alloc(s.p, G / 2, s1); // granule 1's second half, used on s1, then freed
-  assert_ptr_equal(a2, a1 + 3 * G / 2);
-  nf_backend_host_use_new(s.be, s1, a2, G / 2);
-  nf_backend_host_use(s.be, s1, a2, G / 2);
-  take(&s, G, true);
-  give(&s, take(&s, 5 * G, false));
-  give(&s, a2);
-  // The sharing block, on s2, takes s1's last bytes of granule 1: ordered after s1.
-  char *c = nf_alloc(s.p, 5 * G + G / 4, s2);
-  assert_non_null(c);
-  assert_int_equal(st(&s).edges, 1);
-  nf_backend_host_use_new(s.be, s2, c, 5 * G + G / 4);
-  nf_backend_host_use(s.be, s2, c, 5 * G + G / 4);
-  assert_int_equal(nf_backend_host_violations(s.be), 0);
-  // Freed: its bytes at granule 1's own place go to a block on s1, ordered after s2.
-  assert_int_equal(nf_free(s.p, c), NF_OK);
-  char *e = nf_alloc(s.p, G / 2, s1);
-  assert_ptr_equal(e, a2);
-  nf_backend_host_use_new(s.be, s1, e, G / 2);
-  assert_int_equal(nf_backend_host_violations(s.be), 0);
-  nf_backend_host_complete_events(s.host);
-  give(&s, e);
-  pool_off(&s);
+  for (int tail = 0; tail < 2; tail++)
+    for (int cached = 0; cached < 2; cached++) {
+      scen_t s;
+      pool_on(&s, "edges:1", false);
+      nf_backend_host_set_manual_events(s.host, 1);
+      nf_stream_t s1 = (nf_stream_t)0x100, s2 = (nf_stream_t)0x200;
+      // head: granule 1's last half lent, 5 granules left; tail: its first half, 6 left
+      uint64_t before = tail ? G : 3 * G / 2, after = tail ? G / 2 : G, k = tail ? 6 : 5, n = k * G + G / 4;
+      char *a = take(&s, before, true);
+      char *l = nf_alloc(s.p, G / 2, s1);
+      assert_ptr_equal(l, a + before);
+      nf_backend_host_use_new(s.be, s1, l, G / 2);
+      nf_backend_host_use(s.be, s1, l, G / 2);
+      take(&s, after, true);
+      if (cached) give(&s, take(&s, k * G, false));
+      give(&s, l);
+      char *c = nf_alloc(s.p, n, s2);
+      assert_non_null(c);
+      assert_int_equal(st(&s).edges, 1);
+      assert_int_equal(((uintptr_t)c + (tail ? 0 : G / 4)) & (G - 1), 0);
+      nf_backend_host_use_new(s.be, s2, c, n);
+      nf_backend_host_use(s.be, s2, c, n);
+      assert_int_equal(nf_backend_host_violations(s.be), 0);
+      assert_int_equal(nf_free(s.p, c), NF_OK);
+      char *e = nf_alloc(s.p, G / 2, s1);
+      assert_ptr_equal(e, l);
+      nf_backend_host_use_new(s.be, s1, e, G / 2);
+      assert_int_equal(nf_backend_host_violations(s.be), 0);
+      nf_backend_host_complete_events(s.host);
+      give(&s, e);
+      pool_off(&s);
+    }
 }
 
 // Offloaded to the host tier and back: its own granules move, the shared one

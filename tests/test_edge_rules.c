@@ -2,7 +2,7 @@
 // mutation study and failing with its mutant: the best-fitting lender, the
 // tighter side, a request still short with both ends refused with no call,
 // small-arena lenders, requests of one granule or less, none during a capture,
-// host-tier granules never gathered, stream order through a shared tail, the
+// host-tier granules never gathered, the
 // parked view keeping the work through it, faults in a both-ends placement,
 // a map retried after unmapping idle views.
 #include "edge_test.h"
@@ -204,44 +204,6 @@ static void test_edge_host_granules_not_gathered(void **state) {
   pool_off(&s);
 }
 
-// Stream order through either shared end (test_edge_stream_order: the head
-// only), the request's granules still to be created: the sharing block (on
-// s2) takes bytes of granule 1 last used on s1 through their own place, and
-// after its free a block on s1 takes them again there.
-static void test_edge_stream_order_ends(void **state) {
-  (void)state;
-  for (int tail = 0; tail < 2; tail++) {
-    scen_t s;
-    pool_on(&s, "edges:1", false);
-    nf_backend_host_set_manual_events(s.host, 1);
-    nf_stream_t s1 = (nf_stream_t)0x100, s2 = (nf_stream_t)0x200;
-    // head: granule 1's last half lent, 5 granules left; tail: its first half, 6 left
-    uint64_t before = tail ? G : 3 * G / 2, after = tail ? G / 2 : G, n = (tail ? 6 : 5) * G + G / 4;
-    char *a = take(&s, before, true);
-    char *l = nf_alloc(s.p, G / 2, s1);
-    assert_ptr_equal(l, a + before);
-    nf_backend_host_use_new(s.be, s1, l, G / 2);
-    nf_backend_host_use(s.be, s1, l, G / 2);
-    take(&s, after, true);
-    give(&s, l);
-    char *c = nf_alloc(s.p, n, s2);
-    assert_non_null(c);
-    assert_int_equal(st(&s).edges, 1);
-    assert_int_equal(((uintptr_t)c + (tail ? 0 : G / 4)) & (G - 1), 0);
-    nf_backend_host_use_new(s.be, s2, c, n);
-    nf_backend_host_use(s.be, s2, c, n);
-    assert_int_equal(nf_backend_host_violations(s.be), 0);
-    assert_int_equal(nf_free(s.p, c), NF_OK);
-    char *e = nf_alloc(s.p, G / 2, s1);
-    assert_ptr_equal(e, l);
-    nf_backend_host_use_new(s.be, s1, e, G / 2);
-    assert_int_equal(nf_backend_host_violations(s.be), 0);
-    nf_backend_host_complete_events(s.host);
-    give(&s, e);
-    pool_off(&s);
-  }
-}
-
 // The pair ends while the block's work (on s2) is in flight: its second
 // mapping stays as a parked view whose work is that of the block. A block
 // placed over that view while the granule is still owned by live data at its
@@ -337,7 +299,6 @@ int main(void) {
       cmocka_unit_test(test_edge_not_in_capture),
       cmocka_unit_test(test_edge_small_requests),
       cmocka_unit_test(test_edge_host_granules_not_gathered),
-      cmocka_unit_test(test_edge_stream_order_ends),
       cmocka_unit_test(test_edge_view_keeps_the_work),
       cmocka_unit_test(test_edge_faults_both),
       cmocka_unit_test(test_edge_map_retry),
