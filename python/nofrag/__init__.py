@@ -89,7 +89,8 @@ __all__ = ["Pool", "LibraryError", "stats", "configure", "last_error", "conf_str
 def stats(device=0):
     """nofrag's statistics for the PyTorch plug-in's pool on `device`, as a
     dict of nf_stats_t fields (bytes unless noted; "calls" is a dict of
-    backend calls per kind). "pool" is False while the device has no pool
+    backend calls per kind, "call_ns" the nanoseconds spent in them, host
+    waits under "event_sync"). "pool" is False while the device has no pool
     yet (every value is then 0)."""
     lib = load()
     st = NfStats()

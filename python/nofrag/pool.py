@@ -211,7 +211,8 @@ class Pool:
 
     def stats(self) -> Dict[str, Any]:
         """nf_stats_get as a dict (bytes unless noted: "live", "mapped",
-        "physical", "limit", "allocs", "frees", "fragmentation", ...)."""
+        "physical", "limit", "allocs", "frees", "fragmentation", ...;
+        "calls" and "call_ns": backend calls and nanoseconds in them, per kind)."""
         st, lib = NfStats(), _lib.load()
         with self._use() as h:
             lib.nf_stats_get(h, ctypes.byref(st))
