@@ -117,10 +117,15 @@ int nfc_device_open(const char *spec, size_t n_streams, const uint64_t *raw, nfc
                     size_t errlen) {
   *out = NULL;
   int ordinal = 0;
-  char tail = 0;
-  if (strcmp(spec, "cuda") != 0 && (sscanf(spec, "cuda:%d%c", &ordinal, &tail) != 1 || ordinal < 0)) {
-    snprintf(err, errlen, "--device '%s': expected cuda or cuda:N (N a device ordinal)", spec);
-    return -1;
+  if (strcmp(spec, "cuda") != 0) { // "cuda:N", N decimal digits only, 0..1023 (the pool's bound for `device`)
+    const char *n = strncmp(spec, "cuda:", 5) == 0 ? spec + 5 : "";
+    char *end = NULL;
+    long v = *n >= '0' && *n <= '9' ? strtol(n, &end, 10) : -1;
+    if (v < 0 || v > 1023 || !end || *end) {
+      snprintf(err, errlen, "--device '%s': expected cuda or cuda:N (N a device ordinal, 0..1023)", spec);
+      return -1;
+    }
+    ordinal = (int)v;
   }
   nfc_device *d = calloc(1, sizeof *d);
   if (!d || !(d->streams = calloc(n_streams ? n_streams : 1, sizeof *d->streams))) {

@@ -53,7 +53,9 @@ static const char usage[] =
     "  --device cuda[:N] replay nofrag on GPU N (default 0) instead of the simulated device: the\n"
     "                    library's CUDA backend, one CUDA stream per trace stream; with --verify\n"
     "                    the signatures go through device memory. The time then includes the\n"
-    "                    driver's calls. The models still run on the CPU\n"
+    "                    driver's calls. Under the same --limit it decides as the simulated\n"
+    "                    device does; without one, each side's limit is its own size. The\n"
+    "                    models still run on the CPU\n"
     "  --json            print one JSON object instead of text\n"
     "  --html FILE       also write a self-contained HTML page: live vs reserved over the replay\n"
     "                    for nofrag and, when the trace has segment events, for PyTorch's\n"
@@ -184,10 +186,6 @@ static int cmd_replay(int argc, char **argv) {
   if (cli.device && !cli.run_nofrag) {
     fprintf(stderr, "nofrag: --device runs nofrag on a GPU; the models (--allocator %s) run on the CPU only: drop "
             "--device or add nofrag (--allocator all)\n", alloc);
-    return 2;
-  }
-  if (cli.device && cli.granule_str) {
-    fprintf(stderr, "nofrag: --granule with --device: the granule is the driver's (2 MiB on CUDA); drop --granule\n");
     return 2;
   }
   if (cli.hotspots && !cli.run_model[0] && !cli.run_model[1]) {

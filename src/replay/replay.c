@@ -74,8 +74,8 @@ static int sig_check(sigbuf_t *sb, const slot_t *s, nf_stream_t st, char *err, s
     memcpy(&want, &sb->val[i], len);
     memcpy(&have, &sb->got[i], len);
     if (have != want) {
-      snprintf(err, errlen, "%llu bytes changed at offset %llu", (unsigned long long)len,
-               (unsigned long long)sb->off[i]);
+      snprintf(err, errlen, "the word at offset %llu: wrote %#llx, read %#llx", (unsigned long long)sb->off[i],
+               (unsigned long long)want, (unsigned long long)have);
       return 1;
     }
   }
@@ -127,7 +127,8 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
   sb.got = malloc(nw * sizeof *sb.got);
   if (!slots || !streams || !sb.off || !sb.val || !sb.got) {
     res->status = NF_ERR_NOMEM;
-    snprintf(res->error, sizeof res->error, "out of memory for %zu replay slots", ops->n_slots);
+    if (!slots || !streams) snprintf(res->error, sizeof res->error, "out of memory for %zu replay slots", ops->n_slots);
+    else snprintf(res->error, sizeof res->error, "out of memory for %zu signature words (--verify)", nw);
     goto out;
   }
   // The trace's raw handle is the stream on the simulated device (0 stays
