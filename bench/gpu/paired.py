@@ -54,6 +54,13 @@ def analyse(res, long_seq):
                 row["long_paired_median"] = statistics.median(t[i] / n[i] for i in lng)
                 row["long_sum_ratio"] = sum(t[i] for i in lng) / sum(n[i] for i in lng)
                 row["long_extra_ms"] = 1e3 * (sum(t[i] for i in lng) - sum(n[i] for i in lng))
+                # nofrag's time in backend calls over those steps (train.py's call_seconds_by_kind_by_step):
+                # the driver's work, and apart from it the host waits (event_sync), which the GPU's
+                # queued work may hide.
+                cs = r.get("call_seconds_by_kind_by_step")
+                if cs and len(cs) >= k:
+                    row["long_calls_ms"] = 1e3 * sum(sum(v for kk, v in cs[i].items() if kk != "event_sync") for i in lng)
+                    row["long_waits_ms"] = 1e3 * sum(cs[i].get("event_sync", 0) for i in lng)
             row["peak_reserved_over_live"] = (r.get("peak_physical") or r.get("peak_reserved") or 0) / max(
                 1, r.get("peak_live") or 1)
             row["calls_per_steady_step"] = r.get("calls_per_steady_step")
@@ -79,14 +86,15 @@ def main():
         print()
         return
     print("| source | model | config | paired median (steps 1+) | long steps | long paired median | long sum ratio "
-          "| long extra ms | reserved/live | calls/step | loss = native |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| long extra ms | in driver calls ms | in host waits ms | reserved/live | calls/step | loss = native |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         def f(k, fmt="{:.3f}"):
             v = r.get(k)
             return "" if v is None else fmt.format(v)
         print(f"| {r['source']} | {r['model']} | {r['config']} | {f('paired_median')} | {f('long_steps', '{}')} | "
               f"{f('long_paired_median')} | {f('long_sum_ratio')} | {f('long_extra_ms', '{:+.0f}')} | "
+              f"{f('long_calls_ms', '{:.0f}')} | {f('long_waits_ms', '{:.0f}')} | "
               f"{f('peak_reserved_over_live', '{:.4f}')} | {f('calls_per_steady_step', '{:.1f}')} | "
               f"{r['loss_equal_native']} |")
 
