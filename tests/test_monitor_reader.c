@@ -131,6 +131,33 @@ static void test_device_name_sanitized(void **state) {
   unlink(path);
 }
 
+// An older library's file holds fewer fields (the layout grows at its end):
+// the reader says how many, so that nofrag top shows "-" for the new ones
+// (CALLS%) rather than a 0 that means nothing. This version's file holds all.
+static void test_older_layout_fields(void **state) {
+  (void)state;
+  char path[512];
+  snprintf(path, sizeof path, "%s/nofrag.%u.%d.78", dir, (unsigned)getuid(), (int)getpid());
+  struct timespec t; // alive, and the file is newer than this process
+  clock_gettime(CLOCK_REALTIME, &t);
+  fake_file(path, 0600, (int32_t)getpid(), (uint64_t)t.tv_sec * 1000000000ull, "host");
+  nf_mon_entry_t e;
+  assert_int_equal(nf__mon_read(path, &e), 0);
+  assert_int_equal(e.nfields, NF_PUB_NFIELDS);
+  int fd = open(path, O_RDWR); // as a writer of the layout before backend_ns left it
+  assert_true(fd >= 0);
+  nf_mon_shm_t m;
+  assert_int_equal(pread(fd, &m, sizeof m, 0), (ssize_t)sizeof m);
+  m.size = (uint32_t)(offsetof(nf_mon_shm_t, pub.v) + NF_PUB_BACKEND_NS * sizeof(uint64_t));
+  assert_int_equal(pwrite(fd, &m, sizeof m, 0), (ssize_t)sizeof m);
+  assert_int_equal(ftruncate(fd, (off_t)m.size), 0);
+  close(fd);
+  assert_int_equal(nf__mon_read(path, &e), 0);
+  assert_int_equal(e.nfields, NF_PUB_BACKEND_NS);
+  assert_int_equal(e.v[NF_PUB_BACKEND_NS], 0);
+  unlink(path);
+}
+
 // Anyone can write a file under a monitor name and truncate it while
 // nofrag top reads it: reading must not fault (a mapping read past the end
 // of a truncated file is SIGBUS, which killed top). A child truncates and
@@ -510,6 +537,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_dead_process_ignored_and_cleaned, setup, teardown),
       cmocka_unit_test_setup_teardown(test_special_files_skipped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_name_sanitized, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_older_layout_fields, setup, teardown),
       cmocka_unit_test_setup_teardown(test_truncated_while_read, setup, teardown),
       cmocka_unit_test_setup_teardown(test_clean_counts_removed_only, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reused_pid_of_other_user, setup, teardown),

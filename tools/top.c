@@ -74,9 +74,12 @@ static void print_table(FILE *f, const nf_mon_entry_t *v, long n, const nf_mon_e
     human(lf, sizeof lf, e->v[NF_PUB_LARGEST_FREE]);
     human(sp, sizeof sp, e->v[NF_PUB_SPILLED]);
     human(off, sizeof off, e->v[NF_PUB_OFFLOADED]);
-    fprintf(f, "%-8d %-4u %-8s %10s %10s %10s %10s %6.1f %10s %9s %9s %10.0f %6.1f %6llu\n", e->pid, e->pool_id,
+    char calls[16] = "-"; // an older library's file has no backend time
+    if (e->nfields > NF_PUB_BACKEND_NS)
+      snprintf(calls, sizeof calls, "%.1f", 1e-7 * rate(e, NF_PUB_BACKEND_NS, prev, nprev, dt));
+    fprintf(f, "%-8d %-4u %-8s %10s %10s %10s %10s %6.1f %10s %9s %9s %10.0f %6s %6llu\n", e->pid, e->pool_id,
             e->device, live, mapped, phys, lim, 100.0 * e->fragmentation, lf, sp, off, alloc_rate(e, prev, nprev, dt),
-            1e-7 * rate(e, NF_PUB_BACKEND_NS, prev, nprev, dt), (unsigned long long)e->v[NF_PUB_OOMS]);
+            calls, (unsigned long long)e->v[NF_PUB_OOMS]);
   }
   if (!n) fprintf(f, "(no nofrag pools)\n");
 }

@@ -325,6 +325,7 @@ int nf__mon_read_fd(const char *path, nf_mon_entry_t *e, int *keep) {
       copy.size >= min) {
     size_t have = (copy.size < len ? copy.size : len) - v_at;
     int nfields = have / sizeof(uint64_t) < NF_PUB_NFIELDS ? (int)(have / sizeof(uint64_t)) : NF_PUB_NFIELDS;
+    e->nfields = nfields;
     e->pid = copy.pid;
     e->uid = copy.uid;
     e->pool_id = copy.pool_id;

@@ -55,6 +55,7 @@ typedef struct nf_mon_entry_s {
   uint64_t start_ns;
   char device[32];
   uint64_t v[NF_PUB_NFIELDS];
+  int nfields;          // fields the file holds (an older writer's: fewer; the rest of v reads 0)
   double fragmentation; // 1 - live/mapped, from the same snapshot
 } nf_mon_entry_t;
 
