@@ -50,6 +50,8 @@ terms:
                    reserved bytes); res/live divides it by peak live. Not a cap: nothing asked to give back
   backend calls    calls nofrag made into the (here simulated) driver: create, map, unmap, release of
                    physical granules, address-range reservations, events
+  time in them     how long those calls took, largest kinds first (here memfd and mmap work; with
+                   --device cuda:0 on a GPU, the driver's; nf_stats_t.call_ns in a program)
   in 2nd half      the backend calls made during the trace's second half: steady state, once warm
   reclaims         times nofrag freed cached granules and remapped them to serve a request the cap would
                    otherwise refuse; "granules stitched" counts the granules those moved
