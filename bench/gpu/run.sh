@@ -2,7 +2,7 @@
 # One-shot GPU proof for nofrag. Run from the repository root on the GPU
 # machine:   bash bench/gpu/run.sh
 # Results go to $OUT (default ./bench-out): run.log, test_cuda.{log,json},
-# python_tests.log, results.{json,md} (training table), limits.json, runs/*.
+# replay_device.log, python_tests.log, results.{json,md} (training table), limits.json, runs/*.
 # Finishes in about 9 minutes: the training script gets whatever remains of
 # NOFRAG_BENCH_BUDGET (default 530 s) after the build and the C test, and each
 # configuration runs in its own subprocess with a timeout, so one failure
@@ -47,6 +47,11 @@ echo "library: $NOFRAG_LIB ($(stat -L -c %s "$NOFRAG_LIB") bytes)"
 # ------------------------------------------------------------------ C GPU test
 say "C test of the CUDA backend and the pool on the GPU (tests/gpu/test_cuda.c)"
 nf_test_cuda
+
+# ------------------------------------------------------------------ the GPU replay
+say "the bundled traces replayed on the GPU against the CPU (tests/gpu/replay_device.sh)"
+timeout 120 sh tests/gpu/replay_device.sh ./build/nofrag >"$OUT/replay_device.log" 2>&1
+echo "replay_device exit status: $? (0 pass, 1 fail, 77 skip)"; cat "$OUT/replay_device.log"
 
 # ------------------------------------------------------------------ Python unit tests
 say "Python package tests (python/tests)"
