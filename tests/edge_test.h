@@ -95,4 +95,39 @@ static inline void both_lenders(scen_t *s) {
   give(s, p);
 }
 
+
+// Every backend call of an edge placement fails in turn, after `layout`
+// (on a fault backend) left the pool one or two granules short of a request
+// of 5 granules and G/4: the request either fails with the pool as it was
+// (no pair left), or succeeds whole (with `edges` shared granules; 0: not
+// checked), its data intact beside the scenario's live blocks.
+static inline void fault_sweep(void (*layout)(scen_t *), uint64_t edges, uint64_t tag) {
+  for (uint64_t k = 1;; k++) {
+    scen_t s;
+    pool_on(&s, "edges:1", true);
+    layout(&s);
+    uint64_t calls, failed;
+    nf_backend_fault_counts(s.be, &calls, &failed);
+    nf_backend_fault_set(s.be, calls + k, 0);
+    char *c = nf_alloc(s.p, 5 * G + G / 4, 0);
+    nf_backend_fault_counts(s.be, &calls, &failed);
+    nf_backend_fault_set(s.be, 0, 0);
+    assert_int_equal(nf_pool_check(s.p), NF_OK);
+    nft_check_all(s.l, s.n);
+    if (c) {
+      if (edges) assert_int_equal(st(&s).edges, edges);
+      nft_fill(c, 5 * G + G / 4, tag);
+      s.l[s.n++] = (nft_live_t){.p = c, .n = 5 * G + G / 4, .tag = tag};
+    } else {
+      assert_int_equal(st(&s).edges, 0);
+    }
+    if (getenv("NFT_VERBOSE"))
+      fprintf(stderr, "fault at call %llu: %s, %llu shared\n", (unsigned long long)k, c ? "placed" : "refused",
+              (unsigned long long)st(&s).edges_made);
+    pool_off(&s);
+    if (!failed) break; // the k-th call was past the last one: every call was failed once
+    assert_true(k < 200);
+  }
+}
+
 #endif

@@ -210,31 +210,10 @@ static void test_edge_offload(void **state) {
 
 // Every backend call of the shared placement fails in turn: the request
 // either fails with the pool as it was, or succeeds whole.
+static void head_layout(scen_t *s) { head_lender(s, G / 2, 5); }
 static void test_edge_faults(void **state) {
   (void)state;
-  for (uint64_t k = 1;; k++) {
-    scen_t s;
-    pool_on(&s, "edges:1", true);
-    head_lender(&s, G / 2, 5);
-    uint64_t calls, failed;
-    nf_backend_fault_counts(s.be, &calls, &failed);
-    nf_backend_fault_set(s.be, calls + k, 0);
-    char *c = nf_alloc(s.p, 5 * G + G / 4, 0);
-    nf_backend_fault_counts(s.be, &calls, &failed);
-    nf_backend_fault_set(s.be, 0, 0);
-    assert_int_equal(nf_pool_check(s.p), NF_OK);
-    nft_check_all(s.l, s.n);
-    if (c) {
-      nft_fill(c, 5 * G + G / 4, 13);
-      s.l[s.n++] = (nft_live_t){.p = c, .n = 5 * G + G / 4, .tag = 13};
-    } else {
-      assert_int_equal(st(&s).edges, 0);
-    }
-    if (getenv("NFT_VERBOSE")) fprintf(stderr, "fault at call %llu: %s, %llu shared\n", (unsigned long long)k, c ? "placed" : "refused", (unsigned long long)st(&s).edges_made);
-    pool_off(&s);
-    if (!failed) break; // the k-th call was past the last one: every call was failed once
-    assert_true(k < 200);
-  }
+  fault_sweep(head_layout, 0, 13);
 }
 
 int main(void) {

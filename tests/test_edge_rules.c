@@ -237,32 +237,13 @@ static void test_edge_view_keeps_the_work(void **state) {
 // The same with both ends shared: a fault at the second end's mapping (or
 // its set-access) must also undo the first end's second mapping (parked as a
 // view: no byte of it reachable through a block).
+static void both_layout(scen_t *s) {
+  both_lenders(s);
+  give(s, take(s, 4 * G, false)); // granules 4..7 cached
+}
 static void test_edge_faults_both(void **state) {
   (void)state;
-  for (uint64_t k = 1;; k++) {
-    scen_t s;
-    pool_on(&s, "edges:1", true);
-    both_lenders(&s);
-    give(&s, take(&s, 4 * G, false)); // granules 4..7 cached
-    uint64_t calls, failed;
-    nf_backend_fault_counts(s.be, &calls, &failed);
-    nf_backend_fault_set(s.be, calls + k, 0);
-    char *c = nf_alloc(s.p, 5 * G + G / 4, 0);
-    nf_backend_fault_counts(s.be, &calls, &failed);
-    nf_backend_fault_set(s.be, 0, 0);
-    assert_int_equal(nf_pool_check(s.p), NF_OK);
-    nft_check_all(s.l, s.n);
-    if (c) {
-      assert_int_equal(st(&s).edges, 2);
-      nft_fill(c, 5 * G + G / 4, 21);
-      s.l[s.n++] = (nft_live_t){.p = c, .n = 5 * G + G / 4, .tag = 21};
-    } else {
-      assert_int_equal(st(&s).edges, 0);
-    }
-    pool_off(&s);
-    if (!failed) break;
-    assert_true(k < 200);
-  }
+  fault_sweep(both_layout, 2, 21);
 }
 
 // The second mapping fails once (on CUDA the driver may refuse a mapping; on

@@ -329,11 +329,7 @@ static NF_NOINLINE void *alloc_locked(nf_pool_t *p, size_t size, uint64_t rsize,
   }
   // Still out of granules: maybe one fewer, its first shared with another
   // block's last (edge.c; config `edges`). The OOM's message stands if not.
-  if (NF_UNLIKELY(st == NF_ERR_OOM) && !pv && p->cfg.edges) {
-    nf_status_t es = nf__edge_place(p, rsize, s, &b);
-    if (es != NF_OK && es != NF_ERR_OOM) st = es;
-    else if (es == NF_OK) st = NF_OK;
-  }
+  if (NF_UNLIKELY(st == NF_ERR_OOM) && !pv && p->cfg.edges) st = nf__edge_place(p, rsize, s, &b);
   if (st != NF_OK) goto fail;
   b->memo = memo;
 placed:

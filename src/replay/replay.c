@@ -116,8 +116,8 @@ nf_status_t nf__replay_run(const nf__trace_ops *ops, const nf__replay_opts *opts
   nf_backend_t *be = NULL;
   nf_pool_t *pool = NULL;
   sigbuf_t sb = {.g = g, .dev = dev};
-  uint64_t biggest = 0;
-  for (size_t k = 0; k < ops->n_ops; k++)
+  uint64_t biggest = 0; // the signature buffers' size: the largest block's words
+  for (size_t k = 0; opts->verify && k < ops->n_ops; k++)
     if (ops->ops[k].kind == NF_TRACE_OP_ALLOC && ops->ops[k].size > biggest) biggest = ops->ops[k].size;
   size_t nw = opts->verify ? sig_max(biggest, g) : 1;
   slot_t *slots = calloc(ops->n_slots ? ops->n_slots : 1, sizeof *slots);
