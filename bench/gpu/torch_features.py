@@ -41,6 +41,7 @@ Cases:
 """
 import argparse
 import faulthandler
+import ctypes
 import gzip
 import json
 import os
@@ -160,6 +161,44 @@ def case_compile(torch, alloc):
             "median_fwd_s": statistics.median(fwd_s[5:]), "step_times": times, "calls_by_step": calls,
             "allocs_by_step": allocs, "requested_bytes": counters,
             "counters_balance": (counters["allocated"] or 0) >= (counters["freed"] or 0)}
+
+
+def case_compile_history(torch, alloc):
+    """torch.compile(mode="reduce-overhead") under _record_memory_history: graph trees restore
+    checkpoints (setCheckpointPoolState), which free blocks and make them again; the history must
+    record both, so that every address's events alternate alloc / free (a FREE with no ALLOC
+    before it breaks _memory_viz and nofrag replay)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4, n_positions=256, vocab_size=8192)
+    with torch.device("cuda"):
+        m = GPT2LMHeadModel(cfg)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
+    fwd = torch.compile(lambda ids: m(input_ids=ids, labels=ids).loss, mode="reduce-overhead")
+    torch.cuda.memory._record_memory_history(max_entries=500000)
+    for step in range(8):
+        ids = torch.randint(0, cfg.vocab_size, (8, 128), device="cuda")
+        torch.compiler.cudagraph_mark_step_begin()
+        fwd(ids).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    state, bad, n = {}, [], 0
+    for t in snap["device_traces"]:
+        for e in t:
+            if e["action"] == "alloc":
+                if state.get(e["addr"]) == "alloc":
+                    bad.append(("alloc twice", e["addr"]))
+                state[e["addr"]] = "alloc"
+            elif e["action"] == "free_completed":
+                # blocks live before the history began may be freed once without an alloc
+                if state.get(e["addr"]) == "free":
+                    bad.append(("free twice", e["addr"]))
+                state[e["addr"]] = "free"
+            n += 1
+    return {"trace_entries": n, "unpaired": len(bad), "first_unpaired": [hex(a) for _, a in bad[:4]],
+            "pass": n > 0 and not bad}
 
 
 def case_cudnn(torch, alloc):
@@ -425,6 +464,7 @@ def case_contract(torch, alloc):
     del g, out
     # 2. A fraction of 0: a request that needs new memory fails with OutOfMemoryError (PyTorch's
     #    allocator still serves what it has cached; nofrag refuses every request).
+    ooms0 = torch.cuda.memory_stats().get("num_ooms", 0)
     torch.cuda.set_per_process_memory_fraction(0.0)
     try:
         torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
@@ -434,6 +474,7 @@ def case_contract(torch, alloc):
     except RuntimeError as e:
         res["fraction0"] = f"RuntimeError: {str(e)[:200]}"
     torch.cuda.set_per_process_memory_fraction(1.0)
+    res["num_ooms_counted"] = torch.cuda.memory_stats().get("num_ooms", 0) - ooms0  # PyTorch counts the refusal
     torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
     # 3. raw_delete of a pointer that is no block.
     try:
@@ -458,6 +499,24 @@ def case_contract(torch, alloc):
             break
     res["record_stream"] = rec
     del t
+    # 5. record_stream on memory the allocator did not make (a tensor over cudaMalloc'ed memory through
+    #    __cuda_array_interface__, as CuPy's): PyTorch's allocator ignores it; it must not raise.
+    cudart, ptr = _cudart(), ctypes.c_void_p()
+    if cudart.cudaMalloc(ctypes.byref(ptr), 1 << 20) == 0:
+        class Foreign:
+            __cuda_array_interface__ = {"shape": (1 << 18,), "typestr": "<f4", "data": (ptr.value, False),
+                                        "version": 3, "strides": None}
+        try:
+            ft = torch.as_tensor(Foreign(), device="cuda")
+            ft.record_stream(torch.cuda.Stream())
+            res["record_stream_foreign"] = "ok"
+        except RuntimeError as e:
+            res["record_stream_foreign"] = f"RuntimeError: {str(e)[:160]}"
+        del ft
+        torch.cuda.synchronize()
+        cudart.cudaFree(ptr)
+    else:
+        res["record_stream_foreign"] = "cudaMalloc failed"
     held, alloc_err = [], "ok"
     for i, st in enumerate(streams):
         try:
@@ -474,7 +533,8 @@ def case_contract(torch, alloc):
     torch.cuda.synchronize()
     res["pass"] = (res["graph_outlives_mempool"] and res["fraction0"] == "OutOfMemoryError"
                    and res["bad_delete"] == "RuntimeError" and not rec.startswith("OutOfMemoryError")
-                   and not alloc_err.startswith("OutOfMemoryError"))
+                   and not alloc_err.startswith("OutOfMemoryError") and res["record_stream_foreign"] == "ok"
+                   and res["num_ooms_counted"] >= 1)
     return res
 
 
@@ -576,7 +636,7 @@ def case_streams(torch, alloc):
 
 CASES = {"pair": case_pair, "graph": case_graph, "graphed": case_graphed, "compile": case_compile, "cudnn": case_cudnn,
          "history": case_history, "oom": case_oom, "ipc": case_ipc, "mempool": case_mempool, "llama": case_llama,
-         "contract": case_contract, "streams": case_streams}
+         "contract": case_contract, "streams": case_streams, "compile_history": case_compile_history}
 
 
 def worker(a):
@@ -615,6 +675,7 @@ PLAN = [("contract", ("native", "nofrag"), 90),
         ("train", ("native", "nofrag", "nofrag-ctypes"), 150),
         ("cudnn", ("native", "nofrag", "native@2", "nofrag@2"), 120),
         ("compile", ("native", "nofrag"), 200),
+        ("compile_history", ("native", "nofrag"), 200),
         ("llama", ("native",), 150),
         ("pair", ("native", "nofrag", "nofrag-ctypes", "native@2", "nofrag@2", "nofrag-ctypes@2"), 60)]
 

@@ -104,8 +104,8 @@ def _raw(device):
     lib = load()
     st = NfStats()
     lib.nf_torch_stats(int(device), ctypes.byref(st))
-    arr = (ctypes.c_uint64 * 5)()
-    lib.nf_torch_counters(int(device), arr, 5)
+    arr = (ctypes.c_uint64 * 6)()
+    lib.nf_torch_counters(int(device), arr, 6)
     return st.to_dict(), list(arr)
 
 
@@ -121,7 +121,7 @@ def _pools(all_):
 def nested_stats(device=0):
     """PyTorch's memory_stats_as_nested_dict() computed from nofrag (table in
     the module docstring). Works without torch (used by the tests)."""
-    s, (b_alloc, b_freed, _n_alloc, _n_free, _fails) = _raw(device)
+    s, (b_alloc, b_freed, _n_alloc, _n_free, _fails, refused) = _raw(device)
     base = _state["baseline"].get(int(device), {})
 
     def acc(key, v):  # cumulative value since reset_accumulated_memory_stats
@@ -147,7 +147,7 @@ def nested_stats(device=0):
         "oversize_allocations": _stat(0, 0, 0, 0),
         "oversize_segments": _stat(0, 0, 0, 0),
         "num_alloc_retries": acc("reclaims", s["reclaims"]),
-        "num_ooms": acc("ooms", s["ooms"]),
+        "num_ooms": acc("ooms", s["ooms"] + refused),  # refused: by the memory fraction, before the pool
         "num_sync_all_streams": acc("event_sync", calls["event_sync"]),
         "num_device_alloc": acc("map", calls["map"]),
         "num_device_free": acc("unmap", calls["unmap"]),
@@ -174,17 +174,17 @@ def flat_stats(device=0):
 
 
 def _mark_baseline(device):
-    s, _ = _raw(device)
+    s, counters = _raw(device)
     c = s["calls"]
     _state["baseline"][int(device)] = {
-        "allocs": s["allocs"], "frees": s["frees"], "ooms": s["ooms"], "reclaims": s["reclaims"],
+        "allocs": s["allocs"], "frees": s["frees"], "ooms": s["ooms"] + counters[5], "reclaims": s["reclaims"],
         "create": s["physical_created"], "release": s["physical_released"], "map": c["map"], "unmap": c["unmap"],
         "event_sync": c["event_sync"]}
 
 
 def summary(device=0):
     """A short text table in the spirit of torch.cuda.memory_summary()."""
-    s, (b_alloc, b_freed, n_alloc, n_free, fails) = _raw(device)
+    s, (b_alloc, b_freed, n_alloc, n_free, fails, _refused) = _raw(device)
 
     def gib(x):
         return f"{x / 2**30:10.3f} GiB"

@@ -38,8 +38,23 @@ class ResidentOptimizerState:
         if not hasattr(self._lib, "nf_torch_set_host_alloc"):
             raise _lib.NofragError("nf_torch_set_host_alloc", _lib.NF_ERR_INVALID,
                                    "this libnofrag.so has no nf_torch_set_host_alloc: rebuild it")
-        self._prev = 0
+        self._prev, self._armed = 0, False
         self._handles = [opt.register_step_pre_hook(self._pre), opt.register_step_post_hook(self._post)]
+        # A step that raises (an OOM caught and retried) skips the post hooks:
+        # the host placement set by the pre hook would then stay in force on
+        # this thread and send every later allocation >= min_bytes, forward
+        # activations too, to host memory. The instance's step (the class's,
+        # or a scheduler's wrapper) is wrapped to end it in any case.
+        self._own_step = "step" in vars(opt)
+        self._step, self._wrapper = getattr(opt, "step", None), None
+
+        def step(*args, **kwargs):
+            try:
+                return self._step(*args, **kwargs)
+            finally:
+                self._disarm()
+        if self._step is not None:
+            opt.step = self._wrapper = step
 
     def _params(self):
         for g in self.opt.param_groups:
@@ -51,10 +66,15 @@ class ResidentOptimizerState:
         # gradient late) is created in host memory.
         if any(p.grad is not None and not self.opt.state.get(p) for p in self._params()):
             self._prev = self._lib.nf_torch_set_host_alloc(self.min_bytes)
+            self._armed = True
+
+    def _disarm(self):
+        if self._armed:
+            self._lib.nf_torch_set_host_alloc(self._prev)
+            self._prev, self._armed = 0, False
 
     def _post(self, opt, args, kwargs):
-        self._lib.nf_torch_set_host_alloc(self._prev)
-        self._prev = 0
+        self._disarm()
         self.stats["steps"] += 1
         n = b = 0
         for st in self.opt.state.values():
@@ -73,6 +93,11 @@ class ResidentOptimizerState:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._wrapper is not None and vars(self.opt).get("step") is self._wrapper:  # else wrapped again since: the wrapper stays, harmless
+            if self._own_step:
+                self.opt.step = self._step
+            else:
+                del self.opt.step
         torch = self._torch
         todo = []
         for st in self.opt.state.values():

@@ -507,6 +507,52 @@ class TorchHelpersBase:
             h.remove()
         self.assertEqual(FakeTorch.log, [("synchronize", 1), ("prefetch", LIB.nf_torch_pool(1), ptr)])
 
+    def test_resident_failed_step_ends_host_placement(self):
+        # A step that raises (an OOM, caught and retried) skips the post
+        # hooks; the host placement its pre hook set must end all the same,
+        # or every later allocation >= min_bytes on this thread (forward
+        # activations too) goes to host memory. remove() gives opt.step back.
+        hooks = {"pre": [], "post": []}
+
+        class Param:  # hashable, as a torch parameter: the optimizer's state is keyed by it
+            grad = object()
+
+        class Opt:
+            def __init__(self):
+                self.param_groups = [{"params": [Param()]}]
+                self.state = {}
+
+            def register_step_pre_hook(self, fn):
+                hooks["pre"].append(fn)
+                return _Handle(hooks["pre"], fn)
+
+            def register_step_post_hook(self, fn):
+                hooks["post"].append(fn)
+                return _Handle(hooks["post"], fn)
+
+            def step(self, fail=False):  # torch.optim's order: pre hooks, the step, post hooks unless it raised
+                for h in list(hooks["pre"]):
+                    h(self, (), {})
+                self.seen = LIB.nf_torch_set_host_alloc(0)  # what was in force during the step (and 0 now)
+                LIB.nf_torch_set_host_alloc(self.seen)
+                if fail:
+                    raise RuntimeError("CUDA out of memory")
+                for h in list(hooks["post"]):
+                    h(self, (), {})
+
+        opt = Opt()
+        h = nft.offload_optimizer(opt, mode="resident", min_bytes=MiB)
+        with self.assertRaises(RuntimeError):
+            opt.step(fail=True)
+        self.assertEqual(opt.seen, MiB)  # the placement was on during the step
+        self.assertEqual(LIB.nf_torch_set_host_alloc(0), 0, "host placement left on after a failed step")
+        opt.step()
+        self.assertEqual(opt.seen, MiB)
+        self.assertEqual(LIB.nf_torch_set_host_alloc(0), 0)
+        h.remove()
+        self.assertNotIn("step", vars(opt))  # the class's step again
+        self.assertEqual(hooks, {"pre": [], "post": []})
+
 class TestTorchHelpersSimulated(TorchHelpersBase, unittest.TestCase):
     simulate = True
 

@@ -253,6 +253,24 @@ class TestPluginOnHost(unittest.TestCase):
         self.assertEqual(lib.nf_torch_last_status(), _lib.NF_ERR_INVALID)
         self.assertAlmostEqual(lib.nf_torch_get_fraction(0), 0.5)
 
+    def test_fraction_refusals_count_as_ooms(self):
+        # PyTorch counts a request refused by the memory fraction in
+        # num_ooms; the plug-in refuses it before the pool sees it, so the
+        # pool's own `ooms` stays put: num_ooms adds the plug-in's refusals
+        # (and a reset of the accumulated stats starts them from 0 too).
+        lib = self.lib
+        before = nft.nested_stats(0)["num_ooms"]
+        lib.nf_torch_set_fraction(0.0, 0)
+        for _ in range(3):
+            self.assertIsNone(lib.nf_torch_alloc(1 * MiB, 0, None))
+        lib.nf_torch_set_fraction(0.5, 0)
+        self.assertEqual(nft.nested_stats(0)["num_ooms"], before + 3)
+        nft._mark_baseline(0)  # what reset_accumulated_memory_stats does on the ctypes path
+        self.assertEqual(nft.nested_stats(0)["num_ooms"], 0)
+        self.assertIsNone(lib.nf_torch_alloc(1 << 40, 0, None))  # a real OOM: the pool's own count
+        self.assertEqual(nft.nested_stats(0)["num_ooms"], 1)
+        nft._state["baseline"].pop(0, None)
+
     def test_failures_report_their_status(self):
         # The C++ adapter raises OutOfMemoryError only for NF_ERR_OOM, and
         # raises (not logs) a failed record_stream or free: it reads these.

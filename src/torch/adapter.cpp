@@ -17,9 +17,9 @@ void NofragAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device
 cda::DeviceStats NofragAllocator::getDeviceStats(c10::DeviceIndex device) {
   cda::DeviceStats out;
   nf_stats_t s;
-  uint64_t c[5] = {0, 0, 0, 0, 0};
+  uint64_t c[6] = {0, 0, 0, 0, 0, 0};
   if (nf_torch_stats(device, &s) != 0) return out;
-  nf_torch_counters(device, c, 5);
+  nf_torch_counters(device, c, 6);
   std::lock_guard<std::mutex> g(stats_mu_);
   Base& b = base_[device];
   auto acc = [](uint64_t v, uint64_t base) { return (int64_t)(v > base ? v - base : 0); };
@@ -47,7 +47,7 @@ cda::DeviceStats NofragAllocator::getDeviceStats(c10::DeviceIndex device) {
   set(out.segment, s.physical / gr, s.physical_peak / gr, acc(s.physical_created, b.create) / (int64_t)gr,
       acc(s.physical_released, b.release) / (int64_t)gr);
   out.num_alloc_retries = acc(s.reclaims, b.reclaims);
-  out.num_ooms = acc(s.ooms, b.ooms);
+  out.num_ooms = acc(s.ooms + c[5], b.ooms); // c[5]: refused by the memory fraction, as PyTorch counts them
   out.num_sync_all_streams = acc(s.calls.event_sync, b.event_sync);
   out.num_device_alloc = acc(s.calls.map, b.map);
   out.num_device_free = acc(s.calls.unmap, b.unmap);
@@ -57,12 +57,12 @@ cda::DeviceStats NofragAllocator::getDeviceStats(c10::DeviceIndex device) {
 
 void NofragAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
   nf_stats_t s;
-  uint64_t c[5] = {0, 0, 0, 0, 0};
+  uint64_t c[6] = {0, 0, 0, 0, 0, 0};
   if (nf_torch_stats(device, &s) != 0) return;
-  nf_torch_counters(device, c, 5);
+  nf_torch_counters(device, c, 6);
   std::lock_guard<std::mutex> g(stats_mu_);
   base_[device] = Base{c[0], c[1], s.allocs, s.frees, s.physical_created, s.physical_released, s.reclaims,
-                       s.ooms, s.calls.event_sync, s.calls.map, s.calls.unmap};
+                       s.ooms + c[5], s.calls.event_sync, s.calls.map, s.calls.unmap};
 }
 
 void NofragAllocator::cacheInfo(c10::DeviceIndex device, size_t* largestBlock) {
@@ -98,6 +98,7 @@ void NofragAllocator::emptyCache(MempoolId_t mempool_id) {
 
 void NofragAllocator::beginAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id, std::function<bool(cudaStream_t)> filter) {
   nf_pool_t* p = pool(device);
+  std::lock_guard<std::mutex> rel(release_mu_); // a release's device wait ends before a capture begins (release_now)
   std::lock_guard<std::mutex> g(routes_mu_);
   // Per device, as PyTorch's allocator keeps its routes per device: one
   // MemPool may be routed to on two devices at once (each has its own pool).
@@ -124,6 +125,7 @@ void NofragAllocator::beginAllocateToPool(c10::DeviceIndex device, MempoolId_t m
 
 void NofragAllocator::endAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id) {
   std::vector<std::pair<c10::DeviceIndex, uint64_t>> release;
+  std::vector<std::pair<c10::DeviceIndex, nf_ipc_map_t*>> close;
   {
     std::lock_guard<std::mutex> g(routes_mu_);
     auto it = std::find_if(routes_.rbegin(), routes_.rend(),
@@ -136,9 +138,13 @@ void NofragAllocator::endAllocateToPool(c10::DeviceIndex device, MempoolId_t mem
     }
     routes_.erase(std::next(it).base());
     nroutes_.fetch_sub(1, std::memory_order_release);
-    if (captures_.load() == 0) release.swap(deferred_);
+    if (captures_.load() == 0) {
+      release.swap(deferred_);
+      close.swap(deferred_ipc_);
+    }
   }
   for (auto& dk : release) release_now(dk.first, dk.second);
+  for (auto& dm : close) ipc_release(dm.first, dm.second);
 }
 
 void NofragAllocator::releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) {
@@ -247,6 +253,9 @@ cca::CheckpointDelta NofragAllocator::setCheckpointPoolState(c10::DeviceIndex de
     void* q = st->live[i].first;
     void* r = nf_torch_alloc_at(device, key, q, st->live[i].second, (void*)st->streams[i]);
     TORCH_CHECK(r == q, "nofrag: setCheckpointPoolState: cannot re-create the block at ", q, ": ", lib_error());
+    // Its free was recorded above: the memory history pairs it with this
+    // allocation, as PyTorch's restore records both.
+    if (tracing_.load()) trace_alloc(device, r, st->live[i].second, st->streams[i], st->id);
     delta.dataptrs_allocd.emplace_back(r, r, &delete_fn, c10::Device(c10::DeviceType::CUDA, device));
   }
   return delta;
@@ -318,6 +327,11 @@ extern "C" __attribute__((visibility("default"))) int nf_adapter_install(char* e
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(*nfa::g_hold);
     return 0;
   } catch (const std::exception& e) {
+    // The allocator's constructor turned the plug-in's raising off (it
+    // raises the right types itself); the ctypes path that enable() falls
+    // back to needs it on, or an OOM there hands PyTorch a NULL block.
+    nfa::NofragAllocator* a = nfa::g_alloc.load();
+    if (a && c10::cuda::CUDACachingAllocator::get() != a) nf_torch_set_throw(a->throw_before);
     if (err && n) snprintf(err, n, "%s", e.what());
     return -1;
   }

@@ -134,8 +134,9 @@ class NofragAllocator final : public Pluggable {
       : Pluggable(
             [](size_t n, int dev, cudaStream_t s) { return nf_torch_alloc(n, dev, (void*)s); },
             [](void* p, size_t n, int dev, cudaStream_t s) { nf_torch_free(p, n, dev, (void*)s); }) {
-    nf_torch_set_throw(0); // failures come back as NULL: this class raises the right type
+    throw_before = nf_torch_set_throw(0); // failures come back as NULL: this class raises the right type
   }
+  int throw_before = 1; // the plug-in's raising before this class turned it off (nf_adapter_install restores it)
 
   using Pluggable::recordStream;
 
@@ -193,6 +194,11 @@ class NofragAllocator final : public Pluggable {
 
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
     if (!ptr.get()) return;
+    // Memory nofrag did not allocate is not its to track, as in PyTorch's
+    // allocator: a CUDA IPC receiver's mapping, a tensor over CuPy's or any
+    // __cuda_array_interface__ memory, a DLPack view into a block. (A block
+    // whose deleter another owner swapped in, the IPC sender's, still is.)
+    if (ptr.get_deleter() != &delete_fn && device_of(ptr.get(), nullptr) < 0) return;
     // The pool's events live in its device's context, and CUDA records an
     // event only on a stream of the same context; another device's default
     // stream (handle 0) would even pass for this device's. Refused, loudly.
@@ -415,12 +421,23 @@ class NofragAllocator final : public Pluggable {
   // emptyCache(pool), which MemPool's destructor calls right after) and hand
   // the rest (live blocks) to the general pool.
   // Serialized (release_mu_): two threads dropping a pool's last two users
-  // at once would each see the other's use and neither wait nor trim.
+  // at once would each see the other's use and neither wait nor trim. The
+  // device wait must not overlap a capture: beginAllocateToPool (before
+  // PyTorch begins one) takes release_mu_ too, so a capture starts only
+  // after a wait under way, and one counted already defers this release
+  // to the end of the captures.
   void release_now(c10::DeviceIndex device, uint64_t key) {
     nf_pool_t* p = nf_torch_pool_get(device, 0);
     if (!p) return;
     std::lock_guard<std::mutex> g(release_mu_);
     if (nf_private_use_count(p, key) == 1) {
+      {
+        std::lock_guard<std::mutex> r(routes_mu_); // lock order: release_mu_, then routes_mu_
+        if (captures_.load() != 0) {
+          deferred_.emplace_back(device, key);
+          return;
+        }
+      }
       c10::cuda::CUDAGuard on(device); // the pool's device, not the caller's current one
       if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
       if (nf_private_trim(p, key) != NF_OK) fprintf(stderr, "nofrag: releasePool: %s\n", lib_error());
@@ -473,6 +490,11 @@ class NofragAllocator final : public Pluggable {
   // Close the fds exported for a block being freed.
   void ipc_forget(void* ptr);
 
+  // A received block's mapping, closed after a device wait (the unmap does
+  // not wait for kernels reading it), which must not overlap a capture:
+  // deferred to the end of the captures, as release_now.
+  void ipc_release(c10::DeviceIndex dev, nf_ipc_map_t* m);
+
   // The device whose pool holds live block ptr (its size in *n), or -1.
   static int device_of(void* ptr, size_t* n);
 
@@ -491,6 +513,7 @@ class NofragAllocator final : public Pluggable {
   std::map<MempoolId_t, uint64_t> keys_;
   uint64_t next_key_ = 1;
   std::vector<std::pair<c10::DeviceIndex, uint64_t>> deferred_;
+  std::vector<std::pair<c10::DeviceIndex, nf_ipc_map_t*>> deferred_ipc_; // (routes_mu_) ipc_release's
   std::atomic<int> nroutes_{0}, captures_{0};
   std::unordered_map<int, Base> base_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;

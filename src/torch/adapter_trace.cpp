@@ -196,13 +196,24 @@ std::shared_ptr<void> NofragAllocator::getIpcDevPtr(std::string handle) {
   nf_ipc_map_t* m = nullptr;
   nf_status_t st = nf_ipc_import(nf_pool_backend(pool(dev)), handle.c_str(), &base, &m);
   TORCH_CHECK(st == NF_OK, "nofrag: getIpcDevPtr: ", lib_error());
+  // The allocator is never destroyed (g_hold): `this` outlives the tensor.
+  return std::shared_ptr<void>(base, [this, m, dev](void*) { ipc_release(dev, m); });
+}
+
+void NofragAllocator::ipc_release(c10::DeviceIndex dev, nf_ipc_map_t* m) {
+  std::lock_guard<std::mutex> rel(release_mu_); // as release_now: no capture begins during the wait
+  {
+    std::lock_guard<std::mutex> g(routes_mu_);
+    if (captures_.load() != 0) {
+      deferred_ipc_.emplace_back(dev, m);
+      return;
+    }
+  }
   // Unmapping does not wait for kernels still reading the range (as in
   // PyTorch's expandable segments): wait for the device the range is on.
-  return std::shared_ptr<void>(base, [m, dev](void*) {
-    c10::cuda::CUDAGuard on(dev);
-    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
-    nf_ipc_close(m);
-  });
+  c10::cuda::CUDAGuard on(dev);
+  if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+  nf_ipc_close(m);
 }
 
 void NofragAllocator::ipc_forget(void* ptr) {

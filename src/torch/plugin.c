@@ -49,6 +49,7 @@ typedef struct {
   bool set;                  // a fraction was set (else get_fraction answers 1.0)
   atomic_int refuse;         // that fraction leaves less than one granule: every request fails (as PyTorch's)
   atomic_uint_fast64_t bytes_alloc, bytes_freed, allocs, frees, ooms;
+  atomic_uint_fast64_t refused; // of ooms: refused by the memory fraction, the pool never asked
 } nft_dev_t;
 
 static nft_dev_t devs[NFT_MAX_DEVICES];
@@ -235,6 +236,7 @@ static void *alloc_impl(size_t size, int device, void *stream, uint64_t id) {
   }
   if (atomic_load_explicit(&devs[device].refuse, memory_order_relaxed) && size) {
     atomic_fetch_add_explicit(&devs[device].ooms, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&devs[device].refused, 1, memory_order_relaxed);
     char why[160];
     snprintf(why, sizeof why, "the memory fraction %g leaves less than one granule (set_per_process_memory_fraction)",
              nf_torch_get_fraction(device));
@@ -456,13 +458,14 @@ NF_API int nf_torch_stats(int device, nf_stats_t *out) {
 
 // Counters the pool does not keep, for PyTorch's "allocated"/"freed" stats:
 // out[0] bytes allocated, out[1] bytes freed (requested sizes, cumulative),
-// out[2] allocations, out[3] frees, out[4] failed allocations.
+// out[2] allocations, out[3] frees, out[4] failed allocations, out[5] those
+// refused by the memory fraction (OOMs the pool's own count lacks).
 NF_API int nf_torch_counters(int device, uint64_t *out, int n) {
   if (device < 0 || device >= NFT_MAX_DEVICES || !out) return -1;
   nft_dev_t *d = &devs[device];
-  uint64_t v[5] = {atomic_load(&d->bytes_alloc), atomic_load(&d->bytes_freed), atomic_load(&d->allocs),
-                   atomic_load(&d->frees), atomic_load(&d->ooms)};
-  for (int i = 0; i < n && i < 5; i++) out[i] = v[i];
+  uint64_t v[6] = {atomic_load(&d->bytes_alloc), atomic_load(&d->bytes_freed), atomic_load(&d->allocs),
+                   atomic_load(&d->frees),       atomic_load(&d->ooms),        atomic_load(&d->refused)};
+  for (int i = 0; i < n && i < 6; i++) out[i] = v[i];
   return 0;
 }
 
@@ -475,6 +478,7 @@ NF_API void nf_torch_reset_counters(int device) {
   atomic_store(&d->allocs, 0);
   atomic_store(&d->frees, 0);
   atomic_store(&d->ooms, 0);
+  atomic_store(&d->refused, 0);
 }
 
 NF_API void nf_torch_reset_peaks(int device) {

@@ -50,7 +50,8 @@ NF_API int nf_torch_stats(int device, nf_stats_t *out);
 
 //! Counters the pool does not keep, for PyTorch's "allocated"/"freed" stats:
 //! out[0] bytes allocated, out[1] bytes freed (requested sizes, cumulative),
-//! out[2] allocations, out[3] frees, out[4] failed allocations.
+//! out[2] allocations, out[3] frees, out[4] failed allocations, out[5] those
+//! refused by the memory fraction (OOMs that the pool's `ooms` does not count).
 NF_API int nf_torch_counters(int device, uint64_t *out, int n);
 
 //! torch.cuda.reset_accumulated_memory_stats.
