@@ -186,4 +186,7 @@ int nfc_device_open(const char *spec, size_t n_streams, const uint64_t *raw, nfc
 const nf__replay_dev *nfc_device_hooks(const nfc_device *d);
 void nfc_device_close(nfc_device *d); // waits for the device's work first; NULL: nothing
 
+// doctor.c: `nofrag doctor [--json] [--device N]` (argv after the command); the exit status.
+int nfc_doctor(int argc, char **argv);
+
 #endif

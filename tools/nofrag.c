@@ -23,6 +23,7 @@ static const char usage[] =
     "usage: nofrag replay TRACE [options]   replay an allocation trace through nofrag\n"
     "       nofrag convert TRACE OUT.csv     write TRACE as an RMM logging_resource_adaptor log\n"
     "       nofrag top [--once [--json]] [--clean]  live memory of every nofrag process (q quits)\n"
+    "       nofrag doctor [--json] [--device N]     check that nofrag works here (driver, GPUs, limits)\n"
     "       nofrag version                  print the version\n"
     "       nofrag --help                   this text\n"
     "\n"
@@ -511,6 +512,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(argv[1], "top") == 0) { extern int nfc_top(int, char **); return nfc_top(argc - 2, argv + 2); }
+  if (strcmp(argv[1], "doctor") == 0) return nfc_doctor(argc - 2, argv + 2);
   // A replay's pools are simulations (one per bisection probe): they do not
   // belong in `nofrag top` unless the user asks (NOFRAG_MONITOR=1).
   setenv("NOFRAG_MONITOR", "0", 0);

@@ -92,34 +92,52 @@ def _pip_cuda_runtime():
     return None
 
 
-def build_adapter(out_dir=None, verbose=False):
-    """Compile the adapter against the importable torch. Returns (path, "")
-    or (None, reason). Offline: no download, only the local compiler."""
+def _locate(out_dir):
+    """Where the adapter for the importable torch and these sources is, or
+    would be built: (built path or None, why not built, build context or
+    None). Builds and creates nothing."""
     try:
         import torch
         import torch.utils.cpp_extension as cpp
     except Exception as e:  # noqa: BLE001 - any import failure means "no torch here"
-        return None, f"torch is not importable ({e.__class__.__name__}: {e})"
+        return None, f"torch is not importable ({e.__class__.__name__}: {e})", None
     src = _source_dir()
     if not src:
-        return None, "the adapter's sources (%s) were not found; set NOFRAG_SRC" % ", ".join(_SOURCES)
+        return None, "the adapter's sources (%s) were not found; set NOFRAG_SRC" % ", ".join(_SOURCES), None
     inc = _include_dir(src)
     if not inc:
-        return None, f"nofrag.h not found near {src}"
+        return None, f"nofrag.h not found near {src}", None
     try:
         libpath = _lib.path()
     except OSError as e:
-        return None, str(e)
+        return None, str(e), None
     tag = _tag(torch, src, inc)
     if out_dir is None:  # built by pip into the package (nofrag/_build.py)?
         shipped = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adapter", tag, "nofrag_adapter.so")
         if os.path.exists(shipped):
-            return shipped, ""
+            return shipped, "", None
     out = os.path.join(out_dir or cache_dir(), tag)
-    os.makedirs(out, exist_ok=True)
     so = os.path.join(out, "nofrag_adapter.so")
-    if os.path.exists(so):  # only ever a finished build: it is renamed into place (below)
-        return so, ""
+    if os.path.exists(so):  # only ever a finished build: it is renamed into place (build_adapter)
+        return so, "", None
+    return None, f"not built yet for torch {torch.__version__} (it would go to {so})", (cpp, src, inc, libpath, out, so)
+
+
+def built(out_dir=None):
+    """The adapter already built for the importable torch and these sources:
+    (path, "") or (None, why not). Builds nothing (nofrag doctor asks)."""
+    path, why, _ = _locate(out_dir)
+    return path, why
+
+
+def build_adapter(out_dir=None, verbose=False):
+    """Compile the adapter against the importable torch. Returns (path, "")
+    or (None, reason). Offline: no download, only the local compiler."""
+    path, why, ctx = _locate(out_dir)
+    if path or ctx is None:
+        return path, why
+    cpp, src, inc, libpath, out, so = ctx
+    os.makedirs(out, exist_ok=True)
     libdir = os.path.dirname(libpath)
     # Each process builds in its own directory and renames the result into
     # place: under torchrun every rank may build at once, and none may load

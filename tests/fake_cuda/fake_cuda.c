@@ -1,0 +1,65 @@
+// A stand-in libcuda.so.1 with only the driver's query entry points, for
+// testing `nofrag doctor`'s reports on machines without a GPU
+// (tests/test_doctor.sh puts its directory on LD_LIBRARY_PATH). What it
+// reports comes from NF_FAKE_CUDA, 'key=value,...':
+//   init=R      cuInit's result (default 0)
+//   version=V   cuDriverGetVersion (default 13000)
+//   devices=N   cuDeviceGetCount (default 1)
+//   vmmK=0      device K lacks virtual memory management
+//   fdK=0       device K lacks POSIX fd handles
+//   hvmmK=0     device K lacks host memory through the VMM API
+//   peer=0      no device reaches another (default 1)
+// The VMM entry points are absent, as in a driver too old for them: the
+// library's CUDA backend fails to load on it, naming the first one missing.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int opt(const char *key, int dflt) {
+  const char *s = getenv("NF_FAKE_CUDA");
+  size_t n = strlen(key);
+  while (s && *s) {
+    if (strncmp(s, key, n) == 0 && s[n] == '=') return atoi(s + n + 1);
+    s = strchr(s, ',');
+    if (s) s++;
+  }
+  return dflt;
+}
+
+static int dev_opt(const char *key, int dev, int dflt) {
+  char k[32];
+  snprintf(k, sizeof k, "%s%d", key, dev);
+  return opt(k, dflt);
+}
+
+int cuInit(unsigned flags) { (void)flags; return opt("init", 0); }
+int cuDriverGetVersion(int *v) { *v = opt("version", 13000); return 0; }
+int cuDeviceGetCount(int *n) { *n = opt("devices", 1); return 0; }
+int cuDeviceGet(int *d, int ordinal) {
+  if (ordinal < 0 || ordinal >= opt("devices", 1)) return 101; // CUDA_ERROR_INVALID_DEVICE
+  *d = ordinal;
+  return 0;
+}
+int cuDeviceGetName(char *name, int len, int d) { snprintf(name, (size_t)len, "Fake GPU %d", d); return 0; }
+int cuDeviceTotalMem_v2(size_t *bytes, int d) { (void)d; *bytes = (size_t)80 << 30; return 0; }
+int cuDeviceGetAttribute(int *v, int attr, int d) {
+  switch (attr) {
+  case 75: *v = 9; break; // compute capability 9.0
+  case 76: *v = 0; break;
+  case 102: *v = dev_opt("vmm", d, 1); break;
+  case 103: *v = dev_opt("fd", d, 1); break;
+  case 145: *v = dev_opt("hvmm", d, 1); break;
+  default: *v = 0;
+  }
+  return 0;
+}
+int cuDeviceCanAccessPeer(int *can, int a, int b) { *can = a != b && opt("peer", 1); return 0; }
+int cuDevicePrimaryCtxRetain(void **ctx, int d) { *ctx = (void *)(size_t)(d + 1); return 0; }
+int cuDevicePrimaryCtxRelease_v2(int d) { (void)d; return 0; }
+int cuCtxSetCurrent(void *ctx) { (void)ctx; return 0; }
+int cuMemsetD32_v2(unsigned long long p, unsigned v, size_t n) { (void)p; (void)v; (void)n; return 1; }
+int cuMemcpyDtoH_v2(void *h, unsigned long long p, size_t n) { (void)h; (void)p; (void)n; return 1; }
+int cuGetErrorName(int r, const char **s) {
+  *s = r == 100 ? "CUDA_ERROR_NO_DEVICE" : r == 101 ? "CUDA_ERROR_INVALID_DEVICE" : "CUDA_ERROR_FAKE";
+  return 0;
+}
