@@ -164,26 +164,48 @@ def case_compile(torch, alloc):
 
 
 def case_compile_history(torch, alloc):
-    """torch.compile(mode="reduce-overhead") under _record_memory_history: graph trees restore
-    checkpoints (setCheckpointPoolState), which free blocks and make them again; the history must
-    record both, so that every address's events alternate alloc / free (a FREE with no ALLOC
-    before it breaks _memory_viz and nofrag replay)."""
+    """torch.compile(mode="reduce-overhead") under _record_memory_history. A graph tree that replays A
+    and then records a new child (C after A -> B) first restores A's checkpoint
+    (setCheckpointPoolState), which frees blocks and makes them again: the history must record both,
+    so that every address's events alternate alloc / free (a FREE with no ALLOC before it breaks
+    _memory_viz and nofrag replay). Then a small GPT-2's training steps under the same history."""
+    import torch._inductor.cudagraph_trees as cgt
+    restores = [0]
+    orig = cgt.CUDAGraphTreeManager.apply_checkpoint_execution_state_in_allocator
+
+    def counted(self, *a, **k):
+        restores[0] += 1
+        return orig(self, *a, **k)
+    cgt.CUDAGraphTreeManager.apply_checkpoint_execution_state_in_allocator = counted
+    torch.cuda.memory._record_memory_history(max_entries=500000)
+    w = torch.randn(1024, 1024, device="cuda")
+    x = torch.randn(256, 1024, device="cuda")
+    fa = torch.compile(lambda x: (x @ w).relu() + 1, mode="reduce-overhead")
+    fb = torch.compile(lambda y: (y * 2).sum(), mode="reduce-overhead")
+    fc = torch.compile(lambda y: (y + 3).mean(), mode="reduce-overhead")
+    for second in (fb, fb, fb, fc, fc, fc):  # A -> B recorded and replayed, then A -> C: a new child
+        torch.compiler.cudagraph_mark_step_begin()
+        y = fa(x)
+        second(y)
     from transformers import GPT2Config, GPT2LMHeadModel
     cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4, n_positions=256, vocab_size=8192)
     with torch.device("cuda"):
         m = GPT2LMHeadModel(cfg)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
     fwd = torch.compile(lambda ids: m(input_ids=ids, labels=ids).loss, mode="reduce-overhead")
-    torch.cuda.memory._record_memory_history(max_entries=500000)
-    for step in range(8):
+    losses = []
+    for step in range(6):
         ids = torch.randint(0, cfg.vocab_size, (8, 128), device="cuda")
         torch.compiler.cudagraph_mark_step_begin()
-        fwd(ids).backward()
+        loss = fwd(ids)  # kept into the next step, as a training loop does
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
+    cgt.CUDAGraphTreeManager.apply_checkpoint_execution_state_in_allocator = orig
     state, bad, n = {}, [], 0
     for t in snap["device_traces"]:
         for e in t:
@@ -197,8 +219,8 @@ def case_compile_history(torch, alloc):
                     bad.append(("free twice", e["addr"]))
                 state[e["addr"]] = "free"
             n += 1
-    return {"trace_entries": n, "unpaired": len(bad), "first_unpaired": [hex(a) for _, a in bad[:4]],
-            "pass": n > 0 and not bad}
+    return {"checkpoint_restores": restores[0], "trace_entries": n, "unpaired": len(bad),
+            "first_unpaired": [f"{k} {a:#x}" for k, a in bad[:4]], "pass": n > 0 and not bad}
 
 
 def case_cudnn(torch, alloc):
