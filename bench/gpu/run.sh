@@ -44,6 +44,10 @@ export NOFRAG_LIB="$ROOT/build/libnofrag.so"
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 echo "library: $NOFRAG_LIB ($(stat -L -c %s "$NOFRAG_LIB") bytes)"
 
+# ------------------------------------------------------------------ the machine, as a user would check it
+say "nofrag doctor (driver, each GPU's pool written and read back, spill, limits)"
+[ -x build/nofrag ] && { ./build/nofrag doctor; echo "doctor exit status: $? (0: nothing failed)"; }
+
 # ------------------------------------------------------------------ C GPU test
 say "C test of the CUDA backend and the pool on the GPU (tests/gpu/test_cuda.c)"
 nf_test_cuda
