@@ -118,6 +118,40 @@ static inline nf_stats_t nft_stats_of(nf_pool_t *p) {
   return s;
 }
 
+// ------------------------------------------------------------ configuration
+// The default configuration; asserts success.
+static inline nf_config_t nft_conf_default(void) {
+  nf_config_t c;
+  assert_int_equal(nf_config_default(&c), NF_OK);
+  return c;
+}
+
+// `s` parsed into the default configuration; asserts success.
+static inline nf_config_t nft_conf_ok(const char *s) {
+  nf_config_t c = nft_conf_default();
+  char err[256] = "";
+  if (nf_config_parse(&c, s, err, sizeof err) != NF_OK) fail_msg("parse('%s') failed: %s", s, err);
+  return c;
+}
+
+// `s` refused: NF_ERR_CONFIG, the configuration untouched (a non-default one,
+// to see that nothing is written), a terminated message that holds every
+// non-NULL needle.
+static inline void nft_conf_bad(const char *s, const char *n1, const char *n2) {
+  nf_config_t c = nft_conf_default(), before;
+  c.limit = 12345;
+  before = c;
+  char err[512];
+  memset(err, 'x', sizeof err);
+  nf_status_t st = nf_config_parse(&c, s, err, sizeof err);
+  if (st != NF_ERR_CONFIG) fail_msg("parse('%s') returned %d, expected NF_ERR_CONFIG", s, (int)st);
+  assert_memory_equal(&c, &before, sizeof c);
+  assert_non_null(memchr(err, '\0', sizeof err));
+  assert_true(strlen(err) > 0);
+  if (n1 && !strstr(err, n1)) fail_msg("parse('%s'): message '%s' lacks '%s'", s, err, n1);
+  if (n2 && !strstr(err, n2)) fail_msg("parse('%s'): message '%s' lacks '%s'", s, err, n2);
+}
+
 // ------------------------------------------------------------ live blocks
 // A test's record of a block it allocated and filled with nft_fill(p, n, tag)
 // on stream s (p NULL: the slot is unused).

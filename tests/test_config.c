@@ -6,37 +6,9 @@
 #define RT_NEVER UINT64_MAX
 #define RT_AUTO (UINT64_MAX - 1)
 
-static nf_config_t def(void) {
-  nf_config_t c;
-  assert_int_equal(nf_config_default(&c), NF_OK);
-  return c;
-}
-
-// Parse `s` into a default config; asserts success and returns the result.
-static nf_config_t ok(const char *s) {
-  nf_config_t c = def();
-  char err[256] = "";
-  nf_status_t st = nf_config_parse(&c, s, err, sizeof err);
-  if (st != NF_OK) fail_msg("parse('%s') failed: %s", s, err);
-  return c;
-}
-
-// Parse `s`, expect NF_ERR_CONFIG, an untouched config, and a message that
-// contains every non-NULL needle.
-static void bad(const char *s, const char *n1, const char *n2) {
-  nf_config_t c = def(), before;
-  c.limit = 12345; // something non-default, to see that nothing is written
-  before = c;
-  char err[512];
-  memset(err, 'x', sizeof err);
-  nf_status_t st = nf_config_parse(&c, s, err, sizeof err);
-  if (st != NF_ERR_CONFIG) fail_msg("parse('%s') returned %d, expected NF_ERR_CONFIG", s, (int)st);
-  assert_memory_equal(&c, &before, sizeof c);
-  assert_non_null(memchr(err, '\0', sizeof err));
-  assert_true(strlen(err) > 0);
-  if (n1 && !strstr(err, n1)) fail_msg("parse('%s'): message '%s' lacks '%s'", s, err, n1);
-  if (n2 && !strstr(err, n2)) fail_msg("parse('%s'): message '%s' lacks '%s'", s, err, n2);
-}
+#define def nft_conf_default
+#define ok nft_conf_ok
+#define bad nft_conf_bad
 
 static void test_defaults(void **state) {
   nf_config_t c;

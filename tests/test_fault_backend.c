@@ -192,6 +192,75 @@ static void test_fault_mask(void **state) {
   nf_backend_destroy(f);
 }
 
+// Only a probability strictly between 0 and 1 draws from the generator: a
+// plan's random failures depend on its seed and the calls made under such a
+// p, not on calls made while every call failed (p = 1) or none did (p = 0).
+static void test_fault_draws_only_between(void **state) {
+  (void)state;
+  nf_backend_t *f[3];
+  static const double p0[3] = {1.0, 0.0, 0.5};
+  for (int i = 0; i < 3; i++) assert_int_equal(nf_backend_fault_create(&f[i], nft_host(4 * G, G), 0, p0[i], 99), NF_OK);
+  size_t g;
+  for (int i = 0; i < 40; i++) {
+    assert_int_equal(f[0]->ops->granularity(f[0], NF_TIER_DEVICE, &g), NF_ERR_BACKEND);
+    assert_int_equal(f[1]->ops->granularity(f[1], NF_TIER_DEVICE, &g), NF_OK);
+  }
+  nf_backend_fault_set(f[0], 0, 0.5);
+  nf_backend_fault_set(f[1], 0, 0.5);
+  int fails = 0;
+  for (int i = 0; i < 200; i++) {
+    nf_status_t st[3];
+    for (int k = 0; k < 3; k++) st[k] = f[k]->ops->granularity(f[k], NF_TIER_DEVICE, &g);
+    if (st[0] != st[2] || st[1] != st[2]) fail_msg("call %d under p = 0.5: %d %d %d", i, st[0], st[1], st[2]);
+    fails += st[2] != NF_OK;
+  }
+  assert_in_range(fails, 60, 140);
+  for (int i = 0; i < 3; i++) nf_backend_destroy(f[i]);
+}
+
+// Seed 0 stands for a fixed non-zero seed (xorshift would stay at 0, and a
+// draw of 0 fails every call): p = 0.3 fails about 30 % of the calls.
+static void test_fault_seed_zero(void **state) {
+  (void)state;
+  nf_backend_t *f;
+  assert_int_equal(nf_backend_fault_create(&f, nft_host(4 * G, G), 0, 0.3, 0), NF_OK);
+  int fails = 0;
+  size_t g;
+  for (int i = 0; i < 1000; i++) fails += f->ops->granularity(f, NF_TIER_DEVICE, &g) != NF_OK;
+  assert_in_range(fails, 200, 400);
+  nf_backend_destroy(f);
+}
+
+// The queries (map_room, stream_check, stream_capturing) are not calls: never
+// counted, never failed, even at p = 1; over an inner backend without
+// stream_capturing (host) the answer "not capturing" is written.
+static void test_fault_queries_not_calls(void **state) {
+  (void)state;
+  nf_backend_t *f;
+  assert_int_equal(nf_backend_fault_create(&f, nft_host(4 * G, G), 0, 1.0, 1), NF_OK);
+  assert_int_equal(f->ops->map_room(f, 1), NF_OK);
+  assert_int_equal(f->ops->stream_check(f, (nf_stream_t)0x1), NF_OK);
+  int capturing = 7;
+  assert_int_equal(f->ops->stream_capturing(f, (nf_stream_t)0x1, &capturing), NF_OK);
+  assert_int_equal(capturing, 0);
+  uint64_t calls = 9, failed = 9;
+  nf_backend_fault_counts(f, &calls, &failed);
+  assert_int_equal(calls + failed, 0);
+  nf_backend_destroy(f);
+}
+
+// A mask from call 0 is off from the start (call numbers begin at 1, so the
+// mask would otherwise fail the first calls).
+static void test_fault_mask_from_zero(void **state) {
+  (void)state;
+  nf_backend_t *f;
+  assert_int_equal(nf_backend_fault_create(&f, nft_host(4 * G, G), 0, 0.0, 1), NF_OK);
+  nf__backend_fault_mask(f, 0, ~0ull);
+  size_t g;
+  for (int i = 0; i < 70; i++) assert_int_equal(f->ops->granularity(f, NF_TIER_DEVICE, &g), NF_OK);
+  nf_backend_destroy(f);
+}
+
 // ---------------------------------------------------------------- threads
 
 int main(void) {
@@ -202,6 +271,10 @@ int main(void) {
       cmocka_unit_test(test_fault_p_reproducible),
       cmocka_unit_test(test_fault_cleanup_ops),
       cmocka_unit_test(test_fault_mask),
+      cmocka_unit_test(test_fault_draws_only_between),
+      cmocka_unit_test(test_fault_seed_zero),
+      cmocka_unit_test(test_fault_queries_not_calls),
+      cmocka_unit_test(test_fault_mask_from_zero),
   };
   return cmocka_run_group_tests(tests, setup_granule, NULL);
 }

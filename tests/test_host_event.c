@@ -227,12 +227,157 @@ static void test_host_use_new_ordering(void **state) {
   nf_backend_destroy(be);
 }
 
+// A stream wait orders only the events its stream records after the wait: an
+// s2 event recorded just before s2 waits on e1 (the newest event then, so its
+// number is the wait's mark) proves nothing about s1's work before e1, and the
+// mark is the newest event of all, not the waited one (e2 came after e1).
+static void test_host_wait_marks_newest_event(void **state) {
+  (void)state;
+  nf_backend_t *be = nft_host(4 * G, G);
+  const nf_backend_ops_t *o = be->ops;
+  nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2;
+  uintptr_t va;
+  nf_handle_t h;
+  nf_event_t e1, e2, e3;
+  assert_int_equal(o->va_reserve(be, G, 0, &va), NF_OK);
+  assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h), NF_OK);
+  assert_int_equal(o->event_create(be, &e1), NF_OK);
+  assert_int_equal(o->event_create(be, &e2), NF_OK);
+  assert_int_equal(o->event_create(be, &e3), NF_OK);
+  nf_backend_host_set_manual_events(be, 1);
+  assert_int_equal(o->map(be, va, G, h), NF_OK);
+  nf_backend_host_use(be, s1, (void *)va, G);
+  assert_int_equal(o->event_record(be, e1, s1), NF_OK); // after the use
+  assert_int_equal(o->event_record(be, e2, s2), NF_OK); // after e1, but before the wait
+  assert_int_equal(o->stream_wait(be, s2, e1), NF_OK);
+  assert_int_equal(o->event_sync(be, e2), NF_OK);
+  assert_int_equal(o->unmap(be, va, G), NF_OK);
+  assert_int_equal(nf_backend_host_violations(be), 1);
+  assert_int_equal(o->map(be, va, G, h), NF_OK);
+  assert_int_equal(o->event_record(be, e3, s2), NF_OK); // after the wait: covers s1's work before e1
+  assert_int_equal(o->event_sync(be, e3), NF_OK);
+  assert_int_equal(o->unmap(be, va, G), NF_OK);
+  assert_int_equal(nf_backend_host_violations(be), 1);
+  assert_int_equal(o->mem_release(be, h), NF_OK);
+  assert_int_equal(o->va_release(be, va, G), NF_OK);
+  nf_backend_destroy(be);
+}
+
+// A use covers [addr, addr + n) and nothing more: unmapping the granules just
+// before and just after a range still in use is no violation (a false alarm
+// would fail correct allocator tests); the granule itself is.
+static void test_host_use_bounds_exact(void **state) {
+  (void)state;
+  nf_backend_t *be = nft_host(4 * G, G);
+  const nf_backend_ops_t *o = be->ops;
+  uintptr_t va;
+  nf_handle_t h[3];
+  assert_int_equal(o->va_reserve(be, 3 * G, 0, &va), NF_OK);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h[i]), NF_OK);
+    assert_int_equal(o->map(be, va + (uintptr_t)i * G, G, h[i]), NF_OK);
+  }
+  nf_backend_host_set_manual_events(be, 1);
+  nf_backend_host_use(be, (nf_stream_t)0x1, (void *)(va + G), G);
+  assert_int_equal(o->unmap(be, va, G), NF_OK);
+  assert_int_equal(o->unmap(be, va + 2 * G, G), NF_OK);
+  assert_int_equal(nf_backend_host_violations(be), 0);
+  assert_int_equal(o->unmap(be, va + G, G), NF_OK);
+  assert_int_equal(nf_backend_host_violations(be), 1);
+  nf_backend_host_complete_events(be);
+  for (int i = 0; i < 3; i++) assert_int_equal(o->mem_release(be, h[i]), NF_OK);
+  assert_int_equal(o->va_release(be, va, 3 * G), NF_OK);
+  nf_backend_destroy(be);
+}
+
+// The bounds of "ordered before": a wait on an event recorded before a use
+// does not order that use (e1, then s1's use, then s2 waits on e1); and a
+// chain of waits goes only through waits made before the event waited on (s3
+// waits on e2, recorded on s2 before s2's wait on e1: s3 is not after s1). The
+// same chains with the events recorded after are ordered (no violation).
+static void test_host_wait_order_bounds(void **state) {
+  (void)state;
+  nf_backend_t *be = nft_host(4 * G, G);
+  const nf_backend_ops_t *o = be->ops;
+  nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2, s3 = (nf_stream_t)0x3, s4 = (nf_stream_t)0x4;
+  nf_event_t e1, e2, e3;
+  char buf[1024];
+  assert_int_equal(o->event_create(be, &e1), NF_OK);
+  assert_int_equal(o->event_create(be, &e2), NF_OK);
+  assert_int_equal(o->event_create(be, &e3), NF_OK);
+  nf_backend_host_set_manual_events(be, 1);
+  // A wait on the event just before the use.
+  assert_int_equal(o->event_record(be, e1, s1), NF_OK);
+  nf_backend_host_use(be, s1, buf, 512);
+  assert_int_equal(o->stream_wait(be, s2, e1), NF_OK);
+  nf_backend_host_use_new(be, s2, buf, 64);
+  assert_int_equal(nf_backend_host_violations(be), 1);
+  assert_int_equal(o->event_record(be, e2, s1), NF_OK); // after the use: a wait on it orders
+  assert_int_equal(o->stream_wait(be, s3, e2), NF_OK);
+  nf_backend_host_use_new(be, s3, buf + 128, 64);
+  assert_int_equal(nf_backend_host_violations(be), 1);
+  nf_backend_host_complete_events(be);
+  // A chain through a wait made after the event waited on.
+  nf_backend_host_use(be, s1, buf, 512);
+  assert_int_equal(o->event_record(be, e1, s1), NF_OK);
+  assert_int_equal(o->event_record(be, e2, s2), NF_OK);
+  assert_int_equal(o->stream_wait(be, s2, e1), NF_OK);  // s2 waits after recording e2
+  assert_int_equal(o->stream_wait(be, s3, e2), NF_OK);
+  nf_backend_host_use_new(be, s3, buf, 256);
+  assert_int_equal(nf_backend_host_violations(be), 2);
+  assert_int_equal(o->event_record(be, e3, s2), NF_OK); // after s2's wait: the chain holds
+  assert_int_equal(o->stream_wait(be, s4, e3), NF_OK);
+  nf_backend_host_use_new(be, s4, buf + 256, 256);
+  assert_int_equal(nf_backend_host_violations(be), 2);
+  nf_backend_destroy(be);
+}
+
+// A copy's source is the stream's work in flight as much as its destination:
+// unmapping either before an event behind the copy completes is a violation.
+static void test_host_copy_source_in_flight(void **state) {
+  (void)state;
+  nf_backend_t *be = nft_host(4 * G, G);
+  const nf_backend_ops_t *o = be->ops;
+  nf_stream_t s1 = (nf_stream_t)0x1;
+  uintptr_t va;
+  nf_handle_t h[2];
+  nf_event_t e;
+  assert_int_equal(o->va_reserve(be, 2 * G, 0, &va), NF_OK);
+  assert_int_equal(o->event_create(be, &e), NF_OK);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h[i]), NF_OK);
+    assert_int_equal(o->map(be, va + (uintptr_t)i * G, G, h[i]), NF_OK);
+    assert_int_equal(o->set_access(be, va + (uintptr_t)i * G, G), NF_OK);
+  }
+  nf_backend_host_set_manual_events(be, 1);
+  assert_int_equal(o->copy(be, va + G, va, G, s1), NF_OK); // granule 0 to granule 1 on s1
+  assert_int_equal(o->unmap(be, va, G), NF_OK);            // the source
+  assert_int_equal(nf_backend_host_violations(be), 1);
+  assert_int_equal(o->unmap(be, va + G, G), NF_OK);        // the destination
+  assert_int_equal(nf_backend_host_violations(be), 2);
+  assert_int_equal(o->map(be, va, G, h[0]), NF_OK);
+  assert_int_equal(o->map(be, va + G, G, h[1]), NF_OK);
+  assert_int_equal(o->set_access(be, va, 2 * G), NF_OK);
+  assert_int_equal(o->copy(be, va + G, va, G, s1), NF_OK);
+  assert_int_equal(o->event_record(be, e, s1), NF_OK);      // behind the copy, then complete
+  assert_int_equal(o->event_sync(be, e), NF_OK);
+  assert_int_equal(o->unmap(be, va, 2 * G), NF_OK);
+  assert_int_equal(nf_backend_host_violations(be), 2);
+  for (int i = 0; i < 2; i++) assert_int_equal(o->mem_release(be, h[i]), NF_OK);
+  assert_int_equal(o->va_release(be, va, 2 * G), NF_OK);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_events),
       cmocka_unit_test(test_host_use_violations),
       cmocka_unit_test(test_host_use_stream_wait),
       cmocka_unit_test(test_host_use_new_ordering),
+      cmocka_unit_test(test_host_wait_marks_newest_event),
+      cmocka_unit_test(test_host_use_bounds_exact),
+      cmocka_unit_test(test_host_wait_order_bounds),
+      cmocka_unit_test(test_host_copy_source_in_flight),
   };
   return cmocka_run_group_tests(tests, setup_granule, NULL);
 }
