@@ -55,6 +55,21 @@ class TestDoctor(unittest.TestCase):
         _, c = self.checks(r)
         self.assertNotIn("cuda:0", c)  # --device reaches the command
 
+    def test_config_device_reaches_the_driver(self):
+        # backend:cuda,device:N opens GPU N (src/backend/common.c): against the
+        # stand-in driver with one device, device:1 fails at cuDeviceGet(1),
+        # device:0 gets as far as the stand-in's first VMM call.
+        fake = os.path.join(os.path.dirname(_lib.path()), "tests", "fake_cuda")
+        if not os.path.exists(os.path.join(fake, "libcuda.so.1")):
+            self.skipTest("the stand-in driver is not built (tests/fake_cuda)")
+        code = ("import nofrag, sys\ntry:\n    nofrag.Pool(sys.argv[1])\nexcept nofrag.NofragError as e:\n"
+                "    print(e)\n")
+        for conf, want in (("backend:cuda,device:1", "cuDeviceGet(1): CUDA_ERROR_INVALID_DEVICE"),
+                           ("backend:cuda,device:0", "cuMemGetAllocationGranularity")):
+            r = subprocess.run([sys.executable, "-c", code, conf], capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, PYTHONPATH=PKG, LD_LIBRARY_PATH=fake, NF_FAKE_CUDA="devices=1"))
+            self.assertIn(want, r.stdout, (conf, r.stdout, r.stderr))
+
     def test_bad_arguments(self):
         for args in (["--bogus"], ["--device"], ["--device", "x"]):
             r = run(*args)

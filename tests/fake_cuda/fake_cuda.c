@@ -9,8 +9,10 @@
 //   fdK=0       device K lacks POSIX fd handles
 //   hvmmK=0     device K lacks host memory through the VMM API
 //   peer=0      no device reaches another (default 1)
-// The VMM entry points are absent, as in a driver too old for them: the
-// library's CUDA backend fails to load on it, naming the first one missing.
+// Every other entry point the library's CUDA backend loads exists but fails
+// with CUDA_ERROR_NOT_SUPPORTED: the backend opens (cuInit, cuDeviceGet of the
+// ordinal asked, the primary context) and a pool on it fails at its first
+// VMM call (the allocation granularity).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +62,35 @@ int cuCtxSetCurrent(void *ctx) { (void)ctx; return 0; }
 int cuMemsetD32_v2(unsigned long long p, unsigned v, size_t n) { (void)p; (void)v; (void)n; return 1; }
 int cuMemcpyDtoH_v2(void *h, unsigned long long p, size_t n) { (void)h; (void)p; (void)n; return 1; }
 int cuGetErrorName(int r, const char **s) {
-  *s = r == 100 ? "CUDA_ERROR_NO_DEVICE" : r == 101 ? "CUDA_ERROR_INVALID_DEVICE" : "CUDA_ERROR_FAKE";
+  *s = r == 100   ? "CUDA_ERROR_NO_DEVICE"
+       : r == 101 ? "CUDA_ERROR_INVALID_DEVICE"
+       : r == 801 ? "CUDA_ERROR_NOT_SUPPORTED"
+                  : "CUDA_ERROR_FAKE";
   return 0;
 }
+int cuGetErrorString(int r, const char **s) { (void)r; *s = "(the stand-in driver of tests/fake_cuda)"; return 0; }
+int cuCtxGetCurrent(void **ctx) { *ctx = NULL; return 0; }
+
+// The rest: present, never working (arguments ignored).
+#define NOT_SUPPORTED(f) int f(void) { return 801; }
+NOT_SUPPORTED(cuCtxSynchronize)
+NOT_SUPPORTED(cuEventCreate)
+NOT_SUPPORTED(cuEventDestroy_v2)
+NOT_SUPPORTED(cuEventQuery)
+NOT_SUPPORTED(cuEventRecord)
+NOT_SUPPORTED(cuEventSynchronize)
+NOT_SUPPORTED(cuMemAddressFree)
+NOT_SUPPORTED(cuMemAddressReserve)
+NOT_SUPPORTED(cuMemCreate)
+NOT_SUPPORTED(cuMemExportToShareableHandle)
+NOT_SUPPORTED(cuMemGetAllocationGranularity)
+NOT_SUPPORTED(cuMemGetInfo_v2)
+NOT_SUPPORTED(cuMemImportFromShareableHandle)
+NOT_SUPPORTED(cuMemMap)
+NOT_SUPPORTED(cuMemRelease)
+NOT_SUPPORTED(cuMemSetAccess)
+NOT_SUPPORTED(cuMemUnmap)
+NOT_SUPPORTED(cuMemcpyAsync)
+NOT_SUPPORTED(cuStreamGetCtx)
+NOT_SUPPORTED(cuStreamIsCapturing)
+NOT_SUPPORTED(cuStreamWaitEvent)
