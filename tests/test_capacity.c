@@ -371,6 +371,119 @@ static void test_no_release_epoch_in_capture(void **state) {
   nf_backend_destroy(be);
 }
 
+// What creation resolves, read back through nf_pool_config: a granule the
+// backend cannot map (a power of two, but below its granularity) is
+// refused; the address range is 4 x the limit but at least 1 GiB, and a
+// hand-set one is rounded up to whole granules; a reserve of exactly the
+// limit is allowed and one that ends inside a granule creates that granule.
+// (A mutation study: dropping any of these rules failed no test.)
+static void test_config_resolved(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  assert_int_equal(nf_backend_host_create(&be, 1ull << 30, G), NF_OK);
+  nf_config_t c, r;
+  nf_pool_t *p = NULL;
+  nf_config_default(&c);
+  c.granule = G / 2;
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_ERR_CONFIG);
+  assert_null(p);
+  nft_last_error_has("not a power-of-two multiple");
+  nft_usage_is(be, 0, 0);
+  static const struct { uint64_t limit, va, want; } V[] = {
+      {64 * NF_MiB, 0, NF_GiB},                   // 4 x 64 MiB is below the floor
+      {512 * NF_MiB, 0, 2 * NF_GiB},              // 4 x the limit
+      {64 * NF_MiB, NF_GiB + 100, NF_GiB + G},    // rounded up, not down
+      {64 * NF_MiB, 3 * G / 2, 2 * G},            // a hand-set one may be small
+  };
+  for (size_t i = 0; i < sizeof V / sizeof V[0]; i++) {
+    nf_config_default(&c);
+    c.limit = V[i].limit;
+    c.va_chunk = V[i].va;
+    assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+    nf_pool_config(p, &r);
+    assert_int_equal(r.va_chunk, V[i].want);
+    nf_pool_destroy(p);
+  }
+  nf_config_default(&c);
+  c.limit = 8 * G;
+  c.reserve = 8 * G; // all of it
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+  assert_int_equal(nft_stats_of(p).physical, 8 * G);
+  assert_int_equal(nf_reserve(p, 8 * G), NF_OK); // nf_reserve likewise
+  nf_pool_destroy(p);
+  c.reserve = 4 * G + 1; // into a fifth granule
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+  assert_int_equal(nft_stats_of(p).physical, 5 * G);
+  assert_int_equal(nf_reserve(p, 6 * G + 1), NF_OK);
+  assert_int_equal(nft_stats_of(p).physical, 7 * G);
+  assert_int_equal(nf_reserve(p, 8 * G), NF_OK); // up to the limit, with granules there already
+  assert_int_equal(nft_stats_of(p).physical, 8 * G);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// nf_set_limit resolves an automatic release threshold again, as creation
+// would: none under a limit the user sets, a quarter of the capacity under
+// limit 0. A threshold the user set stays whatever the limit.
+static void test_set_limit_threshold(void **state) {
+  (void)state;
+  const uint64_t never = UINT64_MAX; // NF_RELEASE_NEVER
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 16 * G, G, NULL); // no limit: 16 granules, auto
+  nf_config_t c;
+  nf_pool_config(p, &c);
+  assert_int_equal(c.release_threshold, 4 * G);
+  assert_int_equal(nf_set_limit(p, 8 * G), NF_OK);
+  nf_pool_config(p, &c);
+  assert_int_equal(c.limit, 8 * G);
+  assert_int_equal(c.release_threshold, never);
+  assert_int_equal(nf_set_limit(p, 0), NF_OK); // back to the capacity
+  nf_pool_config(p, &c);
+  assert_int_equal(c.limit, 16 * G);
+  assert_int_equal(c.release_threshold, 4 * G);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  p = nft_pool(&be, 16 * G, G, "release_threshold:128KiB");
+  assert_int_equal(nf_set_limit(p, 8 * G), NF_OK);
+  assert_int_equal(nf_set_limit(p, 0), NF_OK);
+  nf_pool_config(p, &c);
+  assert_int_equal(c.release_threshold, 2 * G);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// A failing nf_set_limit changes nothing the caller sees: the old limit
+// (stats, config, what a request may take) and the old release threshold.
+// Here every backend call fails while it gives cached granules back.
+static void test_set_limit_failure_rolls_back(void **state) {
+  (void)state;
+  nf_backend_t *host, *fb;
+  assert_int_equal(nf_backend_host_create(&host, 16 * G, G), NF_OK);
+  assert_int_equal(nf_backend_fault_create(&fb, host, 0, 0.0, 1), NF_OK);
+  nf_pool_t *p = nft_pool_on(fb, NULL); // no limit: 16 granules, threshold auto (4)
+  void *a = nf_alloc(p, 8 * G, NULL);
+  assert_non_null(a);
+  assert_int_equal(nf_free(p, a), NF_OK); // 8 cached granules: a lower limit must give some back
+  uint64_t calls, failed;
+  nf_backend_fault_counts(fb, &calls, &failed);
+  nf__backend_fault_mask(fb, calls + 1, ~0ull);
+  assert_int_not_equal(nf_set_limit(p, 4 * G), NF_OK);
+  nf_backend_fault_counts(fb, &calls, &failed);
+  assert_true(failed > 0);
+  nf_backend_fault_set(fb, 0, 0.0);
+  nf_config_t c;
+  nf_pool_config(p, &c);
+  assert_int_equal(c.limit, 16 * G);
+  assert_int_equal(c.release_threshold, 4 * G);
+  assert_int_equal(nft_stats_of(p).limit, 16 * G);
+  a = nf_alloc(p, 12 * G, NULL); // above the refused limit
+  assert_non_null(a);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(fb);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_limits_and_config),
@@ -381,6 +494,9 @@ int main(void) {
       cmocka_unit_test(test_failure_gives_granules_back),
       cmocka_unit_test(test_null_pool_and_messages),
       cmocka_unit_test(test_no_release_epoch_in_capture),
+      cmocka_unit_test(test_config_resolved),
+      cmocka_unit_test(test_set_limit_threshold),
+      cmocka_unit_test(test_set_limit_failure_rolls_back),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@ typedef struct {
   uint64_t peers;           // add_peer so far
   uintptr_t granted[MAXG];  // granules whose mapping grants peer 1 (0: empty slot)
   int fail_access_in;       // >0: the n-th next set_access fails
+  bool fail_peer;           // add_peer fails
 } spy_t;
 
 #define SP(be) ((spy_t *)(be))
@@ -62,6 +63,7 @@ static nf_status_t sp_acc(nf_backend_t *be, uintptr_t v, size_t n) {
   return nft_fwd(be, st);
 }
 static nf_status_t sp_peer(nf_backend_t *be, int d) {
+  if (SP(be)->fail_peer) return nf__backend_fail(be, NF_ERR_BACKEND, "spy: injected add_peer failure");
   SP(be)->peers |= 1ull << d;
   return NF_OK;
 }
@@ -175,12 +177,80 @@ static void test_peer_errors(void **state) {
   nf_backend_destroy(be);
 }
 
+// Every address range is re-granted, each to its end, a granted run in one
+// call: with 4-granule ranges (va_chunk) blocks lie in many small-arena and
+// large-arena ranges, some ending exactly at a range's last granule. (A
+// mutation study: a re-grant of the first range only, or of each range's
+// last granule in a call of its own, passed.)
+static void test_peer_every_range(void **state) {
+  (void)state;
+  spy_t *s = spy_new(256 * (uint64_t)G);
+  nf_config_t c;
+  nf_config_default(&c);
+  c.va_chunk = 4 * G;
+  c.small_max = 2 * G;
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, &s->be, &c), NF_OK);
+  enum { N = 12 };
+  void *b[N];
+  size_t n[N];
+  for (int i = 0; i < N; i++) { // 1, 2 (small arena), 3, 4 granules (large), thrice
+    n[i] = (size_t)(i % 4 + 1) * G;
+    assert_non_null(b[i] = nf_alloc(p, n[i], NULL));
+    nft_fill(b[i], n[i], (uint64_t)i + 1);
+  }
+  assert_int_equal(nf_pool_add_peer(p, 1), NF_OK);
+  for (int i = 0; i < N; i++) {
+    if (!block_granted(s, b[i], n[i])) fail_msg("block %d (%zu B) not granted to the peer", i, n[i]);
+    assert_true(nft_check(b[i], n[i], (uint64_t)i + 1));
+    assert_int_equal(nf_free(p, b[i]), NF_OK);
+  }
+  nf_pool_destroy(p);
+  assert_int_equal(nf_pool_create(&p, &s->be, &c), NF_OK); // a block alone in its range: one call
+  void *w = nf_alloc(p, 4 * G, NULL);
+  assert_non_null(w);
+  uint64_t acc = nft_stats_of(p).calls.set_access;
+  assert_int_equal(nf_pool_add_peer(p, 1), NF_OK);
+  assert_int_equal(nft_stats_of(p).calls.set_access, acc + 1);
+  assert_true(block_granted(s, w, 4 * G));
+  assert_int_equal(nf_free(p, w), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(&s->be);
+}
+
+// Device 0 is a peer like any other (a pool on device 1 shares with it);
+// the backend's refusal of a peer is the caller's error, and nothing is
+// re-granted then.
+static void test_peer_device0_and_refusal(void **state) {
+  (void)state;
+  spy_t *s = spy_new(64 * (uint64_t)G);
+  nf_pool_t *p = spy_pool(s, "limit:2097152");
+  void *x = nf_alloc(p, 2 * G, NULL);
+  assert_non_null(x);
+  assert_int_equal(nf_pool_add_peer(p, 0), NF_OK);
+  assert_int_equal(s->peers, 1);
+  s->fail_peer = true;
+  uint64_t acc = nft_stats_of(p).calls.set_access;
+  assert_int_equal(nf_pool_add_peer(p, 1), NF_ERR_BACKEND);
+  nft_last_error_has("injected add_peer failure");
+  assert_int_equal(nft_stats_of(p).calls.set_access, acc);
+  assert_false(block_granted(s, x, 2 * G));
+  s->fail_peer = false;
+  assert_int_equal(nf_pool_add_peer(p, 1), NF_OK);
+  assert_true(block_granted(s, x, 2 * G));
+  assert_int_equal(nf_free(p, x), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(&s->be);
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1); // the churn hits the limit on purpose
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_peer_sees_old_new_and_view_blocks),
       cmocka_unit_test(test_peer_grant_failure),
       cmocka_unit_test(test_peer_errors),
+      cmocka_unit_test(test_peer_every_range),
+      cmocka_unit_test(test_peer_device0_and_refusal),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

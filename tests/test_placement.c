@@ -99,12 +99,105 @@ static void test_split_rest_keeps_order(void **state) {
   nf_backend_destroy(be);
 }
 
+// Choices the slow path makes among blocks that fit (a mutation study of
+// placement.c: each rule below could be broken with every test passing).
+// The pools: views off (no parked mapping lowers a cost) and an explicit
+// limit (no release policy); nf_trim leaves mapped only the granules live
+// blocks lie on, and flushes the bins (so the request reaches placement).
+
+// A hole of exactly the request's size is not skipped as too small, and it
+// wins over the free tail of the chunk when that costs as much: the exact
+// class is scanned first, and a later candidate must be strictly cheaper.
+// 4 granules (the start of a size class: the tail costs 4 too) and 4 and
+// 512 B (inside a class: the upward search starts above it; s1 ends at a
+// granule, so the tail costs 5).
+static void test_exact_hole_before_tail(void **state) {
+  (void)state;
+  for (int k = 0; k < 2; k++) {
+    nf_backend_t *be;
+    nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,views:0");
+    size_t n = 4 * G + (k ? 512 : 0);
+    char *s0 = nf_alloc(p, G, NULL), *d = nf_alloc(p, n, NULL), *s1 = nf_alloc(p, G - (k ? 512 : 0), NULL);
+    assert_true(s0 && d && s1 && d == s0 + G && s1 == d + n);
+    assert_int_equal(nf_free(p, d), NF_OK);
+    assert_int_equal(nf_trim(p), NF_OK);
+    assert_int_equal(nft_stats_of(p).mapped, 2 * G); // s0's and s1's granules
+    char *q = nf_alloc(p, n, NULL);
+    assert_ptr_equal(q, d);
+    assert_int_equal(nf_pool_check(p), NF_OK);
+    nf_free(p, q), nf_free(p, s0), nf_free(p, s1);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+  }
+}
+
+// A block needing no new granule wins, and a placement at a block's end
+// counts as such: the run [a, a + 9G) whose first 4 granules were given back
+// and whose last 5 are mapped serves 4G at its end, with no backend call,
+// over the exact fit d, scanned first (4 granules to map).
+// Neither the end's cost nor the larger classes may be skipped.
+static void test_mapped_end_wins(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,views:0");
+  char *s0 = nf_alloc(p, G, NULL), *d = nf_alloc(p, 4 * G, NULL), *s1 = nf_alloc(p, G, NULL);
+  char *a = nf_alloc(p, 4 * G, NULL), *b = nf_alloc(p, 5 * G, NULL), *s2 = nf_alloc(p, G, NULL);
+  assert_true(s0 && d && s1 && a && b && s2 && a == s1 + G && b == a + 4 * G && s2 == b + 5 * G);
+  assert_int_equal(nf_free(p, d), NF_OK);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  assert_int_equal(nf_trim(p), NF_OK); // d's and a's granules go back
+  assert_int_equal(nf_free(p, b), NF_OK); // b's stay mapped: the run [a, s2)
+  nf_stats_t s0st = nft_stats_of(p);
+  char *q = nf_alloc(p, 4 * G, NULL);
+  assert_ptr_equal(q, a + 5 * G);
+  nf_stats_t s1st = nft_stats_of(p);
+  assert_int_equal(s1st.backend_calls, s0st.backend_calls);
+  assert_int_equal(s1st.physical, s0st.physical);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, q), nf_free(p, s0), nf_free(p, s1), nf_free(p, s2);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// The last resort (nf__place_min, at the limit): among holes needing
+// equally few granules, the smallest wins. Live blocks of 512 B leave the
+// edge granules of holes h1 (5 granules less 1 KiB) and h2 (8 less 1 KiB)
+// mapped: 3 granules each for the request, and 3 are left under the limit.
+// The first fit, d (4 whole granules, none mapped), runs out of memory, and
+// so would the chunk's tail (4); h1 fits as well as h2, and is tighter.
+static void test_last_resort_tightest(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,views:0,small_max:1MiB");
+  char *s0 = nf_alloc(p, G, NULL), *d = nf_alloc(p, 4 * G, NULL), *s1 = nf_alloc(p, 512, NULL);
+  char *h1 = nf_alloc(p, 5 * G - 1024, NULL), *s2 = nf_alloc(p, 1024, NULL);
+  char *h2 = nf_alloc(p, 8 * G - 1024, NULL), *s3 = nf_alloc(p, G + 512, NULL);
+  assert_true(s0 && d && s1 && h1 && s2 && h2 && s3);
+  assert_true(d == s0 + G && s1 == d + 4 * G && h1 == s1 + 512 && s2 == h1 + 5 * G - 1024);
+  assert_true(h2 == s2 + 1024 && s3 == h2 + 8 * G - 1024); // the tail starts at a granule
+  assert_int_equal(nf_free(p, d), NF_OK);
+  assert_int_equal(nf_free(p, h1), NF_OK);
+  assert_int_equal(nf_free(p, h2), NF_OK);
+  assert_int_equal(nf_set_limit(p, 9 * G), NF_OK); // live blocks lie on 6 granules
+  assert_int_equal(nf_trim(p), NF_OK);
+  assert_int_equal(nft_stats_of(p).physical, 6 * G);
+  char *q = nf_alloc(p, 3 * G + 512, NULL);
+  assert_ptr_equal(q, h1);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, q), nf_free(p, s0), nf_free(p, s1), nf_free(p, s2), nf_free(p, s3);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_small_large_share),
       cmocka_unit_test(test_class_full_of_misfits),
       cmocka_unit_test(test_emptied_class_keeps_level),
       cmocka_unit_test(test_split_rest_keeps_order),
+      cmocka_unit_test(test_exact_hole_before_tail),
+      cmocka_unit_test(test_mapped_end_wins),
+      cmocka_unit_test(test_last_resort_tightest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -453,12 +453,106 @@ static void test_private_units_stay(void **state) {
   nf_backend_destroy(be);
 }
 
+// The rules of making and splitting units, at their bounds (a mutation study
+// of unit.c and placement.c: each could be broken with every test passing).
+
+// "Within an eighth of the limit" is exact: with 56 of 64 granules created a
+// block over part of a free unit leaves it (far from the limit), with 57 it
+// splits it. The layout of test_split_near_the_limit, b one granule apart.
+static void test_split_bound(void **state) {
+  (void)state;
+  for (int near = 0; near < 2; near++) {
+    nf_backend_t *be;
+    nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "units:16,limit:4MiB,views:0"); // 64 granules
+    assert_non_null(p);
+    void *a = nf_alloc(p, 40 * G, NULL), *b = nf_alloc(p, (size_t)(16 + near) * G, NULL);
+    assert_true(a && b);
+    nf_stats_t st;
+    nft_stats(p, &st);
+    assert_int_equal(st.physical, (uint64_t)(56 + near) * G);
+    assert_int_equal(st.units, 3);
+    assert_int_equal(nf_free(p, a), NF_OK);
+    void *c = nf_alloc(p, 18 * G, NULL); // a's first unit and 2 granules of its second
+    assert_ptr_equal(c, a);
+    nft_fill(c, 18 * G, 3);
+    nft_stats(p, &st);
+    assert_int_equal(st.unit_splits, (uint64_t)near);
+    assert_int_equal(st.units, (uint64_t)(3 - near));
+    assert_true(nft_check(c, 18 * G, 3));
+    nf_free(p, c);
+    nf_free(p, b);
+    nft_destroy_all(p, be, be);
+  }
+}
+
+// Units make granules the request would otherwise create, never ones the
+// free list holds: after nf_reserve, a block that the reserve covers takes
+// its single granules and creates nothing. And the physical peak counts a
+// unit at once (a block of whole units creates no single granule after it).
+static void test_units_after_singles(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "units:16,limit:64MiB");
+  assert_non_null(p);
+  void *a = nf_alloc(p, 32 * G, NULL); // two units, nothing else
+  assert_non_null(a);
+  nf_stats_t st;
+  nft_stats(p, &st);
+  assert_int_equal(st.units, 2);
+  assert_int_equal(st.calls.create, 2);
+  assert_int_equal(st.physical_peak, 32 * G);
+  assert_int_equal(nf_reserve(p, 72 * G), NF_OK); // 40 single granules more, unmapped
+  nft_stats(p, &st);
+  uint64_t creates = st.calls.create;
+  void *b = nf_alloc(p, 32 * G, NULL); // 32 of the 40
+  assert_non_null(b);
+  nft_stats(p, &st);
+  assert_int_equal(st.units, 2);
+  assert_int_equal(st.calls.create, creates);
+  assert_int_equal(st.physical, 72 * G);
+  nf_free(p, a);
+  nf_free(p, b);
+  nft_destroy_all(p, be, be);
+}
+
+// The OOM report's units line names free granules of units that live blocks
+// lie on in part, and only those: a wholly free unit is no such granule. A
+// private pool keeps its freed units mapped (test_private_units_stay), so
+// they are still there when a general request runs out of memory.
+static void test_oom_report_free_units(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "units:16,limit:4MiB,views:0"); // 64 granules
+  assert_non_null(p);
+  nf_stream_t s = (nf_stream_t)1;
+  assert_int_equal(nf_private_incref(p, 7), NF_OK);
+  assert_int_equal(nf_private_begin(p, 7, s), NF_OK);
+  void *a = nf_alloc(p, 40 * G, s), *b = nf_alloc(p, 16 * G, s); // a: 2 units + 8 singles, b: a unit
+  assert_true(a && b);
+  assert_int_equal(nf_free(p, a), NF_OK); // the graph's temporary: its units stay mapped
+  assert_int_equal(nf_private_end(p, 7), NF_OK);
+  assert_int_equal(nft_stats_of(p).units, 3);
+  setenv("NOFRAG_QUIET_OOM", "1", 1);
+  assert_null(nf_alloc(p, 16 * G, NULL)); // 56 granules are the private pool's, 8 are left
+  assert_int_equal(nf_last_status(), NF_ERR_OOM);
+  const char *r = nf_last_oom_report();
+  assert_non_null(strstr(r, "out of memory"));
+  if (strstr(r, "sit in mapping units")) fail_msg("free units reported as stranded:\n%s", r);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, b);
+  assert_int_equal(nf_private_release(p, 7), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_unit_size_bounded), cmocka_unit_test(test_private_units_stay),
       cmocka_unit_test(test_growth_makes_units), cmocka_unit_test(test_split_near_the_limit),
       cmocka_unit_test(test_offload_ipc_whole), cmocka_unit_test(test_stranded_units_at_the_limit),
       cmocka_unit_test(test_random_patterns),
+      cmocka_unit_test(test_split_bound), cmocka_unit_test(test_units_after_singles),
+      cmocka_unit_test(test_oom_report_free_units),
       cmocka_unit_test(test_each_call_fails_once)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
