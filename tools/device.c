@@ -143,7 +143,7 @@ int nfc_device_open(const char *spec, size_t n_streams, const uint64_t *raw, nfc
     return -1;
   }
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL); // loaded already: the same handle
-  struct { void *dst; const char *name; } syms[] = {
+  const nfc_sym syms[] = {
       {&d->StreamCreate, "cuStreamCreate"},        {&d->StreamDestroy, "cuStreamDestroy_v2"},
       {&d->StreamSynchronize, "cuStreamSynchronize"}, {&d->MemsetD32Async, "cuMemsetD32Async"},
       {&d->MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"}, {&d->MemAllocHost, "cuMemAllocHost_v2"},
@@ -151,14 +151,11 @@ int nfc_device_open(const char *spec, size_t n_streams, const uint64_t *raw, nfc
       {&d->GetErrorName, "cuGetErrorName"},      {&d->DeviceGet, "cuDeviceGet"},
       {&d->DeviceTotalMem, "cuDeviceTotalMem_v2"},
   };
-  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-    void *f = lib ? dlsym(lib, syms[i].name) : NULL;
-    if (!f) {
-      snprintf(err, errlen, "--device %s: libcuda.so.1 lacks %s", spec, syms[i].name);
-      nfc_device_close(d);
-      return -1;
-    }
-    memcpy(syms[i].dst, &f, sizeof f);
+  const char *missing = lib ? nfc_dlsyms(lib, syms, sizeof syms / sizeof syms[0]) : syms[0].name;
+  if (missing) {
+    snprintf(err, errlen, "--device %s: libcuda.so.1 lacks %s", spec, missing);
+    nfc_device_close(d);
+    return -1;
   }
   int cudev = 0;
   size_t total = 0;
@@ -178,6 +175,15 @@ int nfc_device_open(const char *spec, size_t n_streams, const uint64_t *raw, nfc
 }
 
 const nf__replay_dev *nfc_device_hooks(const nfc_device *d) { return &d->dev; }
+
+const char *nfc_dlsyms(void *lib, const nfc_sym *syms, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    void *f = dlsym(lib, syms[i].name);
+    if (!f) return syms[i].name;
+    memcpy(syms[i].dst, &f, sizeof f);
+  }
+  return NULL;
+}
 
 void nfc_device_close(nfc_device *d) {
   if (!d) return;

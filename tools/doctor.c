@@ -84,7 +84,7 @@ static dr_cu *cu_open(dr_cu *cu, char *why, size_t n) {
     snprintf(why, n, "libcuda.so.1 not found: no NVIDIA driver on this machine (%s)", e ? e : "dlopen failed");
     return NULL;
   }
-  struct { void *dst; const char *name; } syms[] = {
+  const nfc_sym syms[] = {
       {&cu->Init, "cuInit"},
       {&cu->DriverGetVersion, "cuDriverGetVersion"},
       {&cu->DeviceGetCount, "cuDeviceGetCount"},
@@ -100,13 +100,10 @@ static dr_cu *cu_open(dr_cu *cu, char *why, size_t n) {
       {&cu->MemcpyDtoH, "cuMemcpyDtoH_v2"},
       {&cu->GetErrorName, "cuGetErrorName"},
   };
-  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-    void *f = dlsym(lib, syms[i].name);
-    if (!f) {
-      snprintf(why, n, "libcuda.so.1 lacks %s: the NVIDIA driver is too old", syms[i].name);
-      return NULL;
-    }
-    memcpy(syms[i].dst, &f, sizeof f);
+  const char *missing = nfc_dlsyms(lib, syms, sizeof syms / sizeof syms[0]);
+  if (missing) {
+    snprintf(why, n, "libcuda.so.1 lacks %s: the NVIDIA driver is too old", missing);
+    return NULL;
   }
   return cu;
 }
@@ -253,7 +250,7 @@ static void check_device(dr_report *r, const dr_cu *cu, int ord) {
            mi, tb);
     return;
   }
-  char conf[96], why[512];
+  char conf[96], why[512], sub[32]; // sub: the name of a check of this device's ("cuda:0 spill")
   nf_stats_t st;
   snprintf(conf, sizeof conf, "backend:cuda,device:%d,limit:64MiB", ord);
   void *ctx = NULL;
@@ -272,19 +269,18 @@ static void check_device(dr_report *r, const dr_cu *cu, int ord) {
     // granules; the block needs three).
     snprintf(conf, sizeof conf, "backend:cuda,device:%d,limit:%llu,spill:host,spill_limit:64MiB", ord,
              (unsigned long long)st.granule * 2);
-    char sn[32];
-    snprintf(sn, sizeof sn, "%s spill", name);
+    snprintf(sub, sizeof sub, "%s spill", name);
     if (!hvmm)
-      dr_add(r, sn, DR_WARN, "offload to disk still works (nf_offload tier disk)",
+      dr_add(r, sub, DR_WARN, "offload to disk still works (nf_offload tier disk)",
              "no host memory through the VMM API on this device/driver: spill:host and host offload unavailable");
     else if (round_trip(cu, conf, (size_t)st.granule * 3, &st, why, sizeof why) != 0)
-      dr_add(r, sn, DR_WARN, NULL, "spill:host failed: %s", why);
+      dr_add(r, sub, DR_WARN, NULL, "spill:host failed: %s", why);
     else
-      dr_add(r, sn, st.spilled ? DR_OK : DR_WARN, NULL, "%s: a block past the device limit, %llu B of it on pinned host memory, read back",
+      dr_add(r, sub, st.spilled ? DR_OK : DR_WARN, NULL, "%s: a block past the device limit, %llu B of it on pinned host memory, read back",
              st.spilled ? "spill:host works" : "spill:host made no host granule", (unsigned long long)st.spilled);
   }
-  snprintf(why, sizeof why, "%s ipc", name);
-  dr_add(r, why, fd ? DR_OK : DR_WARN, fd ? NULL : "share tensors by copying them instead",
+  snprintf(sub, sizeof sub, "%s ipc", name);
+  dr_add(r, sub, fd ? DR_OK : DR_WARN, fd ? NULL : "share tensors by copying them instead",
          fd ? "POSIX fd handles: torch.multiprocessing can share nofrag blocks"
             : "no POSIX fd handles: torch.multiprocessing cannot share nofrag blocks on this device");
   (void)cu->CtxSetCurrent(NULL);
@@ -294,9 +290,9 @@ static void check_device(dr_report *r, const dr_cu *cu, int ord) {
 static void check_cuda(dr_report *r, int only) {
   dr_cu cu_ = {0}, *cu;
   char why[300];
-  const char *nohint = "nofrag runs on the host backend only (backend:host; the replay and the tests need no GPU)";
+  const char *host_only = "nofrag runs on the host backend only (backend:host; the replay and the tests need no GPU)";
   if (!(cu = cu_open(&cu_, why, sizeof why))) {
-    dr_add(r, "driver", DR_FAIL, nohint, "%s", why);
+    dr_add(r, "driver", DR_FAIL, host_only, "%s", why);
     return;
   }
   int ver = 0, n = 0;
@@ -304,7 +300,7 @@ static void check_cuda(dr_report *r, int only) {
   if (e == 0) e = cu->DriverGetVersion(&ver);
   if (e == 0) e = cu->DeviceGetCount(&n);
   if (e != 0 || n == 0) {
-    dr_add(r, "driver", DR_FAIL, nohint, "cuInit / cuDeviceGetCount: %s", e ? cu_err(cu, e) : "no CUDA device");
+    dr_add(r, "driver", DR_FAIL, host_only, "cuInit / cuDeviceGetCount: %s", e ? cu_err(cu, e) : "no CUDA device");
     return;
   }
   dr_add(r, "driver", ver < 12000 ? DR_WARN : DR_OK, ver < 12000 ? "nofrag is tested on CUDA 12.x and 13.x drivers" : NULL,
