@@ -159,6 +159,40 @@ static void test_mapped_end_wins(void **state) {
   nf_backend_destroy(be);
 }
 
+// The budget of fitting blocks scored (48) is not spent twice on the
+// request's own class: for a size at a class's start (4 granules here) the
+// upward search starts one class above the exact one, which the first loop
+// scanned whole. 24 unmapped exact holes (cost 4 each) come first; a freed
+// 8-granule block, still mapped, in a larger class serves the request with
+// no backend call. Scoring the holes twice spent the budget before it.
+static void test_scan_budget_not_spent_twice(void **state) {
+  (void)state;
+  enum { HOLES = 24 };
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:64MiB,views:0");
+  char *sep[HOLES + 2], *hole[HOLES];
+  for (int i = 0; i < HOLES; i++) {
+    sep[i] = nf_alloc(p, G, NULL), hole[i] = nf_alloc(p, 4 * G, NULL);
+    assert_true(sep[i] && hole[i] && hole[i] == sep[i] + G);
+  }
+  sep[HOLES] = nf_alloc(p, G, NULL);
+  char *big = nf_alloc(p, 8 * G, NULL);
+  sep[HOLES + 1] = nf_alloc(p, G, NULL);
+  assert_true(sep[HOLES] && big && sep[HOLES + 1] && big == sep[HOLES] + G && sep[HOLES + 1] == big + 8 * G);
+  for (int i = 0; i < HOLES; i++) assert_int_equal(nf_free(p, hole[i]), NF_OK);
+  assert_int_equal(nf_trim(p), NF_OK); // the holes' granules go back
+  assert_int_equal(nf_free(p, big), NF_OK); // big's stay mapped
+  nf_stats_t st0 = nft_stats_of(p);
+  char *q = nf_alloc(p, 4 * G, NULL);
+  assert_true(q && nft_overlaps((uintptr_t)q, 4 * G, (uintptr_t)big, 8 * G));
+  assert_int_equal(nft_stats_of(p).backend_calls, st0.backend_calls);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_free(p, q);
+  for (int i = 0; i < HOLES + 2; i++) nf_free(p, sep[i]);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 // The last resort (nf__place_min, at the limit): among holes needing
 // equally few granules, the smallest wins. Live blocks of 512 B leave the
 // edge granules of holes h1 (5 granules less 1 KiB) and h2 (8 less 1 KiB)
@@ -197,6 +231,7 @@ int main(void) {
       cmocka_unit_test(test_split_rest_keeps_order),
       cmocka_unit_test(test_exact_hole_before_tail),
       cmocka_unit_test(test_mapped_end_wins),
+      cmocka_unit_test(test_scan_budget_not_spent_twice),
       cmocka_unit_test(test_last_resort_tightest),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

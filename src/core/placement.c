@@ -78,7 +78,8 @@ nf_block_t *nf__place(nf_pool_t *p, nf_tlsf_t *tl, int arena, uint64_t size, uin
   if (p->cfg.tight && !tight) tight = nf__gran_room(p, size) - p->gran_free_count < (size >> p->gshift) + 2;
   int budget = tight ? NF_WALK : NF_SCAN;
   n = 0;
-  for (nf_block_t *b = t->heads[fl][sl]; b && budget > 0 && n < NF_SCAN; b = b->fnext, n++) {
+  nf_block_t *b = t->heads[fl][sl];
+  for (; b && budget > 0 && n < NF_SCAN; b = b->fnext, n++) {
     if (b->size < size || !nf__capture_ok(p, b, s)) continue;
     budget--;
     uint64_t c = tight ? !nf__block_usable(p, b, s) : place_cost(p, b, size, &o);
@@ -87,8 +88,14 @@ nf_block_t *nf__place(nf_pool_t *p, nf_tlsf_t *tl, int arena, uint64_t size, uin
   }
   if (best && (tight || budget <= 0)) goto done;
   if (budget <= 0) budget = 1; // a larger class's first block always fits
+  // From the first class whose every block fits; if that is the exact class
+  // (a size at a class's start, or small) and the loop above scanned it
+  // whole, from the next: scoring its blocks again would spend the budget
+  // before a larger class's (maybe mapped) blocks are reached.
+  int fl0 = fl, sl0 = sl;
   if (units >= NF_SL_COUNT) units += (1ull << (nf__fls64(units) - NF_SL_LOG2)) - 1;
   nf__tlsf_mapping(units, &fl, &sl);
+  if (!b && fl == fl0 && sl == sl0 && ++sl == NF_SL_COUNT) fl++, sl = 0;
   for (; fl < NF_FL_COUNT && budget > 0; fl++, sl = 0) {
     uint32_t slm = t->sl_bitmap[fl] & (~0u << sl);
     if (!slm) {
@@ -98,7 +105,7 @@ nf_block_t *nf__place(nf_pool_t *p, nf_tlsf_t *tl, int arena, uint64_t size, uin
       slm = t->sl_bitmap[fl];
     }
     for (; slm && budget > 0; slm &= slm - 1) {
-      for (nf_block_t *b = t->heads[fl][__builtin_ctz(slm)]; b && budget > 0; b = b->fnext) {
+      for (b = t->heads[fl][__builtin_ctz(slm)]; b && budget > 0; b = b->fnext) {
         if (!nf__capture_ok(p, b, s)) continue; // during a capture only: not counted
         budget--;
         uint64_t c = tight ? !nf__block_usable(p, b, s) : place_cost(p, b, size, &o);
