@@ -19,16 +19,38 @@ static int setup_granule(void **state) {
   return 0;
 }
 
+// Events, created (destroying the backend destroys them): events_new(be, E(&e1, &e2)).
+#define E(...) (nf_event_t *[]){__VA_ARGS__}, (int)(sizeof((nf_event_t *[]){__VA_ARGS__}) / sizeof(nf_event_t *))
+static void events_new(nf_backend_t *be, nf_event_t **e, int n) {
+  for (int i = 0; i < n; i++) assert_int_equal(be->ops->event_create(be, e[i]), NF_OK);
+}
+
+// n granules of memory, one handle each, mapped in order at a fresh range.
+static uintptr_t granules_map(nf_backend_t *be, nf_handle_t *h, int n) {
+  const nf_backend_ops_t *o = be->ops;
+  uintptr_t va;
+  assert_int_equal(o->va_reserve(be, (size_t)n * G, 0, &va), NF_OK);
+  for (int i = 0; i < n; i++) {
+    assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h[i]), NF_OK);
+    assert_int_equal(o->map(be, va + (uintptr_t)i * G, G, h[i]), NF_OK);
+    assert_int_equal(o->set_access(be, va + (uintptr_t)i * G, G), NF_OK);
+  }
+  return va;
+}
+
+// The memory and the range back, once the test has unmapped them.
+static void granules_release(nf_backend_t *be, uintptr_t va, nf_handle_t *h, int n) {
+  for (int i = 0; i < n; i++) assert_int_equal(be->ops->mem_release(be, h[i]), NF_OK);
+  assert_int_equal(be->ops->va_release(be, va, (size_t)n * G), NF_OK);
+}
+
 static void test_host_events(void **state) {
   (void)state;
   nf_backend_t *be = nft_host(4 * G, G);
   const nf_backend_ops_t *o = be->ops;
   nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2;
   nf_event_t e1, e2, e3, e4;
-  assert_int_equal(o->event_create(be, &e1), NF_OK);
-  assert_int_equal(o->event_create(be, &e2), NF_OK);
-  assert_int_equal(o->event_create(be, &e3), NF_OK);
-  assert_int_equal(o->event_create(be, &e4), NF_OK);
+  events_new(be, E(&e1, &e2, &e3, &e4));
   assert_int_equal(o->event_query(be, e1), NF_OK); // never recorded
   assert_int_equal(o->event_record(be, e1, NULL), NF_OK);
   assert_int_equal(o->event_query(be, e1), NF_OK); // automatic mode: done at once
@@ -71,16 +93,12 @@ static void test_host_use_violations(void **state) {
   nf_backend_t *be = nft_host(8 * G, G);
   const nf_backend_ops_t *o = be->ops;
   nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2;
-  uintptr_t va;
   nf_handle_t h[4];
   nf_event_t e1, e2;
-  assert_int_equal(o->va_reserve(be, 4 * G, 0, &va), NF_OK);
-  for (int i = 0; i < 4; i++) assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h[i]), NF_OK);
-  assert_int_equal(o->event_create(be, &e1), NF_OK);
-  assert_int_equal(o->event_create(be, &e2), NF_OK);
+  events_new(be, E(&e1, &e2));
+  uintptr_t va = granules_map(be, h, 4);
 #define MAP(i) assert_int_equal(o->map(be, va + (i) * G, G, h[i]), NF_OK)
 #define UNMAP(i) assert_int_equal(o->unmap(be, va + (i) * G, G), NF_OK)
-  for (int i = 0; i < 4; i++) MAP(i);
   nf_backend_host_use(be, s1, (void *)va, G);               // automatic mode: done at once, not tracked
   UNMAP(0);
   assert_int_equal(nf_backend_host_violations(be), 0);
@@ -112,8 +130,7 @@ static void test_host_use_violations(void **state) {
   assert_int_equal(nf_backend_host_violations(be), 3);
 #undef MAP
 #undef UNMAP
-  for (int i = 0; i < 4; i++) assert_int_equal(o->mem_release(be, h[i]), NF_OK);
-  assert_int_equal(o->va_release(be, va, 4 * G), NF_OK);
+  granules_release(be, va, h, 4);
   nf_backend_destroy(be); // the events too
 }
 
@@ -127,18 +144,13 @@ static void test_host_use_stream_wait(void **state) {
   nf_backend_t *be = nft_host(8 * G, G);
   const nf_backend_ops_t *o = be->ops;
   nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2, s3 = (nf_stream_t)0x3;
-  uintptr_t va;
   nf_handle_t h;
   nf_event_t e1, e2, e3;
-  assert_int_equal(o->va_reserve(be, G, 0, &va), NF_OK);
-  assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h), NF_OK);
-  assert_int_equal(o->event_create(be, &e1), NF_OK);
-  assert_int_equal(o->event_create(be, &e2), NF_OK);
-  assert_int_equal(o->event_create(be, &e3), NF_OK);
+  events_new(be, E(&e1, &e2, &e3));
   nf_backend_host_set_manual_events(be, 1);
+  uintptr_t va = granules_map(be, &h, 1);
 #define MAP() assert_int_equal(o->map(be, va, G, h), NF_OK)
 #define UNMAP() assert_int_equal(o->unmap(be, va, G), NF_OK)
-  MAP();
   nf_backend_host_use(be, s1, (void *)va, G);
   assert_int_equal(o->event_record(be, e2, s2), NF_OK);     // s2's event before the wait: no help
   assert_int_equal(o->event_record(be, e1, s1), NF_OK);
@@ -161,8 +173,7 @@ static void test_host_use_stream_wait(void **state) {
   assert_int_equal(nf_backend_host_violations(be), 2);
 #undef MAP
 #undef UNMAP
-  assert_int_equal(o->mem_release(be, h), NF_OK);
-  assert_int_equal(o->va_release(be, va, G), NF_OK);
+  granules_release(be, va, &h, 1);
   nf_backend_destroy(be);
 }
 
@@ -179,8 +190,7 @@ static void test_host_use_new_ordering(void **state) {
   nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2, s3 = (nf_stream_t)0x3, s4 = (nf_stream_t)0x4;
   nf_event_t e1, e3;
   char buf[1024];
-  assert_int_equal(o->event_create(be, &e1), NF_OK);
-  assert_int_equal(o->event_create(be, &e3), NF_OK);
+  events_new(be, E(&e1, &e3));
   nf_backend_host_set_manual_events(be, 1);
   nf_backend_host_use_new(be, s1, buf, 512);        // s1 on [0, 512)
   nf_backend_host_use_new(be, s1, buf, 256);        // the same stream again: stream order
@@ -236,16 +246,11 @@ static void test_host_wait_marks_newest_event(void **state) {
   nf_backend_t *be = nft_host(4 * G, G);
   const nf_backend_ops_t *o = be->ops;
   nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2;
-  uintptr_t va;
   nf_handle_t h;
   nf_event_t e1, e2, e3;
-  assert_int_equal(o->va_reserve(be, G, 0, &va), NF_OK);
-  assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h), NF_OK);
-  assert_int_equal(o->event_create(be, &e1), NF_OK);
-  assert_int_equal(o->event_create(be, &e2), NF_OK);
-  assert_int_equal(o->event_create(be, &e3), NF_OK);
+  events_new(be, E(&e1, &e2, &e3));
   nf_backend_host_set_manual_events(be, 1);
-  assert_int_equal(o->map(be, va, G, h), NF_OK);
+  uintptr_t va = granules_map(be, &h, 1);
   nf_backend_host_use(be, s1, (void *)va, G);
   assert_int_equal(o->event_record(be, e1, s1), NF_OK); // after the use
   assert_int_equal(o->event_record(be, e2, s2), NF_OK); // after e1, but before the wait
@@ -258,8 +263,7 @@ static void test_host_wait_marks_newest_event(void **state) {
   assert_int_equal(o->event_sync(be, e3), NF_OK);
   assert_int_equal(o->unmap(be, va, G), NF_OK);
   assert_int_equal(nf_backend_host_violations(be), 1);
-  assert_int_equal(o->mem_release(be, h), NF_OK);
-  assert_int_equal(o->va_release(be, va, G), NF_OK);
+  granules_release(be, va, &h, 1);
   nf_backend_destroy(be);
 }
 
@@ -270,13 +274,8 @@ static void test_host_use_bounds_exact(void **state) {
   (void)state;
   nf_backend_t *be = nft_host(4 * G, G);
   const nf_backend_ops_t *o = be->ops;
-  uintptr_t va;
   nf_handle_t h[3];
-  assert_int_equal(o->va_reserve(be, 3 * G, 0, &va), NF_OK);
-  for (int i = 0; i < 3; i++) {
-    assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h[i]), NF_OK);
-    assert_int_equal(o->map(be, va + (uintptr_t)i * G, G, h[i]), NF_OK);
-  }
+  uintptr_t va = granules_map(be, h, 3);
   nf_backend_host_set_manual_events(be, 1);
   nf_backend_host_use(be, (nf_stream_t)0x1, (void *)(va + G), G);
   assert_int_equal(o->unmap(be, va, G), NF_OK);
@@ -285,8 +284,7 @@ static void test_host_use_bounds_exact(void **state) {
   assert_int_equal(o->unmap(be, va + G, G), NF_OK);
   assert_int_equal(nf_backend_host_violations(be), 1);
   nf_backend_host_complete_events(be);
-  for (int i = 0; i < 3; i++) assert_int_equal(o->mem_release(be, h[i]), NF_OK);
-  assert_int_equal(o->va_release(be, va, 3 * G), NF_OK);
+  granules_release(be, va, h, 3);
   nf_backend_destroy(be);
 }
 
@@ -302,9 +300,7 @@ static void test_host_wait_order_bounds(void **state) {
   nf_stream_t s1 = (nf_stream_t)0x1, s2 = (nf_stream_t)0x2, s3 = (nf_stream_t)0x3, s4 = (nf_stream_t)0x4;
   nf_event_t e1, e2, e3;
   char buf[1024];
-  assert_int_equal(o->event_create(be, &e1), NF_OK);
-  assert_int_equal(o->event_create(be, &e2), NF_OK);
-  assert_int_equal(o->event_create(be, &e3), NF_OK);
+  events_new(be, E(&e1, &e2, &e3));
   nf_backend_host_set_manual_events(be, 1);
   // A wait on the event just before the use.
   assert_int_equal(o->event_record(be, e1, s1), NF_OK);
@@ -339,16 +335,10 @@ static void test_host_copy_source_in_flight(void **state) {
   nf_backend_t *be = nft_host(4 * G, G);
   const nf_backend_ops_t *o = be->ops;
   nf_stream_t s1 = (nf_stream_t)0x1;
-  uintptr_t va;
   nf_handle_t h[2];
   nf_event_t e;
-  assert_int_equal(o->va_reserve(be, 2 * G, 0, &va), NF_OK);
-  assert_int_equal(o->event_create(be, &e), NF_OK);
-  for (int i = 0; i < 2; i++) {
-    assert_int_equal(o->mem_create(be, NF_TIER_DEVICE, G, &h[i]), NF_OK);
-    assert_int_equal(o->map(be, va + (uintptr_t)i * G, G, h[i]), NF_OK);
-    assert_int_equal(o->set_access(be, va + (uintptr_t)i * G, G), NF_OK);
-  }
+  events_new(be, E(&e));
+  uintptr_t va = granules_map(be, h, 2);
   nf_backend_host_set_manual_events(be, 1);
   assert_int_equal(o->copy(be, va + G, va, G, s1), NF_OK); // granule 0 to granule 1 on s1
   assert_int_equal(o->unmap(be, va, G), NF_OK);            // the source
@@ -363,8 +353,7 @@ static void test_host_copy_source_in_flight(void **state) {
   assert_int_equal(o->event_sync(be, e), NF_OK);
   assert_int_equal(o->unmap(be, va, 2 * G), NF_OK);
   assert_int_equal(nf_backend_host_violations(be), 2);
-  for (int i = 0; i < 2; i++) assert_int_equal(o->mem_release(be, h[i]), NF_OK);
-  assert_int_equal(o->va_release(be, va, 2 * G), NF_OK);
+  granules_release(be, va, h, 2);
   nf_backend_destroy(be);
 }
 
