@@ -114,6 +114,26 @@ static void test_reserve_above_limit(void **state) {
     fail_msg("'%s'", m);
 }
 
+// The host backend's own bounds come back in the configuration's terms: the
+// key at fault, NF_ERR_CONFIG (they were NF_ERR_INVALID from the backend,
+// naming no key). An address range too large to reserve names va_chunk,
+// the key that sized it (where the machine's address space refuses 1 PiB).
+static void test_host_backend_keys(void **state) {
+  (void)state;
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create_from_string(&p, "backend:host,host_capacity:1MiB"), NF_ERR_CONFIG);
+  assert_null(p);
+  if (!strstr(nf_last_error(), "host_capacity 1048576 B is below one granule (2097152 B)")) fail_msg("'%s'", nf_last_error());
+  assert_int_equal(nf_pool_create_from_string(&p, "backend:host,granule:256GiB"), NF_ERR_CONFIG);
+  if (!strstr(nf_last_error(), "the default host_capacity") || !strstr(nf_last_error(), "set granule smaller"))
+    fail_msg("'%s'", nf_last_error());
+  assert_int_equal(nf_pool_create_from_string(&p, "backend:host,limit:64MiB,va_chunk:1PiB"), NF_OK);
+  void *x = nf_alloc(p, 4096, NULL);
+  if (!x && !strstr(nf_last_error(), "set a smaller va_chunk")) fail_msg("'%s'", nf_last_error());
+  if (x) assert_int_equal(nf_free(p, x), NF_OK);
+  nf_pool_destroy(p);
+}
+
 static void test_size_bounds(void **state) {
   static const char *const keys[] = {"limit", "reserve", "release_threshold", "retain", "granule", "small_max",
                                      "va_chunk", "host_capacity", "trace_max", "spill_limit", "spill_reserve"};
@@ -539,7 +559,8 @@ int main(void) {
       cmocka_unit_test(test_decimals),       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_null_and_empty), cmocka_unit_test(test_small_err_buffers),
       cmocka_unit_test(test_long_garbage),   cmocka_unit_test(test_format_roundtrip),
-      cmocka_unit_test(test_format_buffers), cmocka_unit_test(test_size_bounds), cmocka_unit_test(test_reserve_above_limit), cmocka_unit_test(test_trace_keys), cmocka_unit_test(test_spill_keys),
+      cmocka_unit_test(test_format_buffers), cmocka_unit_test(test_size_bounds), cmocka_unit_test(test_reserve_above_limit), cmocka_unit_test(test_host_backend_keys),
+      cmocka_unit_test(test_trace_keys), cmocka_unit_test(test_spill_keys),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

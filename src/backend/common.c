@@ -2,6 +2,7 @@
 #include "backend.h"
 
 #include <stdarg.h>
+#include <unistd.h>
 
 static _Thread_local char tl_err[NF_BACKEND_ERR_MAX];
 
@@ -24,6 +25,16 @@ nf_status_t nf__backend_from_config(nf_backend_t **out, const nf_config_t *cfg, 
   *out = NULL;
   if (cfg->backend == NF_BACKEND_CUDA) return nf__backend_cuda_open(out, cfg->device, bind);
   // The simulated device: an H200's 141 GiB unless host_capacity says otherwise.
-  return nf_backend_host_create(out, cfg->host_capacity ? cfg->host_capacity : (uint64_t)141 * NF_GiB,
-                                cfg->granule ? cfg->granule : 2 * NF_MiB);
+  uint64_t cap = cfg->host_capacity ? cfg->host_capacity : (uint64_t)141 * NF_GiB;
+  uint64_t g = cfg->granule ? cfg->granule : 2 * NF_MiB;
+  // The host backend's own checks, put in the configuration's terms (which key).
+  long page = sysconf(_SC_PAGESIZE);
+  if (g < (uint64_t)page)
+    return nf__error(NF_ERR_CONFIG, "nofrag: granule %llu B is below the page size (%ld B), the host backend's least",
+                     (unsigned long long)g, page);
+  if (cap < g)
+    return nf__error(NF_ERR_CONFIG, "nofrag: host_capacity %llu B is below one granule (%llu B)%s",
+                     (unsigned long long)cap, (unsigned long long)g,
+                     cfg->host_capacity ? "" : " (the default host_capacity, 141 GiB: set granule smaller)");
+  return nf_backend_host_create(out, cap, g);
 }

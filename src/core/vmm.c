@@ -100,8 +100,9 @@ nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size) {
     nf__view_chunk_free(c);
     free(c->mapped); free(c->phys); free(c);
     nf__block_delete(p, b);
-    return nf__error(st, "nofrag: reserving %llu B of address space failed: %s",
-                     (unsigned long long)size, nf__backend_err());
+    bool chunk = p->cfg.va_chunk >= min_size; // the size is va_chunk's, not the request's
+    return nf__error(st, "nofrag: reserving %llu B of address space failed: %s%s", (unsigned long long)size,
+                     nf__backend_err(), chunk ? " (the size of an address range is va_chunk's: set a smaller va_chunk)" : "");
   }
   c->size = size;
   c->ngran = ngran;
