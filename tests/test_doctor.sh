@@ -27,6 +27,7 @@ for args in "--device" "--device x" "--device -1" "--device 1024" "--bogus"; do
   msg=$("$CLI" doctor $args 2>&1 >/dev/null); rc=$?
   [ $rc -eq 2 ] && [ -n "$msg" ] || bad "doctor $args: exit $rc, '$msg'"
 done
+"$CLI" doctor --device 2>&1 | grep -q "^nofrag doctor: --device needs a value" || bad "--device without a value"
 "$CLI" doctor --help | grep -q "usage: nofrag doctor" || bad "--help"
 
 # This machine's own driver, if any: the host checks pass whatever it is.
@@ -68,6 +69,12 @@ has "$out" config fail "limit:12XB"
 [ $rc -eq 1 ] || bad "malformed NOFRAG_CONF: exit $rc"
 out=$(NOFRAG_CONF="limit:24GiB" "$CLI" doctor --json)
 has "$out" config ok "limit:25769803776"
+# Whole, however long: the list of valid keys, and a configuration echoed back.
+out=$(NOFRAG_CONF="bogus:1" "$CLI" doctor --json)
+has "$out" config fail "units, edges)"
+long=/tmp/$(printf '%0200d' 0)
+out=$(NOFRAG_CONF="trace:$long.csv,offload_dir:$long,limit:1GiB" "$CLI" doctor --json)
+has "$out" config ok "offload_dir:$long"
 
 # The text form: one line per check, and the same verdict.
 txt=$(env LD_LIBRARY_PATH="$FAKE" NF_FAKE_CUDA=init=100 "$CLI" doctor); rc=$?

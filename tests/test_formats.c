@@ -402,6 +402,40 @@ static void test_cli_zero_sizes(void **state) {
   unlink(path);
 }
 
+// What the CLI says when options do not fit together or a model runs out:
+// the granule rule as the CLI has it (no "0, the backend's"), --verify with
+// only models (which hand out no memory) refused like --device, a model's
+// OOM without a limit saying so (not "limit 0 B"), and a limit rounded down
+// to whole granules shown in bytes (formatted, both read "1.500 MiB").
+static void test_cli_option_messages(void **state) {
+  (void)state;
+  const char *cli = getenv("NF_CLI");
+  if (!cli || access(cli, X_OK) != 0) { print_message("skipping: NF_CLI not set\n"); skip(); }
+  char path[64], big[64], args[512], out[4096];
+  const char t[] = "alloc 4096 1048576 0 1\nfree_completed 4096 1048576 0 2\n";
+  nft_write_tmp(path, sizeof path, "formats", t, sizeof t - 1, 0);
+  snprintf(args, sizeof args, "replay %s --granule 3MiB", path);
+  assert_int_equal(nft_run_cli(args, out, sizeof out), 2);
+  if (!strstr(out, "nofrag: --granule '3MiB': the granule must be a power of two >= 4 KiB\n")) fail_msg("%s", out);
+  for (int k = 0; k < 2; k++) {
+    snprintf(args, sizeof args, "replay %s --verify --allocator %s", path, k ? "expandable" : "native");
+    assert_int_equal(nft_run_cli(args, out, sizeof out), 2);
+    if (!strstr(out, "--verify checks the memory nofrag hands out")) fail_msg("%s", out);
+  }
+  snprintf(args, sizeof args, "replay %s --verify --allocator all", path);
+  assert_int_equal(nft_run_cli(args, out, sizeof out), 0);
+  const char b[] = "alloc 16 2251799813685248 0 1\n"; // 2 PiB: past what the model maps
+  nft_write_tmp(big, sizeof big, "formats", b, sizeof b - 1, 0);
+  snprintf(args, sizeof args, "replay %s --allocator native", big);
+  nft_run_cli(args, out, sizeof out);
+  if (!strstr(out, "0 B allocated, no limit") || strstr(out, "limit 0 B")) fail_msg("%s", out);
+  snprintf(args, sizeof args, "replay %s --limit 1.5MiB --granule 1MiB", path);
+  assert_int_equal(nft_run_cli(args, out, sizeof out), 0);
+  if (!strstr(out, "(1048576 B: rounded down to whole granules from 1572864 B)")) fail_msg("%s", out);
+  unlink(path);
+  unlink(big);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rmm_round_trip),
@@ -412,6 +446,7 @@ int main(void) {
       cmocka_unit_test(test_rmm_file_errors),
       cmocka_unit_test(test_cli_pickle_and_convert),
       cmocka_unit_test(test_cli_zero_sizes),
+      cmocka_unit_test(test_cli_option_messages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

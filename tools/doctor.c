@@ -26,7 +26,7 @@ static const char *const dr_names[] = {"ok", "info", "warn", "fail"};
 typedef struct {
   char name[24];
   dr_level level;
-  char detail[400];
+  char detail[2048]; // a NOFRAG_CONF echoed whole (paths of up to PATH_MAX)
   char hint[400];
 } dr_check;
 
@@ -163,7 +163,7 @@ static void check_library(dr_report *r) {
   for (int i = 0; ok && i < 8; i += 2) ok = nf_free(p, b[i]) == NF_OK && (b[i] = NULL) == NULL;
   void *big = ok ? nf_alloc(p, 32u << 20, NULL) : NULL;
   ok = ok && big && nf_pool_check(p) == NF_OK;
-  char msg[256];
+  char msg[512];
   snprintf(msg, sizeof msg, "%s", ok ? "" : nf_last_error());
   nf_pool_destroy(p);
   if (ok)
@@ -182,7 +182,7 @@ static void check_config(dr_report *r) {
     return;
   }
   nf_config_t c;
-  char err[256] = "", out[512] = "";
+  char err[1024] = "", out[1536] = "";
   nf_config_default(&c);
   if (nf_config_parse(&c, env, err, sizeof err) != NF_OK) {
     dr_add(r, "config", DR_FAIL, "fix NOFRAG_CONF (keys: docs/configuration.md)", "NOFRAG_CONF='%s': %s", env, err);
@@ -365,7 +365,10 @@ int nfc_doctor(int argc, char **argv) {
   for (int i = 0; i < argc; i++) {
     if (strcmp(argv[i], "--json") == 0) {
       json = 1;
-    } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+    } else if (strcmp(argv[i], "--device") == 0 && i + 1 == argc) {
+      fprintf(stderr, "nofrag doctor: --device needs a value (a GPU ordinal)\n%s", doctor_usage);
+      return 2;
+    } else if (strcmp(argv[i], "--device") == 0) {
       char *end = NULL;
       long v = strtol(argv[++i], &end, 10);
       if (!*argv[i] || *end || v < 0 || v > 1023) {
@@ -381,7 +384,7 @@ int nfc_doctor(int argc, char **argv) {
       return 2;
     }
   }
-  static dr_report r; // 64 checks of ~850 B: off the stack
+  static dr_report r; // 64 checks of ~2.5 KiB: off the stack
   r.n = 0;
   // The doctor's own pools stay out of `nofrag top`.
   const char *mon = getenv("NOFRAG_MONITOR");

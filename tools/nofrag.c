@@ -22,7 +22,7 @@
 static const char usage[] =
     "usage: nofrag replay TRACE [options]   replay an allocation trace through nofrag\n"
     "       nofrag convert TRACE OUT.csv     write TRACE as an RMM logging_resource_adaptor log\n"
-    "       nofrag top [--once [--json]] [--clean]  live memory of every nofrag process (q quits)\n"
+    "       nofrag top [--once [--json]] [--clean] [--dir DIR]  live memory of every nofrag process (q quits)\n"
     "       nofrag doctor [--json] [--device N]     check that nofrag works here (driver, GPUs, limits)\n"
     "       nofrag version                  print the version\n"
     "       nofrag --help                   this text\n"
@@ -78,7 +78,11 @@ static int parse_bytes(const char *key, const char *val, uint64_t *out) {
   char buf[256], err[256] = "";
   if (snprintf(buf, sizeof buf, "%s:%s", key, val) >= (int)sizeof buf || strchr(val, ',') ||
       nf_config_parse(&c, buf, err, sizeof err) != NF_OK) {
-    fprintf(stderr, "nofrag: --%s '%s': %s\n", key, val, err[0] ? err : "bad size");
+    // The library's granule rule admits 0 (the backend's), which the CLI refuses (below).
+    if (strcmp(key, "granule") == 0 && strstr(err, "power of two"))
+      fprintf(stderr, "nofrag: --granule '%s': the granule must be a power of two >= 4 KiB\n", val);
+    else
+      fprintf(stderr, "nofrag: --%s '%s': %s\n", key, val, err[0] ? err : "bad size");
     return -1;
   }
   *out = strcmp(key, "limit") == 0 ? c.limit : c.granule;
@@ -187,6 +191,11 @@ static int cmd_replay(int argc, char **argv) {
   if (cli.device && !cli.run_nofrag) {
     fprintf(stderr, "nofrag: --device runs nofrag on a GPU; the models (--allocator %s) run on the CPU only: drop "
             "--device or add nofrag (--allocator all)\n", alloc);
+    return 2;
+  }
+  if (cli.verify && !cli.run_nofrag) {
+    fprintf(stderr, "nofrag: --verify checks the memory nofrag hands out; the models (--allocator %s) hand out none: "
+            "drop --verify or add nofrag (--allocator all)\n", alloc);
     return 2;
   }
   if (cli.hotspots && !cli.run_model[0] && !cli.run_model[1]) {

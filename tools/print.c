@@ -144,9 +144,8 @@ void nfc_print_text(const nfc_cli *cli, const nf__trace_ops *ops, const nf__repl
   printf("device                %s\n", cli->device ? cli->device : "simulated (host backend)");
   printf("granule               %s\nlimit                 %s", h1, ro->cfg.limit ? h2 : h4);
   if (ro->cfg.limit && r->limit != ro->cfg.limit) { // the pool keeps whole granules
-    char h3[32];
-    nf__fmt_bytes(h3, sizeof h3, ro->cfg.limit);
-    printf(" (rounded down to whole granules from %s)", h3);
+    // In bytes: the formatted sizes of the two often read the same.
+    printf(" (%" PRIu64 " B: rounded down to whole granules from %" PRIu64 " B)", r->limit, ro->cfg.limit);
   }
   printf("\n");
   nf__fmt_bytes(h1, sizeof h1, s->live_peak);

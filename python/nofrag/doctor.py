@@ -27,8 +27,13 @@ def _check(name, status, detail, hint=""):
 
 
 def _cli_path():
-    """The `nofrag` command that goes with the loaded library, or None."""
-    cands = [os.environ.get("NOFRAG_CLI", ""), _cli.binary()]
+    """The `nofrag` command that goes with the loaded library, or None.
+    NOFRAG_CLI, where set, is the only candidate: a wrong one is an error
+    (as NOFRAG_LIB is), not a silent fall-back to another command."""
+    env = os.environ.get("NOFRAG_CLI", "")
+    if env:
+        return env if os.path.isfile(env) and os.access(env, os.X_OK) else None
+    cands = [_cli.binary()]
     try:  # a build tree: build/nofrag next to build/libnofrag.so
         cands.append(os.path.join(os.path.dirname(_lib.path()), "nofrag"))
     except OSError:
@@ -43,6 +48,10 @@ def _cli_path():
 def _native(args):
     """The command's checks (a list), or one failed check saying why not."""
     exe = _cli_path()
+    env = os.environ.get("NOFRAG_CLI", "")
+    if not exe and env:
+        return [_check("command", "fail", f"NOFRAG_CLI={env!r} is not an executable file",
+                       "point NOFRAG_CLI at a built `nofrag` command, or unset it")]
     if not exe:
         return [_check("command", "fail", "the `nofrag` command was not found (package _bin/, next to the "
                        "library, NOFRAG_CLI, PATH)", "pip install the package, or cmake --build build")]
@@ -53,7 +62,7 @@ def _native(args):
     if r.returncode == 2:
         raise SystemExit(r.stderr.strip() or USAGE)
     try:
-        return json.loads(r.stdout)["checks"]
+        return [_check("command", "ok", f"{exe} doctor")] + json.loads(r.stdout)["checks"]
     except (ValueError, KeyError) as e:
         return [_check("command", "fail", f"{exe} doctor --json: unreadable output ({e}): {r.stderr.strip()[:200]}")]
 
@@ -82,6 +91,9 @@ def _python_checks(build):
         import torch
     except Exception as e:  # noqa: BLE001 - any import failure means "no torch here"
         out.append(_check("torch", "info", f"torch not importable ({e.__class__.__name__}); nofrag.torch unused"))
+        if build:
+            out.append(_check("adapter", "fail", "--build-adapter: cannot build the C++ adapter without torch",
+                              "install a CUDA build of torch first"))
     else:
         ver = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit())
         cuda = getattr(torch.version, "cuda", None)

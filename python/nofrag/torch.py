@@ -260,7 +260,10 @@ def enable(conf=None, **config):
     what is missing, and the ctypes path is used. ``adapter=False`` (or
     NOFRAG_ADAPTER=0) forces the ctypes path.
     """
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("nofrag.torch needs PyTorch, a CUDA build (pip install torch)") from e
 
     use_adapter = config.pop("adapter", None)
     if _state["enabled"]:

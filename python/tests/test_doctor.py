@@ -4,6 +4,7 @@ from the stand-in libcuda.so.1 that the C tests build, tests/fake_cuda).
 
     NOFRAG_LIB=build/libnofrag.so python3 -m unittest python.tests.test_doctor
 """
+import importlib.util
 import json
 import os
 import subprocess
@@ -78,6 +79,28 @@ class TestDoctor(unittest.TestCase):
         r = run("--help")
         self.assertEqual(r.returncode, 0)
         self.assertIn("usage: python3 -m nofrag doctor", r.stdout)
+
+    def test_cli_override(self):
+        # NOFRAG_CLI names the command; a wrong one fails, naming it, rather
+        # than another `nofrag` being run in its place. The one run is named.
+        r = run("--json", env={"NOFRAG_CLI": "/nonexistent/nofrag"})
+        d, c = self.checks(r)
+        self.assertEqual(c["command"]["status"], "fail", c)
+        self.assertIn("NOFRAG_CLI='/nonexistent/nofrag'", c["command"]["detail"])
+        self.assertNotIn("driver", c)
+        self.assertEqual(r.returncode, 1)
+        exe = doctor._cli_path()
+        r = run("--json", env={"NOFRAG_CLI": exe})
+        _, c = self.checks(r)
+        self.assertEqual(c["command"], {"name": "command", "status": "ok", "detail": f"{exe} doctor", "hint": ""})
+
+    @unittest.skipIf(importlib.util.find_spec("torch"), "torch is installed")
+    def test_build_adapter_without_torch(self):
+        r = run("--json", "--build-adapter")
+        _, c = self.checks(r)
+        self.assertEqual(c["adapter"]["status"], "fail", c)
+        self.assertIn("without torch", c["adapter"]["detail"])
+        self.assertEqual(r.returncode, 1)
 
     def test_text_form(self):
         r = run()

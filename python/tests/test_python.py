@@ -398,6 +398,15 @@ class TestPluginOnHost(unittest.TestCase):
         lib.nf_torch_free(ps[2], 24 * MiB, 0, None)
 
 
+@unittest.skipIf(HAVE_TORCH, "torch is installed")
+class TestWithoutTorch(unittest.TestCase):
+    def test_enable_says_what_is_missing(self):
+        # Not a bare "No module named 'torch'" from inside the package.
+        import nofrag.torch as nft
+        with self.assertRaisesRegex(ImportError, "nofrag.torch needs PyTorch"):
+            nft.enable()
+
+
 @unittest.skipUnless(HAVE_TORCH, "torch not installed")
 class TestTorch(unittest.TestCase):
     def test_enable_refuses_after_cuda_init(self):

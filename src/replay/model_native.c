@@ -250,10 +250,10 @@ nf_status_t nf__model_run_hooked(int kind, const nf__trace_ops *ops, uint64_t li
         } else {
           out->status = NF_ERR_OOM;
           out->ooms = 1;
-          snprintf(out->error, sizeof out->error,
-                   "out of memory: %llu B requested with %llu B reserved, %llu B allocated, limit %llu B",
-                   (unsigned long long)op->size, (unsigned long long)m.reserved, (unsigned long long)m.allocated,
-                   (unsigned long long)limit);
+          char lim[40] = "no limit";
+          if (limit) snprintf(lim, sizeof lim, "limit %llu B", (unsigned long long)limit);
+          snprintf(out->error, sizeof out->error, "out of memory: %llu B requested with %llu B reserved, %llu B allocated, %s",
+                   (unsigned long long)op->size, (unsigned long long)m.reserved, (unsigned long long)m.allocated, lim);
         }
         break;
       }
