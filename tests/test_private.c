@@ -364,6 +364,53 @@ static void test_private_trim_refused_in_capture(void **state) {
   nf_backend_destroy(be);
 }
 
+// A private pool's address range goes back to the backend once the pool is
+// handed back with nothing mapped: every CUDA graph and MemPool makes one
+// (16 GiB of address space each), and a program that makes thousands must
+// not run out of address space (x86-64's 128 TiB is 8,192 such ranges;
+// 9,000 pools here). Trimmed before the last release (PyTorch's adapter
+// does) the range goes at the hand-back; released with granules still
+// mapped, at the next nf_trim.
+static void test_private_ranges_returned(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 256ull << 20, 2ull << 20, "limit:8M");
+  assert_non_null(p);
+  nf_stats_t st0, st1;
+  nf_stats_get(p, &st0);
+  for (uint64_t id = 1; id <= 9000; id++) {
+    assert_int_equal(nf_private_incref(p, id), NF_OK);
+    void *x = nf_alloc_private(p, id, 40000, S(0));
+    if (!x) fail_msg("private pool %llu: %s", (unsigned long long)id, nf_last_error());
+    nft_fill(x, 40000, (int)id);
+    assert_true(nft_check(x, 40000, (int)id));
+    assert_int_equal(nf_free(p, x), NF_OK);
+    assert_int_equal(nf_private_trim(p, id), NF_OK);
+    assert_int_equal(nf_private_release(p, id), NF_OK);
+  }
+  nf_stats_get(p, &st1);
+  assert_int_equal(st1.calls.va_reserve - st0.calls.va_reserve, 9000);
+  assert_int_equal(st1.calls.va_release - st0.calls.va_release, 9000);
+  // Released untrimmed: its granule stays mapped (cache) until nf_trim.
+  assert_int_equal(nf_private_incref(p, 1), NF_OK);
+  void *x = nf_alloc_private(p, 1, 40000, S(0));
+  void *live = nf_alloc(p, 1000, S(0)); // the general pool's range stays
+  assert_non_null(x);
+  assert_non_null(live);
+  assert_int_equal(nf_free(p, x), NF_OK);
+  assert_int_equal(nf_private_release(p, 1), NF_OK);
+  nf_stats_get(p, &st0);
+  assert_int_equal(st0.calls.va_release, st1.calls.va_release);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_trim(p), NF_OK);
+  nf_stats_get(p, &st1);
+  assert_int_equal(st1.calls.va_release - st0.calls.va_release, 1);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  assert_int_equal(nf_free(p, live), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_graph_temporary_isolated),
@@ -372,6 +419,7 @@ int main(void) {
       cmocka_unit_test(test_nested_routes),
       cmocka_unit_test(test_thread_route),
       cmocka_unit_test(test_hand_back),
+      cmocka_unit_test(test_private_ranges_returned),
       cmocka_unit_test(test_alloc_at),
       cmocka_unit_test(test_alloc_at_whole_range),
       cmocka_unit_test(test_private_trim_refused_in_capture),

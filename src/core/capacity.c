@@ -160,6 +160,7 @@ nf_status_t nf_trim(nf_pool_t *p) {
   if (st == NF_OK && p->vw_count) nf__view_evict(p, UINT64_MAX, true, &st);
   if (st == NF_OK) st = nf__granules_release(p, p->cfg.retain >> p->gshift);
   if (st == NF_OK) nf__host_granules_release(p, p->cfg.spill_reserve >> p->gshift);
+  if (st == NF_OK) nf__chunks_drop_empty(p);
   p->host_sweep = false;
   nf__pub_full(p);
   nf__pool_unlock(p);

@@ -101,6 +101,7 @@ struct nf_chunk_s {
   nf_chunk_t *next;
   struct nf_priv_s *priv; // private pool owning the range (private_pool.c), NULL: the general pool
   uint8_t arena;
+  uint8_t handed;         // a private pool's range, handed back: released once empty (nf__chunks_drop_empty)
   // ---- views (view.c)
   uint64_t *stale;   // bitmap: granule i holds a parked view of phys[i] (mapped in the backend, not `mapped`)
   uint64_t *busy;    // bitmap: some non-free block overlaps granule i
@@ -456,6 +457,8 @@ nf_block_t *nf__place_min(nf_pool_t *p, nf_tlsf_t *tl, uint64_t size, uint32_t s
 // vmm.c
 nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size);
 void nf__chunks_destroy(nf_pool_t *p);
+nf_status_t nf__chunk_free(nf_pool_t *p, nf_chunk_t *c);
+void nf__chunks_drop_empty(nf_pool_t *p);
 nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b);
 nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t size, bool spill);
 nf_status_t nf__gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, uint64_t g0, uint64_t g1);

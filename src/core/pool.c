@@ -20,13 +20,18 @@ static bool fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, n
   nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);
   uint64_t live_gr = 0;
   nf__fmt_bytes(lf, sizeof lf, nf__largest_free_mapped(p, &live_gr));
+  // With room under the limit for the whole request, the limit did not
+  // refuse it: the driver did, or a capture forbade a wait. Keep that cause.
+  char cause[320] = "";
+  if (p->gran_created + (rsize >> p->gshift) + 2 <= p->max_granules)
+    snprintf(cause, sizeof cause, "; not the limit: %s", nf_last_error());
   nf__error(NF_ERR_OOM,
             "nofrag: out of memory: tried to allocate %s (%llu B, rounded %llu B) on stream %p; "
             "live %s in %llu blocks over %llu granules, mapped %s, physical %s, limit %s "
-            "(granule %llu B); largest free mapped range %s",
+            "(granule %llu B); largest free mapped range %s%s",
             req, (unsigned long long)size, (unsigned long long)rsize, s, live,
             (unsigned long long)p->st.live_blocks, (unsigned long long)live_gr, mapped, phys, lim,
-            (unsigned long long)p->granule, lf);
+            (unsigned long long)p->granule, lf, cause);
   return p->obs.oom && p->obs.oom(p, size, s, false);
 }
 

@@ -118,6 +118,7 @@ static void hand_back(nf_pool_t *p, nf_priv_t *pv) {
       if (p->vw_on) nf__view_dead(p, b, true);
     }
     c->priv = NULL;
+    c->handed = 1;
     p->fx++;
     // Free neighbours within a chunk are already merged: index as they are.
     for (nf_block_t *b = c->first; b; b = b->next)
@@ -127,6 +128,7 @@ static void hand_back(nf_pool_t *p, nf_priv_t *pv) {
   while (*pp != pv) pp = &(*pp)->next;
   *pp = pv->next;
   free(pv);
+  nf__chunks_drop_empty(p); // trimmed first (PyTorch's adapter does): its ranges go back
 }
 
 uint64_t nf__priv_check(nf_pool_t *p, nf_status_t *st) {

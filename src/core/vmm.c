@@ -567,11 +567,52 @@ void nf__maybe_release(nf_pool_t *p, uint64_t idle) {
   if (want > n) want = n;
   uint64_t got = st == NF_OK ? unmap_cached(p, NULL, want, false, NULL, 0, 0, -1, n - want, false, &st) : 0;
   if (st == NF_OK) nf__granules_release(p, p->cfg.retain >> p->gshift);
+  if (st == NF_OK) nf__chunks_drop_empty(p);
   // Host granules stay (up to spill_limit) until nf_trim: creating pinned
   // host memory is slow (on the H200, a 512 MiB offload onto fresh host
   // granules ran at 2.1 GB/s, the way back at 11.4), and a pool that spilled
   // once will likely spill again at the next peak.
   p->release_floor = got < want && nf__cached(p) > thr ? nf__cached(p) : 0;
+}
+
+// The range back to the backend and its metadata freed: nothing may be
+// mapped in it. On a failed release nothing changes.
+nf_status_t nf__chunk_free(nf_pool_t *p, nf_chunk_t *c) {
+  nf_status_t st = NF_BE(p, va_release, va_release, c->base, c->size);
+  if (st != NF_OK) return st;
+  free(c->mapped);
+  free(c->phys);
+  free(c->guest);
+  nf__view_chunk_free(c);
+  free(c);
+  return NF_OK;
+}
+
+// Ranges a private pool handed back go back to the backend once wholly free
+// with nothing mapped: every CUDA graph and MemPool reserves its own (16 GiB,
+// private_pool.c), and kept, 8,000 of them exhausted the address space (an
+// H100 refused 4 MiB at 10 MiB physical). Called by a hand-back (after
+// nf_private_trim its ranges are unmapped), nf_trim and the release policy.
+void nf__chunks_drop_empty(nf_pool_t *p) {
+  for (nf_chunk_t **pc = &p->chunks, *c; (c = *pc);) {
+    nf_block_t *b = c->first;
+    bool empty = c->handed && !c->priv && b && !b->next && b->state == NF_BLK_FREE && !b->parked && b != p->hot;
+    for (uint64_t i = 0, words = (c->ngran + 63) >> 6; empty && i < words; i++)
+      empty = !(c->mapped[i] | c->stale[i] | (c->guest ? c->guest[i] : 0));
+    if (empty) {
+      nf_chunk_t *next = c->next;
+      nf__tlsf_remove(&p->tlsf[b->arena], b);
+      if (p->vw_cur_c == c) p->vw_cur_c = NULL, p->vw_cur_g = 0; // the views' search cursor (view.c)
+      if (nf__chunk_free(p, c) == NF_OK) {
+        nf__block_delete(p, b);
+        *pc = next;
+        p->fx++;
+        continue;
+      }
+      nf__tlsf_insert(&p->tlsf[b->arena], b); // the range stays, as it was
+    }
+    pc = &c->next;
+  }
 }
 
 void nf__chunks_destroy(nf_pool_t *p) {
@@ -585,12 +626,7 @@ void nf__chunks_destroy(nf_pool_t *p) {
       g = e;
     }
     nf__view_chunk_unmap(p, c);
-    (void)NF_BE(p, va_release, va_release, c->base, c->size);
-    free(c->mapped);
-    free(c->phys);
-    free(c->guest);
-    nf__view_chunk_free(c);
-    free(c);
+    (void)nf__chunk_free(p, c);
   }
   p->chunks = NULL;
   nf__granules_release(p, 0);
