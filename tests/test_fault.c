@@ -252,12 +252,41 @@ static void test_failed_set_limit_keeps_the_limit(void **state) {
   }
 }
 
+// A driver that refuses memory below the limit (another process holds the
+// GPU's memory: here a second pool on the same backend) is an OOM whose
+// message keeps the backend's reason after the pool's figures: the limit did
+// not refuse it. At the limit itself there is no such clause.
+static void test_oom_below_limit_says_why(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  assert_int_equal(nf_backend_host_create(&be, 16 * G, G), NF_OK);
+  nf_pool_t *other = nft_pool_on(be, "views:0"), *p = nft_pool_on(be, "views:0");
+  void *a = nf_alloc(other, 12 * G, NULL); // 4 granules of the backend's 16 left
+  assert_non_null(a);
+  assert_null(nf_alloc(p, 8 * G, NULL));
+  assert_int_equal(nf_last_status(), NF_ERR_OOM);
+  const char *m = nf_last_error();
+  if (!strstr(m, "limit 1.000 MiB") || !strstr(m, "; not the limit: nofrag: creating a 65536 B device granule failed"))
+    fail_msg("'%s'", m);
+  assert_int_equal(nf_free(other, a), NF_OK);
+  assert_int_equal(nf_trim(other), NF_OK);
+  void *b = nf_alloc(p, 8 * G, NULL);
+  assert_non_null(b);
+  assert_null(nf_alloc(p, 16 * G, NULL)); // 8 + 16 granules: past the limit
+  assert_null(strstr(nf_last_error(), "not the limit"));
+  assert_int_equal(nf_free(p, b), NF_OK);
+  nf_pool_destroy(p);
+  nf_pool_destroy(other);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   if (getenv("NF_FILTER")) cmocka_set_test_filter(getenv("NF_FILTER"));
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_each_call_fails_once),
                                      cmocka_unit_test(test_random_faults),
                                      cmocka_unit_test(test_view_paths_fail_once),
                                      cmocka_unit_test(test_failed_placement_keeps_last_users),
-                                     cmocka_unit_test(test_failed_set_limit_keeps_the_limit)};
+                                     cmocka_unit_test(test_failed_set_limit_keeps_the_limit),
+                                     cmocka_unit_test(test_oom_below_limit_says_why)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
