@@ -30,7 +30,7 @@ nf_build_lib() {
 
 # Build and run the GPU test (tests/gpu: test_cuda.c has main) against
 # build/libnofrag.a (after nf_build_lib): $OUT/test_cuda.{log,json}, its tail printed.
-# NF_TEST_CUDA_ONLY=units (or waits, streams, edges) runs that section alone.
+# NF_TEST_CUDA_ONLY=units (or waits, streams, edges, capture) runs that section alone.
 nf_test_cuda() {
   if gcc -std=c11 -O2 -g -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c tests/gpu/test_cuda_tiers.c \
        tests/gpu/test_cuda_faults.c tests/gpu/test_cuda_waits.c tests/gpu/test_cuda_units.c tests/gpu/test_cuda_streams.c tests/gpu/test_cuda_edges.c tests/gpu/cuda_util.c build/libnofrag.a $LIBS \

@@ -20,6 +20,16 @@
 // touched CUDA (set_per_process_memory_fraction(f, 1) first) would otherwise
 // make device 1 that thread's current device.
 //
+// Capture mode: every op runs in relaxed stream-capture mode (and restores
+// the thread's own after). A capture in global mode -- torch.cuda.graph's
+// default -- forbids "potentially unsafe" calls on every other thread: an
+// event synchronize there fails (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and
+// invalidates the capture (H100, driver 580: 4,500 of 4,783 captures broken
+// while another thread's host waits ran; 0 of 5,138 in relaxed mode). The
+// pool never uses a stream that is being captured (no event call on it, no
+// host wait while a capture it knows of runs), so relaxed is safe for every
+// op. A pair of mode exchanges costs ~20 ns; an op, microseconds.
+//
 // Thread safety: the driver entry points are thread-safe; this file's only
 // shared state is the function table (filled once under pthread_once) and a
 // per-backend "handle type not supported" flag (atomic).
@@ -62,6 +72,7 @@ enum { CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3 };
 enum { CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1 };
 enum { CU_EVENT_DISABLE_TIMING = 0x2 };
 enum { CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0 }; // PyTorch uses the legacy default stream
+enum { CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
 
 typedef struct {
   int type; // CUmemLocationType
@@ -124,6 +135,7 @@ typedef struct {
   CUresult (*GetErrorString)(CUresult, const char **);
   CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
   CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
+  CUresult (*ThreadExchangeStreamCaptureMode)(int *); // CUstreamCaptureMode: 0 global, 1 thread-local, 2 relaxed
 } cu_fns_t;
 
 // Each entry: the name cuGetProcAddress takes (base name) and the exported
@@ -163,6 +175,7 @@ static const struct {
     S(GetErrorString, "cuGetErrorString"),
     S(MemExportToShareableHandle, "cuMemExportToShareableHandle"),
     S(MemImportFromShareableHandle, "cuMemImportFromShareableHandle"),
+    S(ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode"),
 #undef S
 };
 
@@ -245,30 +258,39 @@ static nf_status_t cu_fail(nf_backend_t *be, CUresult r, const char *call) {
 // back: the runtime adopts a current context, so leaving ours would change
 // that thread's current device (cudaGetDevice, torch.cuda.current_device)
 // to this pool's. See the header comment.
+// The op's scope also holds the thread's capture mode to restore (see the
+// header comment; -1: the exchange failed, nothing to restore).
 #define CTX_KEEP ((CUcontext)(uintptr_t)1)
-static CUresult ctx_enter(cuda_be_t *c, CUcontext *restore) {
+typedef struct {
+  CUcontext ctx;
+  int mode;
+} cu_scope_t;
+static CUresult ctx_enter(cuda_be_t *c, cu_scope_t *sc) {
   CUcontext cur = NULL;
-  *restore = CTX_KEEP;
+  sc->ctx = CTX_KEEP;
+  sc->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (cu.ThreadExchangeStreamCaptureMode(&sc->mode) != CUDA_SUCCESS) sc->mode = -1;
   CUresult r = cu.CtxGetCurrent(&cur);
-  if (r != CUDA_SUCCESS) return r;
-  if (cur == c->ctx) return CUDA_SUCCESS;
-  r = cu.CtxSetCurrent(c->ctx);
-  if (r == CUDA_SUCCESS) *restore = cur; // NULL: unbind again afterwards
-  return r;
+  if (r == CUDA_SUCCESS && cur != c->ctx) {
+    r = cu.CtxSetCurrent(c->ctx);
+    if (r == CUDA_SUCCESS) sc->ctx = cur; // NULL: unbind again afterwards
+  }
+  return r; // on failure the caller still calls ctx_leave
 }
-static void ctx_leave(CUcontext restore) {
-  if (restore != CTX_KEEP) (void)cu.CtxSetCurrent(restore);
+static void ctx_leave(cu_scope_t *sc) {
+  if (sc->ctx != CTX_KEEP) (void)cu.CtxSetCurrent(sc->ctx);
+  if (sc->mode >= 0) (void)cu.ThreadExchangeStreamCaptureMode(&sc->mode);
 }
 
 // Run one driver call with the primary context current. `what` is the call
 // description used in the error message.
 #define CU_CALL(be, what, call)                                                   \
   do {                                                                            \
-    CUcontext restore_;                                                           \
-    CUresult r_ = ctx_enter(CB(be), &restore_);                                   \
-    if (r_ != CUDA_SUCCESS) return cu_fail((be), r_, "cuCtxSetCurrent(primary)"); \
-    r_ = (call);                                                                  \
-    ctx_leave(restore_);                                                          \
+    cu_scope_t sc_;                                                               \
+    CUresult e_ = ctx_enter(CB(be), &sc_);                                        \
+    CUresult r_ = e_ == CUDA_SUCCESS ? (call) : CUDA_SUCCESS;                     \
+    ctx_leave(&sc_);                                                              \
+    if (e_ != CUDA_SUCCESS) return cu_fail((be), e_, "cuCtxSetCurrent(primary)"); \
     if (r_ != CUDA_SUCCESS) return cu_fail((be), r_, (what));                     \
   } while (0)
 
@@ -351,9 +373,12 @@ static nf_status_t op_mem_create(nf_backend_t *be, nf_tier_t tier, size_t size, 
   cuda_be_t *c = CB(be);
   if (tier == NF_TIER_DISK) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "cuda backend: no disk tier");
   int ti = tier == NF_TIER_HOST ? 1 : 0;
-  CUcontext restore;
-  CUresult r = ctx_enter(c, &restore);
-  if (r != CUDA_SUCCESS) return cu_fail(be, r, "cuCtxSetCurrent(primary)");
+  cu_scope_t sc;
+  CUresult r = ctx_enter(c, &sc);
+  if (r != CUDA_SUCCESS) {
+    ctx_leave(&sc);
+    return cu_fail(be, r, "cuCtxSetCurrent(primary)");
+  }
   int ht = atomic_load(&c->handle_type[ti]);
   CUmemAllocationProp p;
   CUmemGenericAllocationHandle h = 0;
@@ -371,7 +396,7 @@ static nf_status_t op_mem_create(nf_backend_t *be, nf_tier_t tier, size_t size, 
     fill_prop(c, tier, ht, &p);
     r = cu.MemCreate(&h, size, &p, 0);
   }
-  ctx_leave(restore);
+  ctx_leave(&sc);
   if (r != CUDA_SUCCESS) {
     char what[96];
     snprintf(what, sizeof what, "cuMemCreate(%zu B%s)", size, tier == NF_TIER_HOST ? ", host" : "");
@@ -470,11 +495,10 @@ static nf_status_t op_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t 
 }
 
 static nf_status_t op_event_query(nf_backend_t *be, nf_event_t ev) {
-  CUcontext restore;
-  CUresult r = ctx_enter(CB(be), &restore);
-  if (r != CUDA_SUCCESS) return cu_fail(be, r, "cuCtxSetCurrent(primary)");
-  r = cu.EventQuery((CUevent)ev);
-  ctx_leave(restore);
+  cu_scope_t sc;
+  CUresult e = ctx_enter(CB(be), &sc), r = e == CUDA_SUCCESS ? cu.EventQuery((CUevent)ev) : CUDA_SUCCESS;
+  ctx_leave(&sc);
+  if (e != CUDA_SUCCESS) return cu_fail(be, e, "cuCtxSetCurrent(primary)");
   if (r == CUDA_SUCCESS) return NF_OK;
   if (r == CUDA_ERROR_NOT_READY) return NF_ERR_NOT_READY; // not an error: no message
   return cu_fail(be, r, "cuEventQuery");

@@ -248,7 +248,6 @@ cca::CheckpointDelta NofragAllocator::setCheckpointPoolState(c10::DeviceIndex de
     nf_torch_free_any(q);
     delta.ptrs_freed.push_back(q);
   }
-  RelaxedCapture g(captures_.load() != 0);
   for (size_t i = 0; i < st->live.size(); i++) {
     void* q = st->live[i].first;
     void* r = nf_torch_alloc_at(device, key, q, st->live[i].second, (void*)st->streams[i]);

@@ -31,8 +31,8 @@
 // capture; a use_mem_pool filter is true for the calling thread. So a filter
 // false on the current stream at begin marks a capture: that stream (and any
 // other stream found capturing into the pool later) gets a C stream route, so
-// the library makes no event call on it. Library calls made while a capture
-// is under way run in relaxed capture mode (mapping memory is allowed then).
+// the library makes no event call on it. Its driver calls run in relaxed
+// capture mode, whoever captures (src/backend/cuda.c).
 #pragma once
 
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
@@ -96,19 +96,6 @@ inline bool is_capturing(cudaStream_t s) {
   return st == cudaStreamCaptureStatusActive;
 }
 
-// Relaxed capture mode on this thread while a capture is under way: mapping
-// memory (cuMemCreate / cuMemMap) is not allowed in global mode.
-struct RelaxedCapture {
-  bool on;
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  explicit RelaxedCapture(bool active) : on(active) {
-    if (on) cudaThreadExchangeStreamCaptureMode(&mode);
-  }
-  ~RelaxedCapture() {
-    if (on) cudaThreadExchangeStreamCaptureMode(&mode);
-  }
-};
-
 struct Route {
   MempoolId_t id;
   uint64_t key;
@@ -147,11 +134,8 @@ class NofragAllocator final : public Pluggable {
     uint64_t key = 0;
     MempoolId_t pool_id{0, 0};
     if (nroutes_.load(std::memory_order_acquire) != 0) key = route(dev, stream, &pool_id);
-    void* r;
-    {
-      RelaxedCapture g(captures_.load(std::memory_order_acquire) != 0);
-      r = key ? nf_torch_alloc_private(size, dev, (void*)stream, key) : nf_torch_alloc(size, dev, (void*)stream);
-    }
+    // (Driver calls run in relaxed capture mode: the CUDA backend sees to it.)
+    void* r = key ? nf_torch_alloc_private(size, dev, (void*)stream, key) : nf_torch_alloc(size, dev, (void*)stream);
     if (!r) oom(dev, size, stream, pool_id);
     if (tracing_.load(std::memory_order_acquire)) trace_alloc(dev, r, size, stream, pool_id);
     return r;
@@ -162,7 +146,6 @@ class NofragAllocator final : public Pluggable {
     if (!ptr) return true;
     if (tracing_.load(std::memory_order_acquire)) trace_free(ptr);
     if (nexported_.load(std::memory_order_acquire) != 0) ipc_forget(ptr);
-    RelaxedCapture g(captures_.load(std::memory_order_acquire) != 0);
     return nf_torch_free_any(ptr) >= 0;
   }
 

@@ -70,6 +70,14 @@ int cuGetErrorName(int r, const char **s) {
 }
 int cuGetErrorString(int r, const char **s) { (void)r; *s = "(the stand-in driver of tests/fake_cuda)"; return 0; }
 int cuCtxGetCurrent(void **ctx) { *ctx = NULL; return 0; }
+// Each backend op exchanges the thread's capture mode (relaxed) and back.
+int cuThreadExchangeStreamCaptureMode(int *mode) {
+  static _Thread_local int cur;
+  int old = cur;
+  cur = *mode;
+  *mode = old;
+  return 0;
+}
 
 // The rest: present, never working (arguments ignored).
 #define NOT_SUPPORTED(f) int f(void) { return 801; }

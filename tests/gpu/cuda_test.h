@@ -35,6 +35,7 @@ extern CUresult (*cuCtxDestroy)(void *);
 extern CUresult (*cuStreamBeginCapture)(CUstream, int); // cuStreamBeginCapture_v2; mode 0: global
 extern CUresult (*cuStreamEndCapture)(CUstream, void **);
 extern CUresult (*cuGraphDestroy)(void *);
+extern CUresult (*cuThreadExchangeStreamCaptureMode)(int *); // 0 global, 1 thread-local, 2 relaxed
 // Load the calls above from libcuda.so.1; exits 77 (skip) if one is missing.
 void cuda_test_load(void);
 
@@ -78,6 +79,7 @@ void test_pool_units(nf_backend_t *be);
 void test_pool_many_streams(nf_backend_t *be);
 void test_pool_streams_live(nf_backend_t *be);
 void test_pool_route_in_capture(nf_backend_t *be);
+void test_pool_foreign_capture(nf_backend_t *be);
 void test_pool_spill_offload(nf_backend_t *be);
 void test_pool_edges(nf_backend_t *be);
 void test_pool_backend_faults(nf_backend_t *inner); // owns inner (a CUDA backend of its own)

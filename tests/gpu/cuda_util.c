@@ -27,6 +27,7 @@ CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
 CUresult (*cuStreamBeginCapture)(CUstream, int);
 CUresult (*cuStreamEndCapture)(CUstream, void **);
 CUresult (*cuGraphDestroy)(void *);
+CUresult (*cuThreadExchangeStreamCaptureMode)(int *);
 
 int failures, checks;
 FILE *jout;
@@ -60,6 +61,7 @@ void cuda_test_load(void) {
   cuStreamBeginCapture = sym(lib, "cuStreamBeginCapture_v2");
   cuStreamEndCapture = sym(lib, "cuStreamEndCapture");
   cuGraphDestroy = sym(lib, "cuGraphDestroy");
+  cuThreadExchangeStreamCaptureMode = sym(lib, "cuThreadExchangeStreamCaptureMode");
 }
 
 double now_us(void) {

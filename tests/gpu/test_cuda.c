@@ -610,10 +610,13 @@ int main(int argc, char **argv) {
     test_pool_units(be);
   } else if (!strcmp(only, "edges")) {
     test_pool_edges(be);
+  } else if (!strcmp(only, "capture")) {
+    test_pool_foreign_capture(be);
   } else if (!strcmp(only, "streams")) {
     test_pool_many_streams(be);
     test_pool_streams_live(be);
     test_pool_route_in_capture(be);
+    test_pool_foreign_capture(be);
   } else {
     if (strcmp(only, "waits") != 0) { // "waits": the last section alone
       test_backend(be);
@@ -627,6 +630,7 @@ int main(int argc, char **argv) {
       test_pool_many_streams(be);
       test_pool_streams_live(be);
       test_pool_route_in_capture(be);
+      test_pool_foreign_capture(be);
       test_pool_peers(be);
       test_pool_units(be);
       test_pool_edges(be);

@@ -9,6 +9,8 @@
 // stream crashed the driver in run 73: what the pool must never make.)
 // One kept block is offloaded with its copy in flight when the 65th comes.
 #include "cuda_test.h"
+
+#include <pthread.h>
 #include "core/core.h"
 
 #include <stdlib.h>
@@ -219,4 +221,87 @@ void test_pool_route_in_capture(nf_backend_t *be) {
   for (int i = 0; i < N; i++)
     if (s[i]) DRV(cuStreamDestroy(s[i]));
   DRV(cuStreamDestroy(cap));
+}
+
+// A capture the pool does not know of (another library's, or another pool's,
+// in global mode: the strictest, torch.cuda.graph's default) under way on
+// another thread while the pool waits on the host: nf_trim after work queued
+// on the freed block waits for its events, then unmaps. In the thread's
+// default (global) mode the driver refuses that wait and invalidates the
+// capture; the backend runs every call in relaxed mode, so neither happens.
+// The thread's own capture mode is the same after a backend call.
+typedef struct {
+  void *ctx;
+  CUdeviceptr buf;
+  volatile int stop;
+  int captures, broken;
+} fcap_t;
+
+static void *fcap_thread(void *arg) {
+  fcap_t *f = arg;
+  CUstream cap = NULL;
+  if (cuCtxSetCurrent(f->ctx) != 0 || cuStreamCreate(&cap, 1) != 0) return NULL;
+  while (!f->stop) {
+    void *g = NULL;
+    if (cuStreamBeginCapture(cap, 0) != 0) { f->broken++; break; }
+    (void)cuMemsetD32Async(f->buf, 7, 1024, cap);
+    if (cuStreamEndCapture(cap, &g) != 0) f->broken++;
+    if (g) (void)cuGraphDestroy(g);
+    f->captures++;
+  }
+  (void)cuStreamDestroy(cap);
+  return NULL;
+}
+
+void test_pool_foreign_capture(nf_backend_t *be) {
+  printf("-- pool: host waits while another thread captures (global mode) a stream the pool does not know\n");
+  nf_pool_t *pool = pool_with_limit(be, 512ull << 20);
+  if (!pool) return;
+  fcap_t f = {0};
+  void *keep = nf_alloc(pool, 4096, NULL);
+  CHECK(keep != NULL, "alloc: %s", nf_last_error());
+  DRV(cuCtxGetCurrent(&f.ctx));
+  f.buf = (CUdeviceptr)(uintptr_t)keep;
+  CUstream s = NULL;
+  DRV(cuStreamCreate(&s, 1));
+  nf_stats_t st0, st1;
+  nf_stats_get(pool, &st0);
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, fcap_thread, &f) == 0, "pthread_create");
+  int trims = 0, failed = 0;
+  nf_status_t first = NF_OK;
+  char why[256] = "";
+  for (double t0 = now_us(); now_us() - t0 < 2e6; trims++) {
+    void *x = nf_alloc(pool, 8u << 20, s);
+    if (!x) { failed++; continue; }
+    (void)cuMemsetD32Async((CUdeviceptr)(uintptr_t)x, 1, (8u << 20) / 4, s);
+    nf_free(pool, x);
+    nf_status_t r = nf_trim(pool); // the block's granules: a wait for s, then unmapped
+    if (r != NF_OK && !failed++) first = r, snprintf(why, sizeof why, "%s", nf_last_error());
+  }
+  f.stop = 1;
+  pthread_join(th, NULL);
+  nf_stats_get(pool, &st1);
+  uint64_t waits = st1.calls.event_sync - st0.calls.event_sync;
+  int mode = 1; // this thread's mode (global, the default, all along above) comes back from a backend call
+  DRV(cuThreadExchangeStreamCaptureMode(&mode));
+  CHECK(mode == 0, "the thread's capture mode was %d during the test, not global (0)", mode);
+  int capturing = -1;
+  OKB(be->ops->stream_capturing(be, s, &capturing));
+  mode = 0;
+  DRV(cuThreadExchangeStreamCaptureMode(&mode));
+  CHECK(mode == 1, "the thread's capture mode came back as %d, not thread-local (1)", mode);
+  CHECK(failed == 0, "%d of %d alloc/trim rounds failed: %s: %s", failed, trims, nf_status_str(first), why);
+  CHECK(f.broken == 0, "%d of %d foreign captures broken", f.broken, f.captures);
+  CHECK(waits > 0 && f.captures > 0, "no host wait (%llu) or no capture (%d): nothing tested", (unsigned long long)waits,
+        f.captures);
+  DRV(cuStreamSynchronize(s));
+  OKP(nf_free(pool, keep));
+  OKP(nf_pool_check(pool));
+  printf("   %d trims (%llu host waits) beside %d captures: %d broken, %d rounds failed\n", trims,
+         (unsigned long long)waits, f.captures, f.broken, failed);
+  fprintf(jout, "\"foreign_capture\": {\"trims\": %d, \"host_waits\": %llu, \"captures\": %d, \"broken\": %d},\n",
+          trims, (unsigned long long)waits, f.captures, f.broken);
+  nf_pool_destroy(pool);
+  DRV(cuStreamDestroy(s));
 }
