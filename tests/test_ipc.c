@@ -6,6 +6,7 @@
 
 #include "torch/torch.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -218,12 +219,203 @@ static void test_ipc_refusals(void **state) {
   nf_backend_destroy(fbe);
 }
 
+// Open descriptors of this process.
+static int open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  assert_non_null(d);
+  int n = 0;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+// Room for exactly what the handle needs is enough: as many fds as mappings,
+// a buffer of the handle's length plus its NUL; one fd or byte less is
+// refused (a handle cut short would import part of the block), and a refused
+// export leaves no fd open. Import and close leave none either (the fds
+// fetched from the exporter are closed once imported).
+static void test_exact_room(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool_new(&be);
+  void *b = nf_alloc(p, 3 * G, NULL);
+  assert_non_null(b);
+  char h[512], h2[512];
+  int fds[16];
+  size_t nfds = 0;
+  uint64_t off;
+  int fds0 = open_fds();
+  assert_int_equal(nf_ipc_export(p, b, h, sizeof h, fds, 16, &nfds, &off), NF_OK);
+  size_t k = nfds, len = strlen(h);
+  assert_true(k >= 3);
+  for (size_t i = 0; i < nfds; i++) close(fds[i]);
+  assert_int_equal(nf_ipc_export(p, b, h2, sizeof h2, fds, k - 1, &nfds, &off), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "room for"));
+  assert_int_equal(nf_ipc_export(p, b, h2, len, fds, k, &nfds, &off), NF_ERR_INVALID); // no room for the NUL
+  assert_non_null(strstr(nf_last_error(), "too small"));
+  assert_int_equal(nfds, 0);
+  assert_int_equal(open_fds(), fds0); // the refused export's fds were closed
+  assert_int_equal(nf_ipc_export(p, b, h2, len + 1, fds, k, &nfds, &off), NF_OK);
+  assert_int_equal(nfds, k);
+  assert_string_equal(h2, h); // the same fds again: the same handle
+  int fds1 = open_fds();
+  void *base;
+  nf_ipc_map_t *m;
+  assert_int_equal(nf_ipc_import(be, h2, &base, &m), NF_OK);
+  nf_ipc_close(m);
+  assert_int_equal(open_fds(), fds1);
+  for (size_t i = 0; i < nfds; i++) close(fds[i]);
+  nf_free(p, b);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// Handles that parse but cannot be right are refused before anything is
+// fetched or mapped: a granule that is not a power of two, no granules, a
+// mapping longer than the handle's granules.
+static void test_bad_handles(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool_new(&be);
+  void *b = nf_alloc(p, G, NULL);
+  assert_non_null(b);
+  char h[256], bad[256];
+  int fds[4];
+  size_t nfds = 0;
+  uint64_t off;
+  assert_int_equal(nf_ipc_export(p, b, h, sizeof h, fds, 4, &nfds, &off), NF_OK);
+  assert_int_equal(nfds, 1);
+  int fd;
+  unsigned long long foff;
+  assert_int_equal(sscanf(strrchr(h, ' ') + 1, "%d:%llu", &fd, &foff), 2);
+  void *base = (void *)1;
+  nf_ipc_map_t *m = (nf_ipc_map_t *)1;
+  snprintf(bad, sizeof bad, "nofrag-ipc1 %d %d 1 %d:%llu", (int)getpid(), 3 * G, fd, foff);
+  assert_int_equal(nf_ipc_import(be, bad, &base, &m), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "not a nofrag handle"));
+  assert_null(m);
+  snprintf(bad, sizeof bad, "nofrag-ipc1 %d %d 0", (int)getpid(), G);
+  assert_int_equal(nf_ipc_import(be, bad, &base, &m), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "not a nofrag handle"));
+  snprintf(bad, sizeof bad, "nofrag-ipc1 %d %d 1 %d:%llu:2", (int)getpid(), G, fd, foff);
+  assert_int_equal(nf_ipc_import(be, bad, &base, &m), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "bad mapping size"));
+  assert_null(m);
+  close(fd);
+  nf_free(p, b);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// A block that starts inside a mapping unit (units:N) shares the whole unit:
+// the handle starts at the unit's first granule and the offset points into
+// it, so the importer sees the block's bytes at base + offset.
+static void test_block_inside_unit(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 64ull << 20, G, "units:16,small_max:4KiB");
+  assert_non_null(p);
+  void *a = nf_alloc(p, 40 * G, NULL); // grows by units: two of 16 granules, then single ones
+  assert_non_null(a);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  void *pad = nf_alloc(p, 3 * G, NULL), *b = nf_alloc(p, 5 * G, NULL); // both in the first unit
+  assert_true(pad && b);
+  assert_ptr_equal(pad, a);
+  assert_ptr_equal(b, (char *)a + 3 * G);
+  nft_fill(b, 5 * G, 31);
+  char h[512];
+  int fds[16];
+  size_t nfds = 0;
+  uint64_t off;
+  assert_int_equal(nf_ipc_export(p, b, h, sizeof h, fds, 16, &nfds, &off), NF_OK);
+  assert_int_equal(off, 3 * G); // the handle starts at the unit's first granule, where pad lies
+  void *base;
+  nf_ipc_map_t *m;
+  if (nf_ipc_import(be, h, &base, &m) != NF_OK) fail_msg("import '%s': %s", h, nf_last_error());
+  assert_true(nft_check((char *)base + off, 5 * G, 31));
+  nf_ipc_close(m);
+  for (size_t i = 0; i < nfds; i++) close(fds[i]);
+  nf_free(p, b);
+  nf_free(p, pad);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
+// An import whose second mapping fails unmaps what it mapped (the first
+// mapping only) and releases everything: the backend holds what it held
+// before the import.
+static void test_import_map_fails(void **state) {
+  (void)state;
+  nf_backend_t *inner = nft_host(64ull << 20, G), *fbe;
+  assert_int_equal(nf_backend_fault_create(&fbe, inner, 0, 0, 1), NF_OK);
+  nf_pool_t *p = nft_pool_on(fbe, NULL);
+  assert_non_null(p);
+  void *a = nf_alloc(p, 3 * G, NULL);
+  assert_non_null(a);
+  char h[512];
+  int fds[16];
+  size_t nfds = 0;
+  uint64_t off;
+  assert_int_equal(nf_ipc_export(p, a, h, sizeof h, fds, 16, &nfds, &off), NF_OK);
+  assert_int_equal(nfds, 3);
+  uint64_t g0, m0, g1, m1, calls, failed;
+  nf_backend_host_usage(inner, &g0, &m0);
+  nf_backend_fault_counts(fbe, &calls, &failed);
+  nf_backend_fault_set(fbe, calls + 6, 0); // 3 imports, the reservation, a map, then this map fails
+  void *base;
+  nf_ipc_map_t *m;
+  assert_int_equal(nf_ipc_import(fbe, h, &base, &m), NF_ERR_BACKEND);
+  assert_non_null(strstr(nf_last_error(), "map failed"));
+  nf_backend_fault_set(fbe, 0, 0);
+  nf_backend_host_usage(inner, &g1, &m1);
+  assert_int_equal(g1, g0);
+  assert_int_equal(m1, m0);
+  for (size_t i = 0; i < nfds; i++) close(fds[i]);
+  nf_free(p, a);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(fbe);
+}
+
+// A block whose memory is not all mapped (offloaded to disk) cannot be
+// shared: the export says so and hands back no fd; back on the device, it can.
+static void test_offloaded_not_exported(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool_new(&be);
+  void *b = nf_alloc(p, 4 * G, NULL);
+  assert_non_null(b);
+  assert_int_equal(nf_offload(p, b, NULL, NF_TIER_DISK), NF_OK);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  char h[512];
+  int fds[16];
+  size_t nfds = 7;
+  uint64_t off;
+  assert_int_equal(nf_ipc_export(p, b, h, sizeof h, fds, 16, &nfds, &off), NF_ERR_INVALID);
+  assert_non_null(strstr(nf_last_error(), "not resident"));
+  assert_int_equal(nfds, 0);
+  assert_int_equal(nf_prefetch(p, b, NULL), NF_OK);
+  assert_int_equal(nf_ipc_export(p, b, h, sizeof h, fds, 16, &nfds, &off), NF_OK);
+  for (size_t i = 0; i < nfds; i++) close(fds[i]);
+  nf_free(p, b);
+  assert_int_equal(nf_pool_check(p), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ipc_refusals),
       cmocka_unit_test(test_shared_block_stays),
       cmocka_unit_test(test_share_with_child),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_exact_room),
+      cmocka_unit_test(test_bad_handles),
+      cmocka_unit_test(test_block_inside_unit),
+      cmocka_unit_test(test_import_map_fails),
+      cmocka_unit_test(test_offloaded_not_exported),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -158,6 +158,159 @@ static void test_largest_free_idle(void **state) {
   nf_pool_destroy(p);
 }
 
+// An empty NOFRAG_SHM_DIR is unset, not the root directory.
+static void test_dir_default(void **state) {
+  (void)state;
+  setenv("NOFRAG_SHM_DIR", "", 1);
+  assert_string_equal(nf__mon_dir(), "/dev/shm");
+  setenv("NOFRAG_SHM_DIR", dir, 1);
+  assert_string_equal(nf__mon_dir(), dir);
+}
+
+// A fork()ed child that exits (atexit handlers run) leaves the parent's file
+// alone: the registry's entries are the parent's, not the child's.
+static void test_child_exit_keeps_parent_file(void **state) {
+  (void)state;
+  nf_pool_t *p = new_pool(64 * NF_MiB);
+  char names[8][256];
+  assert_int_equal(list_files(names), 1);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) exit(0);
+  int ws = 0;
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  assert_int_equal(list_files(names), 1);
+  nf_pool_destroy(p);
+  assert_int_equal(list_files(names), 0);
+}
+
+// A name exactly as long as the path buffer does not fit (its NUL does not):
+// the pool goes without a file rather than create one under a cut name (a
+// cut pool id can be another pool's name). The directory is nested to make
+// "DIR/nofrag.UID.PID.ID" 512 bytes long for the next pool's id.
+static void test_name_too_long(void **state) {
+  (void)state;
+  nf_pool_t *p = new_pool(64 * NF_MiB);
+  char names[8][256];
+  assert_int_equal(list_files(names), 1);
+  unsigned id = (unsigned)strtoul(strrchr(names[0], '.') + 1, NULL, 10) + 1; // pool ids count up in a process
+  nf_pool_destroy(p);
+  char name[64], deep[600];
+  int nl = snprintf(name, sizeof name, "nofrag.%u.%d.%u", (unsigned)getuid(), (int)getpid(), id);
+  size_t want = 512 - 1 - (size_t)nl; // the directory's length
+  snprintf(deep, sizeof deep, "%s", dir);
+  char made[4][600];
+  int nmade = 0;
+  while (strlen(deep) < want) { // "/" and at most 200 bytes a component, never 1 byte left over
+    size_t left = want - strlen(deep), add = left - 1 > 200 ? 200 : left - 1;
+    if (left - 1 - add == 1) add--;
+    size_t l = strlen(deep);
+    deep[l] = '/';
+    memset(deep + l + 1, 'd', add);
+    deep[l + 1 + add] = 0;
+    assert_int_equal(mkdir(deep, 0700), 0);
+    assert_true(nmade < 4);
+    snprintf(made[nmade++], sizeof made[0], "%s", deep);
+  }
+  assert_int_equal(strlen(deep) + 1 + (size_t)nl, 512);
+  setenv("NOFRAG_SHM_DIR", deep, 1);
+  p = new_pool(64 * NF_MiB); // works, without a file
+  assert_non_null(nf_alloc(p, 4096, NULL));
+  DIR *d = opendir(deep);
+  assert_non_null(d);
+  struct dirent *de;
+  int files = 0;
+  while ((de = readdir(d)))
+    if (de->d_name[0] != '.') files++;
+  closedir(d);
+  nf_pool_destroy(p);
+  setenv("NOFRAG_SHM_DIR", dir, 1);
+  for (int i = nmade - 1; i >= 0; i--) { // remove what a cut name left, then the directories
+    d = opendir(made[i]);
+    char path[1200];
+    while (d && (de = readdir(d)))
+      if (de->d_name[0] != '.' && snprintf(path, sizeof path, "%s/%s", made[i], de->d_name) < (int)sizeof path)
+        unlink(path);
+    if (d) closedir(d);
+    rmdir(made[i]);
+  }
+  assert_int_equal(files, 0);
+}
+
+// The largest free range walk is rate-limited (one per 100 ms, plus a burst
+// of 3 for mapping changes): a skipped walk keeps the last value and marks
+// it stale, and nf_stats_get then publishes a fresh one. Here the burst is
+// spent by three mapping allocations (the last one sees a's 1 MiB hole), and
+// a fourth mapping allocation skips its walk (unless 100 ms passed: then it
+// walks and publishes the fresh value, fine too).
+static uint64_t published_largest_free(void) {
+  nf_mon_entry_t *v;
+  assert_int_equal(nf__mon_list(NULL, false, &v, NULL), 1);
+  uint64_t x = v[0].v[NF_PUB_LARGEST_FREE];
+  free(v);
+  return x;
+}
+
+static void test_stale_largest_free_refreshed(void **state) {
+  (void)state;
+  nf_pool_t *p = new_pool(NF_GiB);
+  void *a = nf_alloc(p, NF_MiB, NULL), *b = nf_alloc(p, NF_MiB, NULL);
+  assert_true(a && b);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  void *c = nf_alloc(p, 2 * NF_MiB, NULL); // maps (a's hole is too small): the burst's last walk
+  assert_non_null(c);
+  uint64_t walked = published_largest_free();
+  assert_true(walked >= NF_MiB);
+  assert_int_equal(nf_free(p, b), NF_OK); // a's and b's holes: 2 MiB
+  void *d = nf_alloc(p, 3 * NF_MiB, NULL);
+  assert_non_null(d);
+  uint64_t skipped = published_largest_free();
+  nf_stats_t s;
+  nf_stats_get(p, &s);
+  assert_true(s.largest_free_mapped >= 2 * NF_MiB);
+  if (skipped != walked && skipped != s.largest_free_mapped) // the last walk's value, or a fresh one
+    fail_msg("published largest free %llu B: neither the last walk's %llu B nor the current %llu B",
+             (unsigned long long)skipped, (unsigned long long)walked, (unsigned long long)s.largest_free_mapped);
+  uint64_t refreshed = published_largest_free();
+  if (refreshed != s.largest_free_mapped)
+    fail_msg("published largest free %llu B after nf_stats_get, which says %llu B", (unsigned long long)refreshed,
+             (unsigned long long)s.largest_free_mapped);
+  nf_free(p, c);
+  nf_free(p, d);
+  nf_pool_destroy(p);
+}
+
+// Each 100 ms window has its own burst of walks for mapping changes: after
+// an earlier window spent its burst, mapping allocations in a new window
+// still publish a fresh value (read before nf_stats_get, which publishes).
+static void test_largest_free_burst_per_window(void **state) {
+  (void)state;
+  nf_pool_t *p = new_pool(NF_GiB);
+  void *keep[4];
+  for (int i = 0; i < 4; i++) assert_non_null(keep[i] = nf_alloc(p, NF_MiB, NULL)); // the burst, spent
+  usleep(150000); // past the rate limit: a new window
+  void *x = nf_alloc(p, NF_MiB, NULL), *y = nf_alloc(p, NF_MiB, NULL); // the window's first walks
+  assert_true(x && y);
+  assert_int_equal(nf_free(p, x), NF_OK); // a 1 MiB hole (y bounds it)
+  void *z = nf_alloc(p, 3 * NF_MiB, NULL); // maps: walks, the window's burst not spent
+  assert_non_null(z);
+  nf_mon_entry_t *v;
+  assert_int_equal(nf__mon_list(NULL, false, &v, NULL), 1);
+  uint64_t published = v[0].v[NF_PUB_LARGEST_FREE];
+  free(v);
+  nf_stats_t s;
+  nf_stats_get(p, &s);
+  assert_true(s.largest_free_mapped >= NF_MiB);
+  if (published != s.largest_free_mapped)
+    fail_msg("published largest free %llu B, nf_stats %llu B", (unsigned long long)published,
+             (unsigned long long)s.largest_free_mapped);
+  for (int i = 0; i < 4; i++) nf_free(p, keep[i]);
+  nf_free(p, y);
+  nf_free(p, z);
+  nf_pool_destroy(p);
+}
+
 // Offloaded bytes are published (both host tiers), and a file written with
 // the first layout (fewer fields) is still read, its later fields as 0.
 static void test_offloaded_and_old_layout(void **state) {
@@ -392,6 +545,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_file_lifecycle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_values_match_stats, setup, teardown),
       cmocka_unit_test_setup_teardown(test_largest_free_idle, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_dir_default, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_child_exit_keeps_parent_file, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_name_too_long, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stale_largest_free_refreshed, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_largest_free_burst_per_window, setup, teardown),
       cmocka_unit_test_setup_teardown(test_offloaded_and_old_layout, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tier_counters_after_free, setup, teardown),
       cmocka_unit_test_setup_teardown(test_offloaded_after_stream_recycling, setup, teardown),

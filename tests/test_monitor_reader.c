@@ -112,6 +112,31 @@ static void test_reused_pid_of_other_user(void **state) {
   unlink(path);
 }
 
+// A live pid whose process started after the file was written is a reuse
+// of that pid: the file is stale. The start is /proc/PID/stat's 22nd field;
+// dated a few seconds after boot, the file is older than this process
+// (the 1970 date of test_dead_process_ignored_and_cleaned is older than
+// anything, whichever field is read).
+static void test_reused_pid_by_start_time(void **state) {
+  (void)state;
+  FILE *f = fopen("/proc/stat", "r");
+  if (!f) skip();
+  unsigned long long btime = 0;
+  char line[256];
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "btime %llu", &btime) == 1) break;
+  fclose(f);
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  if (!btime || (unsigned long long)t.tv_sec < btime + 60) skip(); // this process must start well after boot
+  char path[512];
+  snprintf(path, sizeof path, "%s/nofrag.%u.%d.81", dir, (unsigned)getuid(), (int)getpid());
+  fake_file(path, 0600, (int32_t)getpid(), (btime + 3) * 1000000000ull, "host");
+  nf_mon_entry_t e;
+  assert_int_equal(nf__mon_read(path, &e), 1);
+  unlink(path);
+}
+
 // The device name comes from a file anyone can write and nofrag top prints it
 // as is in its table: control bytes (a terminal escape) must not get through.
 static void test_device_name_sanitized(void **state) {
@@ -182,7 +207,9 @@ static void test_truncated_while_read(void **state) {
     _exit(0);
   }
   int ok = 0, refused = 0;
-  for (int i = 0; i < 20000; i++) {
+  // At least 20,000 reads, and on until one whole copy (a loaded machine may
+  // run the writer between every two reads for a while), within a bound.
+  for (int i = 0; i < 20000 || (!ok && i < 2000000); i++) {
     nf_mon_entry_t e;
     int rc = nf__mon_read(path, &e);
     if (rc == 0) ok++;
@@ -196,6 +223,136 @@ static void test_truncated_while_read(void **state) {
   assert_true(ok > 0); // whole copies are read; the rest refused as too short
   (void)refused;
 }
+
+// ------------------------------------------------------------------ header
+
+// Live files (this process, a file newer than it) for the header checks below.
+static void live_file(const char *path, const char *device) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  fake_file(path, 0600, (int32_t)getpid(), (uint64_t)t.tv_sec * 1000000000ull, device);
+}
+
+// The header's size field, not the file's length, says how many fields the
+// writer wrote: bytes past it are not counters (nofrag top would show them);
+// a size below the first layout, or another version, is no monitor file; a
+// device name that fills its field without a NUL is still cut to a string.
+static void test_header_size_and_device_bounds(void **state) {
+  (void)state;
+  char path[512];
+  snprintf(path, sizeof path, "%s/nofrag.%u.%d.80", dir, (unsigned)getuid(), (int)getpid());
+  live_file(path, "host");
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  nf_mon_shm_t m;
+  assert_int_equal(pread(fd, &m, sizeof m, 0), (ssize_t)sizeof m);
+  m.size = (uint32_t)(offsetof(nf_mon_shm_t, pub.v) + NF_PUB_V1_FIELDS * sizeof(uint64_t));
+  for (int i = NF_PUB_V1_FIELDS; i < NF_PUB_NFIELDS; i++) m.pub.v[i] = 12345; // past `size`: not fields
+  memset(m.device, 'x', sizeof m.device);                                      // no NUL
+  assert_int_equal(pwrite(fd, &m, sizeof m, 0), (ssize_t)sizeof m);
+  nf_mon_entry_t e;
+  assert_int_equal(nf__mon_read(path, &e), 0);
+  assert_int_equal(e.nfields, NF_PUB_V1_FIELDS);
+  for (int i = NF_PUB_V1_FIELDS; i < NF_PUB_NFIELDS; i++) assert_int_equal(e.v[i], 0);
+  assert_int_equal(strlen(e.device), sizeof e.device - 1);
+  m.size = (uint32_t)offsetof(nf_mon_shm_t, pub.v); // no fields at all
+  assert_int_equal(pwrite(fd, &m, sizeof m, 0), (ssize_t)sizeof m);
+  assert_int_equal(nf__mon_read(path, &e), -1);
+  m.size = sizeof m;
+  m.version = NF_MON_VERSION + 1; // another layout: not read as this one
+  assert_int_equal(pwrite(fd, &m, sizeof m, 0), (ssize_t)sizeof m);
+  assert_int_equal(nf__mon_read(path, &e), -1);
+  close(fd);
+  unlink(path);
+}
+
+// A file whose length says more than a read gets (truncated between the
+// reader's fstat and its read; a sysfs attribute does so always: 4 KiB by
+// fstat, a few bytes read) is refused, not read again forever: nofrag top
+// would hang on it. The alarm turns a hang into a failure.
+static void test_short_read_refused(void **state) {
+  (void)state;
+  static const char *cands[] = {"/sys/devices/system/cpu/online", "/sys/devices/system/cpu/possible",
+                                "/sys/kernel/mm/transparent_hugepage/enabled"};
+  const char *path = NULL;
+  for (size_t i = 0; i < sizeof cands / sizeof cands[0] && !path; i++) {
+    struct stat sb;
+    if (stat(cands[i], &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size >= (off_t)sizeof(nf_mon_shm_t)) path = cands[i];
+  }
+  if (!path) skip(); // no sysfs here
+  alarm(10);
+  nf_mon_entry_t e;
+  assert_int_equal(nf__mon_read(path, &e), -1);
+  alarm(0);
+}
+
+// nofrag top lists pools by pid, then by pool id within a process, whatever
+// order the directory holds the files in.
+static void test_list_sorted(void **state) {
+  (void)state;
+  const int32_t pids[4] = {(int32_t)getpid(), 1, (int32_t)getpid(), (int32_t)getppid()};
+  const uint32_t ids[4] = {7, 3, 2, 9};
+  for (int i = 0; i < 4; i++) { // live files: running pids, dated now, no lock flag
+    char path[512];
+    snprintf(path, sizeof path, "%s/nofrag.%u.%d.%u", dir, (unsigned)getuid(), (int)pids[i], ids[i]);
+    live_file(path, "host");
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, &pids[i], sizeof pids[i], offsetof(nf_mon_shm_t, pid)), (ssize_t)sizeof pids[i]);
+    assert_int_equal(pwrite(fd, &ids[i], sizeof ids[i], offsetof(nf_mon_shm_t, pool_id)), (ssize_t)sizeof ids[i]);
+    close(fd);
+  }
+  nf_mon_entry_t *v;
+  long dead = -1;
+  assert_int_equal(nf__mon_list(NULL, false, &v, &dead), 4);
+  assert_int_equal(dead, 0);
+  for (int i = 1; i < 4; i++)
+    if (v[i - 1].pid > v[i].pid || (v[i - 1].pid == v[i].pid && v[i - 1].pool_id >= v[i].pool_id))
+      fail_msg("entry %d (pid %d, pool %u) listed before (pid %d, pool %u)", i - 1, v[i - 1].pid,
+               v[i - 1].pool_id, v[i].pid, v[i].pool_id);
+  free(v);
+}
+
+// Open descriptors of this process.
+static int open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  assert_non_null(d);
+  int n = 0;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+// --clean keeps the fd of a file judged dead for its unlink only: listing
+// live files, junk and dead files leaves no descriptor open (top --clean
+// runs once, but a tool calling nf__mon_list in a loop would run out).
+static void test_clean_leaves_no_fds(void **state) {
+  (void)state;
+  nf_pool_t *p = new_pool(64 * NF_MiB); // live
+  pid_t gone = fork();
+  assert_true(gone >= 0);
+  if (gone == 0) _exit(0);
+  assert_int_equal(waitpid(gone, NULL, 0), gone);
+  char path[512];
+  snprintf(path, sizeof path, "%s/nofrag.%u.%d.0", dir, (unsigned)getuid(), (int)gone);
+  fake_file(path, 0600, (int32_t)gone, 0, "host"); // dead
+  snprintf(path, sizeof path, "%s/nofrag.junk", dir);
+  FILE *f = fopen(path, "w"); // not a monitor file
+  assert_non_null(f);
+  fputs("hello", f);
+  fclose(f);
+  int before = open_fds();
+  for (int i = 0; i < 3; i++) {
+    nf_mon_entry_t *v;
+    long dead = -1;
+    assert_int_equal(nf__mon_list(NULL, true, &v, &dead), 1);
+    assert_int_equal(dead, i == 0);
+    free(v);
+  }
+  assert_int_equal(open_fds(), before);
+  nf_pool_destroy(p);
+}
+
 
 // ------------------------------------------------------------------ liveness
 
@@ -474,6 +631,33 @@ static void test_clean_spares_replaced_file(void **state) {
   }
 }
 
+// The cleaner's half of test_writer_waits_for_cleaner: a writer holding the
+// name guard is replacing the dead file itself; --clean leaves it alone
+// rather than unlink a name that may already be the new file's.
+static void test_clean_yields_to_writer(void **state) {
+  (void)state;
+  pid_t gone = fork();
+  assert_true(gone >= 0);
+  if (gone == 0) _exit(0);
+  assert_int_equal(waitpid(gone, NULL, 0), gone);
+  char path[512];
+  snprintf(path, sizeof path, "%s/nofrag.%u.%d.0", dir, (unsigned)getuid(), (int)gone);
+  fake_file(path, 0600, (int32_t)gone, 0, "host");
+  nf_mon_entry_t e;
+  int fd = -1;
+  assert_int_equal(nf__mon_read_fd(path, &e, &fd), 1);
+  int w = open(path, O_RDWR); // the writer's, as unlink_stale takes it
+  assert_true(w >= 0);
+  struct flock g = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = NF_MON_GUARD_AT, .l_len = 1};
+  assert_int_equal(fcntl(w, F_OFD_SETLK, &g), 0);
+  assert_false(nf__mon_unlink_dead(fd, &e));
+  assert_int_equal(access(path, F_OK), 0);
+  close(w); // the guard let go: now it goes
+  assert_true(nf__mon_unlink_dead(fd, &e));
+  close(fd);
+  assert_int_equal(access(path, F_OK), -1);
+}
+
 static void *create_pool(void *arg) {
   nf_pool_t **p = arg;
   if (nf_pool_create_from_string(p, "limit:64MiB") != NF_OK) *p = NULL;
@@ -539,13 +723,19 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_device_name_sanitized, setup, teardown),
       cmocka_unit_test_setup_teardown(test_older_layout_fields, setup, teardown),
       cmocka_unit_test_setup_teardown(test_truncated_while_read, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_header_size_and_device_bounds, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_short_read_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_list_sorted, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_clean_leaves_no_fds, setup, teardown),
       cmocka_unit_test_setup_teardown(test_clean_counts_removed_only, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reused_pid_of_other_user, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_reused_pid_by_start_time, setup, teardown),
       cmocka_unit_test_setup_teardown(test_exec_leaves_dead, setup, teardown),
       cmocka_unit_test_setup_teardown(test_other_process_live_then_killed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lock_flag, setup, teardown),
       cmocka_unit_test_setup_teardown(test_clean_spares_replaced_file, setup, teardown),
       cmocka_unit_test_setup_teardown(test_writer_waits_for_cleaner, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_clean_yields_to_writer, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct {
@@ -341,6 +342,124 @@ static void test_exit_without_destroy(void **state) {
   unlink(path);
 }
 
+// The bound holds whole rows up to exactly its size: a bound of the header's
+// length keeps the header (a valid, empty log), and says so.
+static void test_bound_exact(void **state) {
+  (void)state;
+  char path[256], conf[320];
+  tmp_path(path, sizeof path, "exact");
+  const char header[] = "Thread,Time,Action,Pointer,Size,Stream\n";
+  snprintf(conf, sizeof conf, "trace_max:%zu,trace:%s", sizeof header - 1, path);
+  bound_arg a = {conf, 10};
+  char *err = nft_capture_stderr(run_bounded, &a);
+  char want[400], got[128] = "";
+  snprintf(want, sizeof want, "nofrag: trace %s truncated at %zu bytes\n", path, sizeof header - 1);
+  if (strcmp(err, want) != 0) fail_msg("stderr '%s', expected '%s'", err, want);
+  free(err);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  size_t n = fread(got, 1, sizeof got - 1, f);
+  fclose(f);
+  got[n] = 0;
+  assert_string_equal(got, header);
+  unlink(path);
+}
+
+// A row as RMM writes it: the local time of day (the UTC offset taken at
+// pool creation; TZ set here, one and two hours east, so that local and UTC
+// differ by a known amount), fields in range, the size in decimal.
+static void test_row_fields(void **state) {
+  (void)state;
+  const char *saved = getenv("TZ");
+  char old_tz[128] = "";
+  if (saved) snprintf(old_tz, sizeof old_tz, "%s", saved);
+  for (int east = 1; east <= 2; east++) {
+    char tz[16], path[256], conf[320];
+    snprintf(tz, sizeof tz, "NFT-%d", east); // POSIX: local = UTC + east hours
+    setenv("TZ", tz, 1);
+    tzset();
+    tmp_path(path, sizeof path, "row");
+    snprintf(conf, sizeof conf, "limit:1GiB,trace:%s", path);
+    nf_backend_t *be;
+    nf_pool_t *p = pool_with(&be, conf);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_REALTIME, &t0);
+    void *q = nf_alloc(p, 12345, (nf_stream_t)(uintptr_t)0xabc);
+    clock_gettime(CLOCK_REALTIME, &t1);
+    assert_non_null(q);
+    nf_pool_destroy(p);
+    nf_backend_destroy(be);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[256];
+    assert_non_null(fgets(line, sizeof line, f));
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    unlink(path);
+    unsigned long tid;
+    unsigned hh, mm, ss, us;
+    unsigned long long ptr, stream;
+    char size[32];
+    if (sscanf(line, "%lu,%2u:%2u:%2u:%6u,allocate,0x%llx,%31[0-9],0x%llx", &tid, &hh, &mm, &ss, &us, &ptr, size,
+               &stream) != 8)
+      fail_msg("row '%s'", line);
+    assert_string_equal(size, "12345");
+    assert_int_equal(ptr, (uintptr_t)q);
+    assert_int_equal(stream, 0xabc);
+    assert_true(hh < 24 && mm < 60 && ss < 60);
+    long long off = east * 3600, day = 86400;
+    long long at = hh * 3600ll + mm * 60 + ss, from = ((long long)t0.tv_sec + off) % day;
+    long long late = ((at - from) % day + day) % day; // seconds after t0, local time
+    if (late > (long long)(t1.tv_sec - t0.tv_sec))
+      fail_msg("TZ %s: row time %02u:%02u:%02u, the call was at %02lld:%02lld:%02lld local", tz, hh, mm, ss,
+               from / 3600, from / 60 % 60, from % 60);
+  }
+  if (saved) setenv("TZ", old_tz, 1);
+  else unsetenv("TZ");
+  tzset();
+}
+
+// Frees after the atexit flush (the PyTorch plug-in's pool is never destroyed;
+// tensors are freed while the process tears down) are written at once: there
+// is no later flush. main registers late_frees first, so it runs after the
+// recorder's handler.
+static nf_pool_t *late_pool;
+static void *late_blocks[3];
+static void late_frees(void) {
+  if (!late_pool) return;
+  for (int i = 0; i < 3; i++) nf_free(late_pool, late_blocks[i]);
+}
+
+static void test_frees_after_exit_flush(void **state) {
+  (void)state;
+  char path[256], conf[320];
+  tmp_path(path, sizeof path, "late");
+  snprintf(conf, sizeof conf, "limit:1GiB,trace:%s", path);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    nf_backend_t *be;
+    nf_pool_t *p = pool_with(&be, conf);
+    for (int i = 0; i < 3; i++)
+      if (!(late_blocks[i] = nf_alloc(p, 4096 * (size_t)(i + 1), NULL))) _exit(3);
+    late_pool = p;
+    exit(0);
+  }
+  int ws = 0;
+  assert_int_equal(waitpid(child, &ws, 0), child);
+  assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  nf_trace_t t;
+  char err[512] = "";
+  if (nf__trace_load_rmm(&t, path, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  assert_int_equal(t.n_events, 6);
+  for (int i = 3; i < 6; i++) {
+    assert_int_equal(t.events[i].action, NF_TRACE_FREE_COMPLETED);
+    assert_int_equal(t.events[i].size, 4096 * (uint64_t)(i - 2));
+  }
+  nf__trace_free(&t);
+  unlink(path);
+}
+
 static void test_bad_path(void **state) {
   (void)state;
   const char *bad = "/nonexistent-nofrag-dir/sub/trace.csv";
@@ -373,6 +492,7 @@ static void test_bad_path(void **state) {
 
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1); // the failing allocs' reports would mix with the captured stderr
+  atexit(late_frees); // before any recorder's handler: runs after them
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_record_replay),
       cmocka_unit_test(test_bound),
@@ -380,6 +500,9 @@ int main(void) {
       cmocka_unit_test(test_partial_write),
       cmocka_unit_test(test_fork_child),
       cmocka_unit_test(test_exit_without_destroy),
+      cmocka_unit_test(test_bound_exact),
+      cmocka_unit_test(test_row_fields),
+      cmocka_unit_test(test_frees_after_exit_flush),
       cmocka_unit_test(test_bad_path),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,114 +3,13 @@
 // the unchanged one-line message, and printing once per burst to stderr.
 #include "nf_test.h"
 
+#include "base/base.h"   // nf__fmt_bytes, as the report formats sizes
+
 #include <unistd.h>
 
 #define G (64 * 1024) // small granule: many granules, fast tests
 
-// ------------------------------------------------------------------ JSON
-// Just enough JSON for the snapshot: objects, arrays, strings without
-// escapes other than \" and \\, non-negative integers, true/false/null.
-// Anything else fails the parse (and the test).
-enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
-typedef struct jv {
-  int type;
-  uint64_t num;
-  char *str;
-  struct jv **items; // array elements or object values
-  char **keys;       // object keys
-  size_t n;
-} jv;
-
-static const char *jp; // parse cursor
-
-static void jws(void) { while (*jp == ' ' || *jp == '\n' || *jp == '\t' || *jp == '\r') jp++; }
-
-static char *jstr(void) {
-  if (*jp != '"') return NULL;
-  const char *s = ++jp;
-  while (*jp && *jp != '"') jp += *jp == '\\' && jp[1] ? 2 : 1;
-  if (*jp != '"') return NULL;
-  char *o = strndup(s, (size_t)(jp - s));
-  jp++;
-  return o;
-}
-
-static void jfree(jv *v) {
-  if (!v) return;
-  for (size_t i = 0; i < v->n; i++) { jfree(v->items[i]); if (v->keys) free(v->keys[i]); }
-  free(v->items); free(v->keys); free(v->str); free(v);
-}
-
-static jv *jparse(void) {
-  jws();
-  jv *v = calloc(1, sizeof *v);
-  if (*jp == '{' || *jp == '[') {
-    int obj = *jp++ == '{';
-    v->type = obj ? J_OBJ : J_ARR;
-    jws();
-    if (*jp == (obj ? '}' : ']')) { jp++; return v; }
-    for (;;) {
-      v->items = realloc(v->items, (v->n + 1) * sizeof *v->items);
-      if (obj) {
-        v->keys = realloc(v->keys, (v->n + 1) * sizeof *v->keys);
-        jws();
-        char *k = jstr();
-        jws();
-        if (!k || *jp++ != ':') { free(k); jfree(v); return NULL; }
-        v->keys[v->n] = k;
-      }
-      jv *e = jparse();
-      if (!e) { if (obj) free(v->keys[v->n]); jfree(v); return NULL; }
-      v->items[v->n++] = e;
-      jws();
-      if (*jp == ',') { jp++; continue; }
-      if (*jp++ == (obj ? '}' : ']')) return v;
-      jfree(v);
-      return NULL;
-    }
-  }
-  if (*jp == '"') { v->type = J_STR; if (!(v->str = jstr())) { free(v); return NULL; } return v; }
-  if (*jp >= '0' && *jp <= '9') { v->type = J_NUM; v->num = strtoull(jp, (char **)&jp, 10); return v; }
-  if (!strncmp(jp, "true", 4)) { v->type = J_BOOL; v->num = 1; jp += 4; return v; }
-  if (!strncmp(jp, "false", 5)) { v->type = J_BOOL; jp += 5; return v; }
-  if (!strncmp(jp, "null", 4)) { v->type = J_NULL; jp += 4; return v; }
-  free(v);
-  return NULL;
-}
-
-static jv *jdoc(const char *s) {
-  jp = s;
-  jv *v = jparse();
-  jws();
-  if (v && *jp) { jfree(v); return NULL; } // trailing garbage
-  return v;
-}
-
-static jv *jget(const jv *o, const char *k) {
-  if (!o || o->type != J_OBJ) fail_msg("not an object looking for \"%s\"", k);
-  for (size_t i = 0; i < o->n; i++) if (!strcmp(o->keys[i], k)) return o->items[i];
-  fail_msg("missing key \"%s\"", k);
-  return NULL;
-}
-static uint64_t jnum(const jv *o, const char *k) {
-  jv *v = jget(o, k);
-  if (v->type != J_NUM) fail_msg("\"%s\" is not a number", k);
-  return v->num;
-}
-static const char *js(const jv *o, const char *k) {
-  jv *v = jget(o, k);
-  if (v->type != J_STR) fail_msg("\"%s\" is not a string", k);
-  return v->str;
-}
-static int jhas(const jv *o, const char *k) {
-  for (size_t i = 0; i < o->n; i++) if (!strcmp(o->keys[i], k)) return 1;
-  return 0;
-}
-static uint64_t jhex(const jv *o, const char *k) {
-  const char *s = js(o, k);
-  if (strncmp(s, "0x", 2)) fail_msg("\"%s\" = %s is not hex", k, s);
-  return strtoull(s, NULL, 16);
-}
+#include "json_test.h"
 
 // ------------------------------------------------------------------ checks
 
@@ -305,6 +204,59 @@ static void test_snapshot_pending(void **state) {
   nf_backend_destroy(be);
 }
 
+// Host memory in the document: spill and an offload to host put host
+// granules under the pool's addresses. The totals match nf_stats_get's (the
+// offloaded granules are not "spilled"), granules.created counts both tiers,
+// mapped runs split where the tier changes (their host granules are exactly
+// the spilled and offloaded ones), and each chunk names its own arena.
+static void test_snapshot_tiers(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:1MiB,spill:host,spill_limit:4MiB,small_max:4KiB");
+  assert_non_null(p);
+  void *small = nf_alloc(p, 1000, NULL), *a = nf_alloc(p, 10 * G, NULL), *b = nf_alloc(p, 8 * G, NULL); // b: spilled in part
+  void *c = nf_alloc(p, 2 * G, NULL);
+  assert_true(small && a && b && c);
+  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  nf_stats_t st;
+  nf_stats_get(p, &st);
+  assert_true(st.spilled > 0 && st.offloaded > 0);
+  char *s = nf_snapshot(p);
+  assert_non_null(s);
+  jv *d = jdoc(s);
+  assert_non_null(d);
+  const jv *t = jget(d, "totals"), *gr = jget(d, "granules");
+  assert_int_equal(jnum(t, "spilled"), st.spilled);
+  assert_int_equal(jnum(t, "offloaded"), st.offloaded);
+  assert_int_equal(jnum(t, "host_physical"), st.host_physical);
+  assert_int_equal(jnum(gr, "created") * G, st.physical + st.host_physical);
+  assert_int_equal(jnum(jget(gr, "tiers"), "host") * G, st.host_physical);
+  const jv *chunks = jget(d, "chunks");
+  uint64_t host_gr = 0;
+  int seen_small = 0, seen_large = 0;
+  for (size_t ci = 0; ci < chunks->n; ci++) {
+    const jv *ch = chunks->items[ci], *runs = jget(ch, "mapped");
+    uint64_t base = jhex(ch, "base"), end = base + jnum(ch, "size");
+    const char *arena = js(ch, "arena");
+    if ((uintptr_t)small >= base && (uintptr_t)small < end) { assert_string_equal(arena, "small"); seen_small = 1; }
+    if ((uintptr_t)b >= base && (uintptr_t)b < end) { assert_string_equal(arena, "large"); seen_large = 1; }
+    for (size_t ri = 0; ri < runs->n; ri++)
+      if (!strcmp(js(runs->items[ri], "tier"), "host")) host_gr += jnum(runs->items[ri], "count");
+  }
+  assert_true(seen_small && seen_large);
+  assert_int_equal(host_gr * G, st.spilled + st.offloaded);
+  jfree(d);
+  nf_snapshot_free(s);
+  assert_int_equal(nf_prefetch(p, a, NULL), NF_OK);
+  nf_free(p, a);
+  nf_free(p, b);
+  nf_free(p, c);
+  nf_free(p, small);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 // ------------------------------------------------------------------ OOM report
 
 static void test_oom_report(void **state) {
@@ -378,6 +330,114 @@ static void test_oom_report(void **state) {
   nf_backend_destroy(be);
 }
 
+// The report's figures: reclaim counts since the previous OOM (not since the
+// pool began), pending blocks by their size (what they hold), the limit that
+// guarantees a fragmented request (live granules + its granules + 1, nofrag.h);
+// with spill, a request whose size wraps live + size - limit to 0 (a negative
+// size cast) is still "the request alone exceeds", not fragmentation; stranded
+// units are named for a request that fits the limit only.
+static void test_oom_report_figures(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = nft_pool(&be, 1ull << 30, G, "limit:1MiB,small_max:4KiB,views:0");
+  assert_non_null(p);
+  // 8 granules cached before k: a 10-granule request takes 7 unused ones
+  // and reclaims (unmaps) cached ones for the rest (views:0: no cached view
+  // serves it instead).
+  void *a = nf_alloc(p, 8 * G, NULL), *k = nf_alloc(p, G, NULL);
+  assert_true(a && k);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  void *b = nf_alloc(p, 10 * G, NULL);
+  assert_non_null(b);
+  nf_stats_t st;
+  nf_stats_get(p, &st);
+  assert_true(st.reclaims > 0);
+  assert_null(nf_alloc(p, 8 * G, NULL));
+  assert_null(nf_alloc(p, 8 * G, NULL)); // nothing reclaimed since the first OOM
+  nf_stats_get(p, &st);
+  const char *r = nf_last_oom_report();
+  char want[256];
+  snprintf(want, sizeof want, "0 reclaims unmapped 0 granules since the previous OOM (%llu / %llu in all)",
+           (unsigned long long)st.reclaims, (unsigned long long)st.reclaimed_granules);
+  if (!strstr(r, want)) fail_msg("report:\n%s\nwithout '%s'", r, want);
+  assert_int_equal(nf_free(p, b), NF_OK);
+  assert_int_equal(nf_free(p, k), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+  // Fragmentation (as in test_oom_report): the limit that guarantees it.
+  p = nft_pool(&be, 1ull << 30, G, "limit:1MiB");
+  assert_non_null(p);
+  void *v[26] = {0};
+  int n = 0;
+  while (n < 26 && (v[n] = nf_alloc(p, 40 * 1024, NULL))) n++;
+  for (int i = 0; i < n; i += 2) assert_int_equal(nf_free(p, v[i]), NF_OK);
+  assert_null(nf_alloc(p, 4 * G, NULL));
+  nf_stats_get(p, &st);
+  char lim[32];
+  nf__fmt_bytes(lim, sizeof lim, (st.live_granules + 4 + 1) * G);
+  snprintf(want, sizeof want, "the request needs 4 more: a limit of %s guarantees it", lim);
+  r = nf_last_oom_report();
+  if (!strstr(r, want)) fail_msg("report:\n%s\nwithout '%s'", r, want);
+  for (int i = 1; i < n; i += 2) assert_int_equal(nf_free(p, v[i]), NF_OK);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+
+  // Pending: a freed block whose recorded stream's work is not done.
+  p = nft_pool(&be, 1ull << 30, G, "limit:1MiB");
+  assert_non_null(p);
+  nf_backend_host_set_manual_events(be, 1);
+  void *x = nf_alloc(p, 3 * G + 5, (void *)1);
+  assert_non_null(x);
+  assert_int_equal(nf_record_stream(p, x, (void *)2), NF_OK);
+  assert_int_equal(nf_free(p, x), NF_OK);
+  assert_null(nf_alloc(p, 2 * NF_MiB, NULL)); // too large: no reclaim, so no wait for the work
+  char held[32];
+  nf__fmt_bytes(held, sizeof held, 3 * G + 512); // the block's size: requests round up to 512 B
+  snprintf(want, sizeof want, "pending:   1 freed blocks (%s) wait on record_stream work", held);
+  r = nf_last_oom_report();
+  if (!strstr(r, want)) fail_msg("report:\n%s\nwithout '%s'", r, want);
+  nf_backend_host_complete_events(be);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+
+  // Spill: live above the limit, and a request of 2^64 - (live - limit).
+  p = nft_pool(&be, 1ull << 30, G, "limit:1MiB,spill:host,spill_limit:4MiB");
+  assert_non_null(p);
+  void *s1 = nf_alloc(p, 12 * G, NULL), *s2 = nf_alloc(p, 8 * G, NULL);
+  assert_true(s1 && s2);
+  nf_stats_get(p, &st);
+  assert_true(st.live > st.limit);
+  assert_null(nf_alloc(p, (size_t)0 - (size_t)(st.live - st.limit), NULL));
+  r = nf_last_oom_report();
+  assert_null(strstr(r, "fragmentation"));
+  assert_non_null(strstr(r, "suggestion: the request alone exceeds the limit plus spill_limit"));
+  nf_free(p, s1);
+  nf_free(p, s2);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+
+  // Units stranded by a block over part of one (test_unit's run_stranded):
+  // they explain a request that fits the limit, not one larger than it.
+  p = nft_pool(&be, 1ull << 30, G, "units:16,limit:4MiB,small_max:8KiB");
+  assert_non_null(p);
+  void *u1 = nf_alloc(p, 16 * G, NULL), *u2 = nf_alloc(p, 16 * G, NULL), *u3 = nf_alloc(p, 4 * G, NULL);
+  assert_true(u1 && u2 && u3);
+  assert_int_equal(nf_free(p, u1), NF_OK);
+  void *part = nf_alloc(p, 3 * G, NULL); // over part of u1's unit
+  assert_ptr_equal(part, u1);
+  assert_null(nf_alloc(p, 35 * G, NULL));
+  assert_non_null(strstr(nf_last_oom_report(), "sit in mapping units")); // the fitting request's report
+  assert_null(nf_alloc(p, 5 * NF_MiB, NULL));
+  r = nf_last_oom_report();
+  assert_non_null(strstr(r, "reclaim:   not tried"));
+  assert_null(strstr(r, "units:"));
+  nf_free(p, part);
+  nf_free(p, u2);
+  nf_free(p, u3);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
+}
+
 typedef struct { nf_pool_t *p; int ooms; } oom_arg;
 static void fail_allocs(void *arg) {
   oom_arg *a = arg;
@@ -419,7 +479,9 @@ int main(void) {
       cmocka_unit_test(test_snapshot_device),
       cmocka_unit_test(test_snapshot_random),
       cmocka_unit_test(test_snapshot_pending),
+      cmocka_unit_test(test_snapshot_tiers),
       cmocka_unit_test(test_oom_report),
+      cmocka_unit_test(test_oom_report_figures),
       cmocka_unit_test(test_oom_print_once_per_burst),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -33,6 +33,8 @@ Cases:
  streams    100 streams (ExternalStream) holding live tensors at once, more than
             nofrag's 64 slots; each freed with work queued and its memory taken
             by another stream: every tensor must read its own value
+ capture_race  graphs captured in one thread while another drops MemPools:
+            no capture may break (a pool's last release waits for the device)
  llama      a trace of a Llama-style 1.1B with 4-micro-batch gradient
             accumulation and activation checkpointing under the native
             allocator, gzipped into $OUT (for `nofrag replay --allocator native`)
@@ -656,9 +658,65 @@ def case_streams(torch, alloc):
     return res  # the streams stay: a pool may record on a stream it knows until it is destroyed
 
 
+def case_capture_race(torch, alloc, seconds=20.0):
+    """One thread captures CUDA graphs (torch.cuda.graph's default, global
+    capture mode) back to back while another makes a MemPool, allocates in it
+    on its own stream and drops it, over and over: the last release of a pool
+    waits for the device, which a capture under way in any thread forbids
+    (the wait fails and the capture is invalidated). The release must wait
+    before a capture begins, or be put off to the end of the captures; no
+    capture may break. PyTorch's own allocator is run for reference: its
+    pool segments come from cudaMalloc / cudaFree, also forbidden then (its
+    docs say: capture_error_mode="thread_local" for such programs)."""
+    import threading
+    x = torch.ones(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    stop = threading.Event()
+    errs, releases = [], [0]
+
+    def releaser():
+        s = torch.cuda.Stream()
+        try:
+            with torch.cuda.stream(s):
+                while not stop.is_set():
+                    pool = torch.cuda.MemPool()
+                    with torch.cuda.use_mem_pool(pool):
+                        t = torch.empty(4 << 20, dtype=torch.uint8, device="cuda")
+                    del t
+                    del pool
+                    releases[0] += 1
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errs.append(f"{type(e).__name__}: {e}"[:1200])
+    th = threading.Thread(target=releaser, daemon=True)
+    th.start()
+    captures = broken = wrong = 0
+    first = None
+    end = time.time() + seconds
+    while time.time() < end and th.is_alive():
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g):
+                y = x * 2 + 1
+            g.replay()
+            torch.cuda.synchronize()
+            wrong += not bool((y == 3).all())
+        except RuntimeError as e:
+            broken += 1
+            first = first or f"{e}"[:1200]
+        del g
+        captures += 1
+    stop.set()
+    th.join(timeout=30)
+    res = {"captures": captures, "broken": broken, "wrong": wrong, "pool_releases": releases[0],
+           "releaser_errors": len(errs), "first_break": first, "first_releaser_error": errs[0] if errs else None}
+    res["pass"] = captures >= 50 and releases[0] >= 50 and not broken and not wrong and not errs
+    return res
+
+
 CASES = {"pair": case_pair, "graph": case_graph, "graphed": case_graphed, "compile": case_compile, "cudnn": case_cudnn,
          "history": case_history, "oom": case_oom, "ipc": case_ipc, "mempool": case_mempool, "llama": case_llama,
-         "contract": case_contract, "streams": case_streams, "compile_history": case_compile_history}
+         "contract": case_contract, "streams": case_streams, "compile_history": case_compile_history,
+         "capture_race": case_capture_race}
 
 
 def worker(a):
@@ -692,6 +750,7 @@ PLAN = [("contract", ("native", "nofrag"), 90),
         ("ipc", ("native", "nofrag"), 90),
         ("mempool", ("native", "nofrag"), 60),
         ("streams", ("native", "nofrag"), 90),
+        ("capture_race", ("native", "nofrag"), 90),
         ("history", ("native", "nofrag"), 120),
         ("graphed", ("native", "nofrag"), 90),
         ("train", ("native", "nofrag", "nofrag-ctypes"), 150),
