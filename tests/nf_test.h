@@ -2,6 +2,7 @@
 #ifndef NF_TEST_H
 #define NF_TEST_H
 
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -116,6 +117,17 @@ static inline nf_stats_t nft_stats_of(nf_pool_t *p) {
   nf_stats_t s;
   nf_stats_get(p, &s);
   return s;
+}
+
+// Descriptors this process has open (entries of /proc/self/fd, the
+// directory's own included): tests compare counts before and after.
+static inline int nft_open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  assert_non_null(d);
+  int n = 0;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
 }
 
 // ------------------------------------------------------------ configuration

@@ -220,14 +220,6 @@ static void test_ipc_refusals(void **state) {
 }
 
 // Open descriptors of this process.
-static int open_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  assert_non_null(d);
-  int n = 0;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n;
-}
 
 // Room for exactly what the handle needs is enough: as many fds as mappings,
 // a buffer of the handle's length plus its NUL; one fd or byte less is
@@ -244,7 +236,7 @@ static void test_exact_room(void **state) {
   int fds[16];
   size_t nfds = 0;
   uint64_t off;
-  int fds0 = open_fds();
+  int fds0 = nft_open_fds();
   assert_int_equal(nf_ipc_export(p, b, h, sizeof h, fds, 16, &nfds, &off), NF_OK);
   size_t k = nfds, len = strlen(h);
   assert_true(k >= 3);
@@ -254,16 +246,16 @@ static void test_exact_room(void **state) {
   assert_int_equal(nf_ipc_export(p, b, h2, len, fds, k, &nfds, &off), NF_ERR_INVALID); // no room for the NUL
   assert_non_null(strstr(nf_last_error(), "too small"));
   assert_int_equal(nfds, 0);
-  assert_int_equal(open_fds(), fds0); // the refused export's fds were closed
+  assert_int_equal(nft_open_fds(), fds0); // the refused export's fds were closed
   assert_int_equal(nf_ipc_export(p, b, h2, len + 1, fds, k, &nfds, &off), NF_OK);
   assert_int_equal(nfds, k);
   assert_string_equal(h2, h); // the same fds again: the same handle
-  int fds1 = open_fds();
+  int fds1 = nft_open_fds();
   void *base;
   nf_ipc_map_t *m;
   assert_int_equal(nf_ipc_import(be, h2, &base, &m), NF_OK);
   nf_ipc_close(m);
-  assert_int_equal(open_fds(), fds1);
+  assert_int_equal(nft_open_fds(), fds1);
   for (size_t i = 0; i < nfds; i++) close(fds[i]);
   nf_free(p, b);
   nf_pool_destroy(p);

@@ -183,6 +183,15 @@ static void test_older_layout_fields(void **state) {
   unlink(path);
 }
 
+// A pid that was this process's child and is gone (reaped): a dead writer's.
+static pid_t dead_pid(void) {
+  pid_t gone = fork();
+  assert_true(gone >= 0);
+  if (gone == 0) _exit(0);
+  assert_int_equal(waitpid(gone, NULL, 0), gone);
+  return gone;
+}
+
 // Anyone can write a file under a monitor name and truncate it while
 // nofrag top reads it: reading must not fault (a mapping read past the end
 // of a truncated file is SIGBUS, which killed top). A child truncates and
@@ -314,14 +323,6 @@ static void test_list_sorted(void **state) {
 }
 
 // Open descriptors of this process.
-static int open_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  assert_non_null(d);
-  int n = 0;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n;
-}
 
 // --clean keeps the fd of a file judged dead for its unlink only: listing
 // live files, junk and dead files leaves no descriptor open (top --clean
@@ -329,10 +330,7 @@ static int open_fds(void) {
 static void test_clean_leaves_no_fds(void **state) {
   (void)state;
   nf_pool_t *p = new_pool(64 * NF_MiB); // live
-  pid_t gone = fork();
-  assert_true(gone >= 0);
-  if (gone == 0) _exit(0);
-  assert_int_equal(waitpid(gone, NULL, 0), gone);
+  pid_t gone = dead_pid();
   char path[512];
   snprintf(path, sizeof path, "%s/nofrag.%u.%d.0", dir, (unsigned)getuid(), (int)gone);
   fake_file(path, 0600, (int32_t)gone, 0, "host"); // dead
@@ -341,7 +339,7 @@ static void test_clean_leaves_no_fds(void **state) {
   assert_non_null(f);
   fputs("hello", f);
   fclose(f);
-  int before = open_fds();
+  int before = nft_open_fds();
   for (int i = 0; i < 3; i++) {
     nf_mon_entry_t *v;
     long dead = -1;
@@ -349,7 +347,7 @@ static void test_clean_leaves_no_fds(void **state) {
     assert_int_equal(dead, i == 0);
     free(v);
   }
-  assert_int_equal(open_fds(), before);
+  assert_int_equal(nft_open_fds(), before);
   nf_pool_destroy(p);
 }
 
@@ -485,10 +483,7 @@ static void test_other_process_live_then_killed(void **state) {
 // writer in another pid namespace that shares the directory).
 static void test_lock_flag(void **state) {
   (void)state;
-  pid_t gone = fork();
-  assert_true(gone >= 0);
-  if (gone == 0) _exit(0);
-  assert_int_equal(waitpid(gone, NULL, 0), gone);
+  pid_t gone = dead_pid();
   struct timespec t;
   clock_gettime(CLOCK_REALTIME, &t);
   const pid_t pids[2] = {getpid(), gone};
@@ -594,10 +589,7 @@ static void test_special_files_skipped(void **state) {
 // judged file goes.
 static void test_clean_spares_replaced_file(void **state) {
   (void)state;
-  pid_t gone = fork();
-  assert_true(gone >= 0);
-  if (gone == 0) _exit(0);
-  assert_int_equal(waitpid(gone, NULL, 0), gone);
+  pid_t gone = dead_pid();
   char path[512];
   snprintf(path, sizeof path, "%s/nofrag.%u.%d.0", dir, (unsigned)getuid(), (int)gone);
   struct timespec t;
@@ -636,10 +628,7 @@ static void test_clean_spares_replaced_file(void **state) {
 // rather than unlink a name that may already be the new file's.
 static void test_clean_yields_to_writer(void **state) {
   (void)state;
-  pid_t gone = fork();
-  assert_true(gone >= 0);
-  if (gone == 0) _exit(0);
-  assert_int_equal(waitpid(gone, NULL, 0), gone);
+  pid_t gone = dead_pid();
   char path[512];
   snprintf(path, sizeof path, "%s/nofrag.%u.%d.0", dir, (unsigned)getuid(), (int)gone);
   fake_file(path, 0600, (int32_t)gone, 0, "host");
