@@ -53,13 +53,13 @@ static nf_status_t fail_maps(host_backend *h, nf_backend_t *to, const char *op) 
   if (!lim) return nf__backend_fail(to, NF_ERR_BACKEND, "host backend: %s: Cannot allocate memory", op);
   // A backend message is NF_BACKEND_ERR_MAX (256) bytes: short words, the numbers and the remedy first.
   // The last remedy raises the bound that binds: the environment's own, or the kernel's.
-  char raise[64];
-  if (h->max_maps) snprintf(raise, sizeof raise, "a larger NOFRAG_HOST_MAX_MAPS");
-  else snprintf(raise, sizeof raise, "sysctl vm.max_map_count=%llu", lim * 4);
+  char remedy[64];
+  if (h->max_maps) snprintf(remedy, sizeof remedy, "a larger NOFRAG_HOST_MAX_MAPS");
+  else snprintf(remedy, sizeof remedy, "sysctl vm.max_map_count=%llu", lim * 4);
   return nf__backend_fail(to, NF_ERR_BACKEND,
                           "host backend: %s: out of memory mappings: %llu held (%llu granule runs of %llu B), %s=%llu; use a "
                           "larger granule, fewer views (views:N), or %s",
-                          op, held, held, (unsigned long long)h->granule, what, lim, raise);
+                          op, held, held, (unsigned long long)h->granule, what, lim, remedy);
 }
 
 nf_status_t nf__host_fail_enomem(host_backend *h, const char *op) { return fail_maps(h, &h->base, op); }
