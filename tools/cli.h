@@ -176,10 +176,6 @@ void nfc_print_model_text(const nf__trace_ops *ops, const nf__model_result *r, c
 // ------------------------------------------------ --device (tools/device.c)
 #include "replay.h"
 
-// A real GPU to replay on: "cuda" or "cuda:N". Loads the driver (through
-// the library's CUDA backend, which says why when there is none), makes one
-// CUDA stream for each trace stream whose handle `raw[k]` is not 0 (0: the
-// default stream). Non-zero: err says why, nothing kept.
 // Driver entry points by name (device.c, doctor.c): each `dst` gets
 // dlsym(lib, name). NULL when all were found, else the first name missing
 // (those before it are filled).
@@ -189,6 +185,10 @@ typedef struct {
 } nfc_sym;
 const char *nfc_dlsyms(void *lib, const nfc_sym *syms, size_t n);
 
+// A real GPU to replay on: "cuda" or "cuda:N". Loads the driver (through
+// the library's CUDA backend, which says why when there is none), makes one
+// CUDA stream for each trace stream whose handle `raw[k]` is not 0 (0: the
+// default stream). Non-zero: err says why, nothing kept.
 typedef struct nfc_device_s nfc_device;
 int nfc_device_open(const char *spec, size_t n_streams, const uint64_t *raw, nfc_device **out, char *err,
                     size_t errlen);
