@@ -35,6 +35,8 @@ Cases:
             by another stream: every tensor must read its own value
  capture_race  graphs captured in one thread while another drops MemPools:
             no capture may break (a pool's last release waits for the device)
+ late_install  the adapter installed after CUDA is initialised (native run):
+            refused with PyTorch's reason, the plug-in's raising left on
  llama      a trace of a Llama-style 1.1B with 4-micro-batch gradient
             accumulation and activation checkpointing under the native
             allocator, gzipped into $OUT (for `nofrag replay --allocator native`)
@@ -713,10 +715,30 @@ def case_capture_race(torch, alloc, seconds=20.0):
     return res
 
 
+def case_late_install(torch, alloc):
+    """The adapter installed after CUDA is initialised (run under the native
+    allocator): PyTorch refuses the swap (changeCurrentAllocator throws after
+    the adapter's allocator was made, whose constructor turned the plug-in's
+    raising off). The install must fail with PyTorch's reason, leave the
+    plug-in's raising as it was (the ctypes path needs it on), and PyTorch's
+    own allocator must go on serving."""
+    from nofrag import _lib, torch_adapter
+    n = 1 << 20
+    x = torch.ones(n, device="cuda")  # CUDA initialised: PyTorch's allocator is in use
+    lib = _lib.load()
+    before = lib.nf_torch_set_throw(1)  # read it (and set it on, the default)
+    ok, why = torch_adapter.install()
+    after = lib.nf_torch_set_throw(before)
+    y = torch.ones(n, device="cuda")
+    serves = float((x + y).sum().item()) == 2.0 * n
+    return {"install_ok": ok, "why": why[:240], "raising_before": 1, "raising_after": after,
+            "native_serves": serves, "pass": (not ok) and after == 1 and serves}
+
+
 CASES = {"pair": case_pair, "graph": case_graph, "graphed": case_graphed, "compile": case_compile, "cudnn": case_cudnn,
          "history": case_history, "oom": case_oom, "ipc": case_ipc, "mempool": case_mempool, "llama": case_llama,
          "contract": case_contract, "streams": case_streams, "compile_history": case_compile_history,
-         "capture_race": case_capture_race}
+         "capture_race": case_capture_race, "late_install": case_late_install}
 
 
 def worker(a):
@@ -751,6 +773,7 @@ PLAN = [("contract", ("native", "nofrag"), 90),
         ("mempool", ("native", "nofrag"), 60),
         ("streams", ("native", "nofrag"), 90),
         ("capture_race", ("native", "nofrag"), 90),
+        ("late_install", ("native",), 90),
         ("history", ("native", "nofrag"), 120),
         ("graphed", ("native", "nofrag"), 90),
         ("train", ("native", "nofrag", "nofrag-ctypes"), 150),
@@ -882,6 +905,7 @@ class Orchestrator:
             n, f = get(case, "native"), get(case, "nofrag")
             v[case] = {"native": n.get("pass"), "nofrag": f.get("pass")}
         v["graph"]["nofrag-ctypes (today)"] = get("graph", "nofrag-ctypes").get("pass")
+        v["late_install"] = get("late_install", "native").get("pass")
         for case in ("graphed", "compile"):
             n, f = get(case, "native").get("losses"), get(case, "nofrag").get("losses")
             if n and f:
