@@ -5,6 +5,8 @@
 // nf_free applies and vmm.c carries out.
 #include "nf_test.h"
 
+#include <sys/sysinfo.h>
+
 #define G (64 * 1024) // small granule: many granules, fast tests
 
 static void test_limits_and_config(void **state) {
@@ -52,6 +54,38 @@ static void test_limits_and_config(void **state) {
   assert_non_null(a);
   assert_int_equal(nft_stats_of(p).granule, G);
   nf_pool_destroy(p);
+}
+
+// A reserve whose granule tables alone would take more than half the host's
+// RAM is refused before anything is made (it used to run until the kernel's
+// OOM killer ended the process): at creation as a configuration error naming
+// the key, and by nf_reserve as out of host memory, nothing created.
+static void test_reserve_beyond_bookkeeping(void **state) {
+  struct sysinfo si;
+  assert_int_equal(sysinfo(&si), 0);
+  uint64_t ram = (uint64_t)si.totalram * si.mem_unit, n = ram / 256 + 1; // granules: 128 B each > half the RAM
+  uint64_t bytes = n * G;
+  if (bytes > (1ull << 50) / 2) skip(); // a machine too large for a reserve within the 1 PiB limit to show it
+  nf_backend_t *be;
+  assert_int_equal(nf_backend_host_create(&be, 1ull << 50, G), NF_OK);
+  nf_config_t c;
+  nf_config_default(&c);
+  c.limit = 2 * bytes;
+  c.reserve = bytes;
+  nf_pool_t *p = NULL;
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_ERR_CONFIG);
+  assert_null(p);
+  assert_non_null(strstr(nf_last_error(), "reserve"));
+  assert_non_null(strstr(nf_last_error(), "bookkeeping"));
+  c.reserve = 4 * G; // a reserve that fits, then nf_reserve of the same size: refused, nothing created
+  assert_int_equal(nf_pool_create(&p, be, &c), NF_OK);
+  assert_int_equal(nf_reserve(p, bytes), NF_ERR_NOMEM);
+  assert_non_null(strstr(nf_last_error(), "bookkeeping"));
+  nf_stats_t s = nft_stats_of(p);
+  assert_int_equal(s.physical, 4 * G);
+  assert_int_equal(s.calls.create, 4);
+  nf_pool_destroy(p);
+  nf_backend_destroy(be);
 }
 
 // Release policy: with a small threshold, mapped memory follows live memory
@@ -487,6 +521,7 @@ static void test_set_limit_failure_rolls_back(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_limits_and_config),
+      cmocka_unit_test(test_reserve_beyond_bookkeeping),
       cmocka_unit_test(test_release_policy),
       cmocka_unit_test(test_release_keeps_step),
       cmocka_unit_test(test_release_idle),

@@ -10,7 +10,33 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysinfo.h>
 #include <time.h>
+
+// A granule's bookkeeping in host memory: the pool's granule table and the
+// backend's record of it, ~100 B measured on the host backend, with room for
+// the tables' doubling. A reserve needing more than half the machine's RAM
+// for it alone is refused before anything is made: it would not fail (Linux
+// overcommits) but get the process killed by the kernel's OOM killer part way
+// (host_capacity:1PiB,reserve:1PiB: 512 Mi granules, ~64 GiB of tables).
+#define NF_GRANULE_BOOKKEEPING 128
+static bool bookkeeping_fits(uint64_t granules, uint64_t *ram) {
+  struct sysinfo si;
+  if (sysinfo(&si) != 0) return true; // unknown: let the tables' own allocation decide
+  *ram = (uint64_t)si.totalram * si.mem_unit;
+  return granules <= *ram / 2 / NF_GRANULE_BOOKKEEPING;
+}
+static nf_status_t bookkeeping_refuse(nf_status_t st, const char *key, uint64_t bytes, uint64_t granules,
+                                      uint64_t granule, uint64_t ram) {
+  char rb[32], gb[32], bb[32], mb[32];
+  nf__fmt_bytes(rb, sizeof rb, bytes);
+  nf__fmt_bytes(gb, sizeof gb, granule);
+  nf__fmt_bytes(bb, sizeof bb, granules * NF_GRANULE_BOOKKEEPING);
+  nf__fmt_bytes(mb, sizeof mb, ram);
+  return nf__error(st, "nofrag: %s %s is %llu granules of %s, whose bookkeeping alone would take ~%s of host "
+                   "memory, more than half of this machine's %s: use a larger granule or a smaller %s", key, rb,
+                   (unsigned long long)granules, gb, bb, mb, key);
+}
 
 // ------------------------------------------------------------------ lifetime
 
@@ -125,6 +151,14 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
                      (unsigned long long)cfg->spill_reserve, lb,
                      cfg->spill_limit ? "spill_limit, in whole granules" : "no spill_limit: the host tier's capacity");
   }
+  uint64_t ram = 0;
+  for (int k = 0; k < 2; k++) { // reserve, spill_reserve: their tables must fit in host memory
+    uint64_t bytes = k ? cfg->spill_reserve : cfg->reserve, n = (bytes + g - 1) >> p->gshift;
+    if (!bookkeeping_fits(n, &ram)) {
+      free(p);
+      return bookkeeping_refuse(NF_ERR_CONFIG, k ? "spill_reserve" : "reserve", bytes, n, g, ram);
+    }
+  }
   if (cfg->reserve && (st = nf__granules_create(p, (cfg->reserve + g - 1) >> p->gshift)) != NF_OK) {
     if (st == NF_ERR_OOM) nf__error(st, "nofrag: reserve %llu B exceeds the limit %llu B",
                                     (unsigned long long)cfg->reserve, (unsigned long long)p->cfg.limit);
@@ -175,7 +209,12 @@ nf_status_t nf_reserve(nf_pool_t *p, uint64_t bytes) {
     st = nf__error(NF_ERR_OOM, "nofrag: reserve %llu B exceeds the limit %llu B", (unsigned long long)bytes,
                    (unsigned long long)p->cfg.limit);
   } else {
-    uint64_t want = (bytes + p->granule - 1) >> p->gshift, dev0 = p->gran_created;
+    uint64_t want = (bytes + p->granule - 1) >> p->gshift, dev0 = p->gran_created, ram = 0;
+    if (!bookkeeping_fits(want, &ram)) {
+      st = bookkeeping_refuse(NF_ERR_NOMEM, "reserve", bytes, want, p->granule, ram);
+      nf__pool_unlock(p);
+      return st;
+    }
     p->fx++; // more granules: placement's `tight` test may change (bin_pop)
     if (want > p->gran_created) st = nf__granules_create(p, want - p->gran_created);
     if (st != NF_OK) nf__granules_unmake(p, dev0, p->host_created); // all or nothing
