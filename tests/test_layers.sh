@@ -5,7 +5,7 @@
 # (the PyTorch plug-in is a client of the assembled library).
 # tier and observe are siblings: neither may call the other.
 # Inside the core the files are ordered too (core_rank below, bottom up):
-# blockmap/config/granule < freelist < publish < stream < view < unit < vmm <
+# blockmap/config/granule < freelist < publish < stream < view < unit = chunk < vmm <
 # placement = edge < private_pool < stats < pool, capacity, peer (siblings: none
 # calls another); a call between two core files goes strictly down (stream
 # tells the views of a released block through a hook).
@@ -26,7 +26,7 @@ objs=$(for o in "$@"; do echo "${o#"$dir"/}"; done | sort)
 core_rank() {
   case ${1#core/} in
     blockmap.c.o|config.c.o|granule.c.o) echo 0 ;; freelist.c.o) echo 1 ;; publish.c.o) echo 2 ;;
-    stream.c.o) echo 3 ;; view.c.o) echo 4 ;; unit.c.o) echo 5 ;; vmm.c.o) echo 6 ;; placement.c.o|edge.c.o) echo 7 ;;
+    stream.c.o) echo 3 ;; view.c.o) echo 4 ;; unit.c.o|chunk.c.o) echo 5 ;; vmm.c.o) echo 6 ;; placement.c.o|edge.c.o) echo 7 ;;
     private_pool.c.o) echo 8 ;; stats.c.o) echo 9 ;; pool.c.o|capacity.c.o|peer.c.o) echo 10 ;;
     *) echo "unknown core file: $1 (give it a rank in tests/test_layers.sh)" >&2; exit 2 ;;
   esac

@@ -5,7 +5,8 @@
 //   freelist.c   TLSF index of free blocks, split and coalesce
 //   placement.c  the placement policy (which free block, which end)
 //   edge.c       edge sharing: a block's end granule shared with another's, mapped twice
-//   vmm.c        granules, address-range chunks, mapping, stitching, spill, release
+//   vmm.c        granules, mapping, stitching, spill, release
+//   chunk.c      address-range chunks: made, and given back once handed back empty
 //   unit.c       mapping units: multi-granule allocations made by growth (cfg.units)
 //   stream.c     stream table, lazy events, cross-stream ordering
 //   blockmap.c   pointer -> block hash and the block slab
