@@ -1,11 +1,9 @@
 // CUDA backend: the backend vtable on the driver's virtual memory management
 // API (cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemSetAccess ...).
 //
-// The driver is loaded at run time (dlopen "libcuda.so.1", then
-// cuGetProcAddress) so that the library builds and its CPU tests run on
-// machines without CUDA: nothing here includes <cuda.h>. The few types, enum
-// values and struct layouts we need are copied from the CUDA 13 cuda.h; they
-// are part of the driver ABI and have not changed since CUDA 10.2.
+// The driver is loaded at run time (cuda_driver.c; its types in cuda_driver.h,
+// this backend's private header) so that the library builds and its CPU tests run
+// on machines without CUDA: nothing here includes <cuda.h>.
 //
 // Contexts: PyTorch (and the runtime API in general) works in the device's
 // primary context, so every op makes that context current on the calling
@@ -31,197 +29,14 @@
 // op. A pair of mode exchanges costs ~20 ns; an op, microseconds.
 //
 // Thread safety: the driver entry points are thread-safe; this file's only
-// shared state is the function table (filled once under pthread_once) and a
+// shared state is the function table (cuda_driver.c, filled once) and a
 // per-backend "handle type not supported" flag (atomic).
-#include "backend.h"
+#include "cuda_driver.h"
 
-#include <dlfcn.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-// ------------------------------------------------------------ driver ABI
-// Copied from cuda.h (CUDA 13.0). Only what this file uses.
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUevent_st *CUevent;
-typedef struct CUstream_st *CUstream;
-
-enum {
-  CUDA_SUCCESS = 0,
-  CUDA_ERROR_INVALID_VALUE = 1,
-  CUDA_ERROR_OUT_OF_MEMORY = 2,
-  CUDA_ERROR_NOT_INITIALIZED = 3,
-  CUDA_ERROR_STUB_LIBRARY = 34,
-  CUDA_ERROR_INSUFFICIENT_DRIVER = 35,
-  CUDA_ERROR_NO_DEVICE = 100,
-  CUDA_ERROR_INVALID_DEVICE = 101,
-  CUDA_ERROR_NOT_READY = 600,
-  CUDA_ERROR_NOT_SUPPORTED = 801,
-};
-
-enum { CU_MEM_ALLOCATION_TYPE_PINNED = 0x1 };
-enum { CU_MEM_HANDLE_TYPE_NONE = 0x0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1 };
-enum { CU_MEM_LOCATION_TYPE_DEVICE = 0x1, CU_MEM_LOCATION_TYPE_HOST = 0x2 };
-enum { CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3 };
-enum { CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1 };
-enum { CU_EVENT_DISABLE_TIMING = 0x2 };
-enum { CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0 }; // PyTorch uses the legacy default stream
-enum { CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
-
-typedef struct {
-  int type; // CUmemLocationType
-  int id;
-} CUmemLocation;
-
-typedef struct {
-  int type;                 // CUmemAllocationType
-  int requestedHandleTypes; // CUmemAllocationHandleType
-  CUmemLocation location;
-  void *win32HandleMetaData;
-  struct {
-    unsigned char compressionType;
-    unsigned char gpuDirectRDMACapable;
-    unsigned short usage;
-    unsigned char reserved[4];
-  } allocFlags;
-} CUmemAllocationProp;
-
-typedef struct {
-  CUmemLocation location;
-  int flags; // CUmemAccess_flags
-} CUmemAccessDesc;
-
-// Layout guards: these sizes are what cuda.h gives on LP64.
-_Static_assert(sizeof(CUmemLocation) == 8, "CUmemLocation layout");
-_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp layout");
-_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
-
-// ------------------------------------------------------------ function table
-typedef struct {
-  CUresult (*Init)(unsigned);
-  CUresult (*DeviceGet)(CUdevice *, int);
-  CUresult (*DeviceCanAccessPeer)(int *, CUdevice, CUdevice);
-  CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-  CUresult (*DevicePrimaryCtxRelease)(CUdevice);
-  CUresult (*CtxSetCurrent)(CUcontext);
-  CUresult (*CtxGetCurrent)(CUcontext *);
-  CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
-  CUresult (*MemGetInfo)(size_t *, size_t *);
-  CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-  CUresult (*MemAddressFree)(CUdeviceptr, size_t);
-  CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-                        unsigned long long);
-  CUresult (*MemRelease)(CUmemGenericAllocationHandle);
-  CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-  CUresult (*MemUnmap)(CUdeviceptr, size_t);
-  CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-  CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-  CUresult (*EventCreate)(CUevent *, unsigned);
-  CUresult (*EventRecord)(CUevent, CUstream);
-  CUresult (*EventQuery)(CUevent);
-  CUresult (*EventSynchronize)(CUevent);
-  CUresult (*EventDestroy)(CUevent);
-  CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
-  CUresult (*StreamGetCtx)(CUstream, CUcontext *);
-  CUresult (*StreamIsCapturing)(CUstream, int *); // CUstreamCaptureStatus: 0 none, 1 active, 2 invalidated
-  CUresult (*CtxSynchronize)(void);
-  CUresult (*GetErrorName)(CUresult, const char **);
-  CUresult (*GetErrorString)(CUresult, const char **);
-  CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
-  CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
-  CUresult (*ThreadExchangeStreamCaptureMode)(int *); // CUstreamCaptureMode: 0 global, 1 thread-local, 2 relaxed
-} cu_fns_t;
-
-// Each entry: the name cuGetProcAddress takes (base name) and the exported
-// symbol that base name resolves to for CUDA >= 12 (for the dlsym fallback).
-static const struct {
-  const char *base, *versioned;
-  size_t off;
-} cu_syms[] = {
-#define S(f, v) {"cu" #f, v, offsetof(cu_fns_t, f)}
-    S(Init, "cuInit"),
-    S(DeviceGet, "cuDeviceGet"),
-    S(DeviceCanAccessPeer, "cuDeviceCanAccessPeer"),
-    S(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
-    S(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"),
-    S(CtxSetCurrent, "cuCtxSetCurrent"),
-    S(CtxGetCurrent, "cuCtxGetCurrent"),
-    S(MemGetAllocationGranularity, "cuMemGetAllocationGranularity"),
-    S(MemGetInfo, "cuMemGetInfo_v2"),
-    S(MemAddressReserve, "cuMemAddressReserve"),
-    S(MemAddressFree, "cuMemAddressFree"),
-    S(MemCreate, "cuMemCreate"),
-    S(MemRelease, "cuMemRelease"),
-    S(MemMap, "cuMemMap"),
-    S(MemUnmap, "cuMemUnmap"),
-    S(MemSetAccess, "cuMemSetAccess"),
-    S(MemcpyAsync, "cuMemcpyAsync"),
-    S(EventCreate, "cuEventCreate"),
-    S(EventRecord, "cuEventRecord"),
-    S(EventQuery, "cuEventQuery"),
-    S(EventSynchronize, "cuEventSynchronize"),
-    S(EventDestroy, "cuEventDestroy_v2"),
-    S(StreamWaitEvent, "cuStreamWaitEvent"),
-    S(StreamGetCtx, "cuStreamGetCtx"),
-    S(StreamIsCapturing, "cuStreamIsCapturing"),
-    S(CtxSynchronize, "cuCtxSynchronize"),
-    S(GetErrorName, "cuGetErrorName"),
-    S(GetErrorString, "cuGetErrorString"),
-    S(MemExportToShareableHandle, "cuMemExportToShareableHandle"),
-    S(MemImportFromShareableHandle, "cuMemImportFromShareableHandle"),
-    S(ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode"),
-#undef S
-};
-
-typedef CUresult (*cu_get_proc_v2_t)(const char *, void **, int, uint64_t, int *);
-typedef CUresult (*cu_get_proc_v1_t)(const char *, void **, int, uint64_t);
-
-static cu_fns_t cu;                 // filled once
-static nf_status_t cu_load_status;  // result of loading
-static char cu_load_msg[256];       // message when loading failed
-static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
-
-static void cu_load(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    const char *e = dlerror();
-    snprintf(cu_load_msg, sizeof cu_load_msg,
-             "libcuda.so.1 not found: no NVIDIA driver on this machine (%s)", e ? e : "dlopen failed");
-    cu_load_status = NF_ERR_UNSUPPORTED;
-    return;
-  }
-  // Never dlclose: the driver stays loaded for the life of the process (the
-  // runtime, PyTorch and other backends share it; unloading it is unsafe).
-  cu_get_proc_v2_t gp2 = (cu_get_proc_v2_t)dlsym(lib, "cuGetProcAddress_v2");
-  cu_get_proc_v1_t gp1 = gp2 ? NULL : (cu_get_proc_v1_t)dlsym(lib, "cuGetProcAddress");
-  for (size_t i = 0; i < sizeof cu_syms / sizeof cu_syms[0]; i++) {
-    void *fn = NULL;
-    // 12000: every entry point here exists at that version, and asking for it
-    // yields the current (_v2) variants of cuMemGetInfo / cuEventDestroy ...
-    if (gp2) {
-      int qr = 0;
-      if (gp2(cu_syms[i].base, &fn, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &qr) != CUDA_SUCCESS) fn = NULL;
-    } else if (gp1) {
-      if (gp1(cu_syms[i].base, &fn, 12000, CU_GET_PROC_ADDRESS_LEGACY_STREAM) != CUDA_SUCCESS) fn = NULL;
-    }
-    if (!fn) fn = dlsym(lib, cu_syms[i].versioned);
-    if (!fn) {
-      snprintf(cu_load_msg, sizeof cu_load_msg,
-               "libcuda.so.1 lacks %s: the NVIDIA driver is too old for the VMM API (need CUDA >= 11.x)",
-               cu_syms[i].versioned);
-      cu_load_status = NF_ERR_UNSUPPORTED;
-      return;
-    }
-    memcpy((char *)&cu + cu_syms[i].off, &fn, sizeof fn);
-  }
-  cu_load_status = NF_OK;
-}
 
 // ------------------------------------------------------------ backend state
 typedef struct {
@@ -237,12 +52,12 @@ static cuda_be_t *CB(nf_backend_t *be) { return (cuda_be_t *)be; }
 
 static const char *cu_name(CUresult r) {
   const char *s = NULL;
-  if (!cu.GetErrorName || cu.GetErrorName(r, &s) != CUDA_SUCCESS || !s) return "CUDA_ERROR_UNKNOWN";
+  if (!nf__cu.GetErrorName || nf__cu.GetErrorName(r, &s) != CUDA_SUCCESS || !s) return "CUDA_ERROR_UNKNOWN";
   return s;
 }
 static const char *cu_str(CUresult r) {
   const char *s = NULL;
-  if (!cu.GetErrorString || cu.GetErrorString(r, &s) != CUDA_SUCCESS || !s) return "unknown error";
+  if (!nf__cu.GetErrorString || nf__cu.GetErrorString(r, &s) != CUDA_SUCCESS || !s) return "unknown error";
   return s;
 }
 
@@ -269,17 +84,17 @@ static CUresult ctx_enter(cuda_be_t *c, cu_scope_t *sc) {
   CUcontext cur = NULL;
   sc->ctx = CTX_KEEP;
   sc->mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  if (cu.ThreadExchangeStreamCaptureMode(&sc->mode) != CUDA_SUCCESS) sc->mode = -1;
-  CUresult r = cu.CtxGetCurrent(&cur);
+  if (nf__cu.ThreadExchangeStreamCaptureMode(&sc->mode) != CUDA_SUCCESS) sc->mode = -1;
+  CUresult r = nf__cu.CtxGetCurrent(&cur);
   if (r == CUDA_SUCCESS && cur != c->ctx) {
-    r = cu.CtxSetCurrent(c->ctx);
+    r = nf__cu.CtxSetCurrent(c->ctx);
     if (r == CUDA_SUCCESS) sc->ctx = cur; // NULL: unbind again afterwards
   }
   return r; // on failure the caller still calls ctx_leave
 }
 static void ctx_leave(cu_scope_t *sc) {
-  if (sc->ctx != CTX_KEEP) (void)cu.CtxSetCurrent(sc->ctx);
-  if (sc->mode >= 0) (void)cu.ThreadExchangeStreamCaptureMode(&sc->mode);
+  if (sc->ctx != CTX_KEEP) (void)nf__cu.CtxSetCurrent(sc->ctx);
+  if (sc->mode >= 0) (void)nf__cu.ThreadExchangeStreamCaptureMode(&sc->mode);
 }
 
 // Run one driver call with the primary context current. `what` is the call
@@ -315,7 +130,7 @@ static nf_status_t op_granularity(nf_backend_t *be, nf_tier_t tier, size_t *out)
   fill_prop(c, tier, CU_MEM_HANDLE_TYPE_NONE, &p);
   size_t g = 0;
   CU_CALL(be, tier == NF_TIER_HOST ? "cuMemGetAllocationGranularity(host)" : "cuMemGetAllocationGranularity(device)",
-          cu.MemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+          nf__cu.MemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   *out = g;
   return NF_OK;
 }
@@ -342,7 +157,7 @@ static nf_status_t op_capacity(nf_backend_t *be, nf_tier_t tier, uint64_t *total
   if (tier == NF_TIER_HOST) return host_meminfo(be, total, free_bytes);
   if (tier == NF_TIER_DISK) return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "cuda backend: no disk tier");
   size_t f = 0, t = 0;
-  CU_CALL(be, "cuMemGetInfo", cu.MemGetInfo(&f, &t));
+  CU_CALL(be, "cuMemGetInfo", nf__cu.MemGetInfo(&f, &t));
   if (total) *total = t;
   if (free_bytes) *free_bytes = f;
   return NF_OK;
@@ -352,7 +167,7 @@ static nf_status_t op_va_reserve(nf_backend_t *be, size_t size, size_t align, ui
   CUdeviceptr p = 0;
   char what[96];
   snprintf(what, sizeof what, "cuMemAddressReserve(%zu B, align %zu)", size, align);
-  CU_CALL(be, what, cu.MemAddressReserve(&p, size, align, 0, 0));
+  CU_CALL(be, what, nf__cu.MemAddressReserve(&p, size, align, 0, 0));
   *out = (uintptr_t)p;
   return NF_OK;
 }
@@ -360,7 +175,7 @@ static nf_status_t op_va_reserve(nf_backend_t *be, size_t size, size_t align, ui
 static nf_status_t op_va_release(nf_backend_t *be, uintptr_t va, size_t size) {
   char what[96];
   snprintf(what, sizeof what, "cuMemAddressFree(0x%llx, %zu B)", (unsigned long long)va, size);
-  CU_CALL(be, what, cu.MemAddressFree((CUdeviceptr)va, size));
+  CU_CALL(be, what, nf__cu.MemAddressFree((CUdeviceptr)va, size));
   return NF_OK;
 }
 
@@ -384,17 +199,17 @@ static nf_status_t op_mem_create(nf_backend_t *be, nf_tier_t tier, size_t size, 
   CUmemGenericAllocationHandle h = 0;
   if (ht < 0) { // untried: POSIX fd first
     fill_prop(c, tier, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &p);
-    r = cu.MemCreate(&h, size, &p, 0);
+    r = nf__cu.MemCreate(&h, size, &p, 0);
     if (r == CUDA_SUCCESS) {
       atomic_store(&c->handle_type[ti], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     } else if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
       fill_prop(c, tier, CU_MEM_HANDLE_TYPE_NONE, &p);
-      r = cu.MemCreate(&h, size, &p, 0);
+      r = nf__cu.MemCreate(&h, size, &p, 0);
       if (r == CUDA_SUCCESS) atomic_store(&c->handle_type[ti], CU_MEM_HANDLE_TYPE_NONE);
     }
   } else {
     fill_prop(c, tier, ht, &p);
-    r = cu.MemCreate(&h, size, &p, 0);
+    r = nf__cu.MemCreate(&h, size, &p, 0);
   }
   ctx_leave(&sc);
   if (r != CUDA_SUCCESS) {
@@ -407,21 +222,21 @@ static nf_status_t op_mem_create(nf_backend_t *be, nf_tier_t tier, size_t size, 
 }
 
 static nf_status_t op_mem_release(nf_backend_t *be, nf_handle_t h) {
-  CU_CALL(be, "cuMemRelease", cu.MemRelease((CUmemGenericAllocationHandle)h));
+  CU_CALL(be, "cuMemRelease", nf__cu.MemRelease((CUmemGenericAllocationHandle)h));
   return NF_OK;
 }
 
 static nf_status_t op_map(nf_backend_t *be, uintptr_t va, size_t size, nf_handle_t h) {
   char what[96];
   snprintf(what, sizeof what, "cuMemMap(0x%llx, %zu B)", (unsigned long long)va, size);
-  CU_CALL(be, what, cu.MemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0));
+  CU_CALL(be, what, nf__cu.MemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0));
   return NF_OK;
 }
 
 static nf_status_t op_unmap(nf_backend_t *be, uintptr_t va, size_t size) {
   char what[96];
   snprintf(what, sizeof what, "cuMemUnmap(0x%llx, %zu B)", (unsigned long long)va, size);
-  CU_CALL(be, what, cu.MemUnmap((CUdeviceptr)va, size));
+  CU_CALL(be, what, nf__cu.MemUnmap((CUdeviceptr)va, size));
   return NF_OK;
 }
 
@@ -442,7 +257,7 @@ static nf_status_t op_set_access(nf_backend_t *be, uintptr_t va, size_t size) {
   }
   char what[96];
   snprintf(what, sizeof what, "cuMemSetAccess(0x%llx, %zu B, %zu devices)", (unsigned long long)va, size, n);
-  CU_CALL(be, what, cu.MemSetAccess((CUdeviceptr)va, size, d, n));
+  CU_CALL(be, what, nf__cu.MemSetAccess((CUdeviceptr)va, size, d, n));
   return NF_OK;
 }
 
@@ -457,12 +272,12 @@ static nf_status_t op_add_peer(nf_backend_t *be, int device) {
   CUdevice pd = 0;
   int can = 0;
   char what[96];
-  CUresult r = cu.DeviceGet(&pd, device); // no context needed
+  CUresult r = nf__cu.DeviceGet(&pd, device); // no context needed
   if (r == CUDA_ERROR_INVALID_DEVICE)
     return nf__backend_fail(be, NF_ERR_INVALID, "add_peer: no CUDA device %d", device);
   if (r != CUDA_SUCCESS) return cu_fail(be, r, "cuDeviceGet");
   snprintf(what, sizeof what, "cuDeviceCanAccessPeer(%d, %d)", device, c->ordinal);
-  CU_CALL(be, what, cu.DeviceCanAccessPeer(&can, pd, c->dev));
+  CU_CALL(be, what, nf__cu.DeviceCanAccessPeer(&can, pd, c->dev));
   if (!can)
     return nf__backend_fail(be, NF_ERR_UNSUPPORTED, "add_peer: device %d cannot access device %d's memory (no P2P)",
                             device, c->ordinal);
@@ -473,30 +288,30 @@ static nf_status_t op_add_peer(nf_backend_t *be, int device) {
 static nf_status_t op_copy(nf_backend_t *be, uintptr_t dst, uintptr_t src, size_t size, nf_stream_t s) {
   char what[96];
   snprintf(what, sizeof what, "cuMemcpyAsync(%zu B)", size);
-  CU_CALL(be, what, cu.MemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, size, (CUstream)s));
+  CU_CALL(be, what, nf__cu.MemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, size, (CUstream)s));
   return NF_OK;
 }
 
 static nf_status_t op_event_create(nf_backend_t *be, nf_event_t *out) {
   CUevent e = NULL;
-  CU_CALL(be, "cuEventCreate", cu.EventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CU_CALL(be, "cuEventCreate", nf__cu.EventCreate(&e, CU_EVENT_DISABLE_TIMING));
   *out = (nf_event_t)e;
   return NF_OK;
 }
 
 static nf_status_t op_event_destroy(nf_backend_t *be, nf_event_t ev) {
-  CU_CALL(be, "cuEventDestroy", cu.EventDestroy((CUevent)ev));
+  CU_CALL(be, "cuEventDestroy", nf__cu.EventDestroy((CUevent)ev));
   return NF_OK;
 }
 
 static nf_status_t op_event_record(nf_backend_t *be, nf_event_t ev, nf_stream_t s) {
-  CU_CALL(be, "cuEventRecord", cu.EventRecord((CUevent)ev, (CUstream)s));
+  CU_CALL(be, "cuEventRecord", nf__cu.EventRecord((CUevent)ev, (CUstream)s));
   return NF_OK;
 }
 
 static nf_status_t op_event_query(nf_backend_t *be, nf_event_t ev) {
   cu_scope_t sc;
-  CUresult e = ctx_enter(CB(be), &sc), r = e == CUDA_SUCCESS ? cu.EventQuery((CUevent)ev) : CUDA_SUCCESS;
+  CUresult e = ctx_enter(CB(be), &sc), r = e == CUDA_SUCCESS ? nf__cu.EventQuery((CUevent)ev) : CUDA_SUCCESS;
   ctx_leave(&sc);
   if (e != CUDA_SUCCESS) return cu_fail(be, e, "cuCtxSetCurrent(primary)");
   if (r == CUDA_SUCCESS) return NF_OK;
@@ -505,12 +320,12 @@ static nf_status_t op_event_query(nf_backend_t *be, nf_event_t ev) {
 }
 
 static nf_status_t op_event_sync(nf_backend_t *be, nf_event_t ev) {
-  CU_CALL(be, "cuEventSynchronize", cu.EventSynchronize((CUevent)ev));
+  CU_CALL(be, "cuEventSynchronize", nf__cu.EventSynchronize((CUevent)ev));
   return NF_OK;
 }
 
 static nf_status_t op_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev) {
-  CU_CALL(be, "cuStreamWaitEvent", cu.StreamWaitEvent((CUstream)s, (CUevent)ev, 0));
+  CU_CALL(be, "cuStreamWaitEvent", nf__cu.StreamWaitEvent((CUstream)s, (CUevent)ev, 0));
   return NF_OK;
 }
 
@@ -522,7 +337,7 @@ static nf_status_t op_stream_wait(nf_backend_t *be, nf_stream_t s, nf_event_t ev
 static nf_status_t op_stream_check(nf_backend_t *be, nf_stream_t s) {
   if ((uintptr_t)s <= 2) return NF_OK;
   CUcontext ctx = NULL;
-  CUresult r = cu.StreamGetCtx((CUstream)s, &ctx);
+  CUresult r = nf__cu.StreamGetCtx((CUstream)s, &ctx);
   if (r != CUDA_SUCCESS)
     return nf__backend_fail(be, NF_ERR_INVALID, "cuStreamGetCtx: %s: %s (not a valid stream?)", cu_name(r), cu_str(r));
   if (ctx != CB(be)->ctx)
@@ -534,13 +349,13 @@ static nf_status_t op_stream_check(nf_backend_t *be, nf_stream_t s) {
 
 static nf_status_t op_stream_capturing(nf_backend_t *be, nf_stream_t s, int *capturing) {
   int status = 0;
-  CU_CALL(be, "cuStreamIsCapturing", cu.StreamIsCapturing((CUstream)s, &status));
+  CU_CALL(be, "cuStreamIsCapturing", nf__cu.StreamIsCapturing((CUstream)s, &status));
   *capturing = status != 0; // an invalidated capture is still one: no host wait on it
   return NF_OK;
 }
 
 static nf_status_t op_sync(nf_backend_t *be) {
-  CU_CALL(be, "cuCtxSynchronize", cu.CtxSynchronize());
+  CU_CALL(be, "cuCtxSynchronize", nf__cu.CtxSynchronize());
   return NF_OK;
 }
 
@@ -549,7 +364,7 @@ static void op_destroy(nf_backend_t *be) {
   if (!c) return;
   // Release our reference on the primary context; PyTorch holds its own, so
   // this never tears the context down under it.
-  if (c->ctx) (void)cu.DevicePrimaryCtxRelease(c->dev);
+  if (c->ctx) (void)nf__cu.DevicePrimaryCtxRelease(c->dev);
   free(c);
 }
 
@@ -559,7 +374,7 @@ static void op_destroy(nf_backend_t *be) {
 static nf_status_t op_mem_export(nf_backend_t *be, nf_handle_t h, int *fd, uint64_t *off) {
   *off = 0;
   CU_CALL(be, "cuMemExportToShareableHandle(POSIX fd)",
-          cu.MemExportToShareableHandle(fd, (CUmemGenericAllocationHandle)h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+          nf__cu.MemExportToShareableHandle(fd, (CUmemGenericAllocationHandle)h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   return NF_OK;
 }
 
@@ -569,7 +384,7 @@ static nf_status_t op_mem_import(nf_backend_t *be, int fd, uint64_t off, size_t 
                                    (unsigned long long)off);
   CUmemGenericAllocationHandle h = 0;
   CU_CALL(be, "cuMemImportFromShareableHandle(POSIX fd)",
-          cu.MemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+          nf__cu.MemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
   *out = (nf_handle_t)h;
   return NF_OK;
 }
@@ -611,10 +426,11 @@ nf_status_t nf__backend_cuda_open(nf_backend_t **out, int device, bool bind) {
   if (!out) return NF_ERR_INVALID;
   *out = NULL;
   if (device < 0) return create_fail(NF_ERR_INVALID, CUDA_SUCCESS, "cuda backend: negative device ordinal");
-  pthread_once(&cu_once, cu_load);
-  if (cu_load_status != NF_OK) return create_fail(cu_load_status, CUDA_SUCCESS, cu_load_msg);
+  const char *load_msg;
+  nf_status_t ls = nf__cu_load(&load_msg);
+  if (ls != NF_OK) return create_fail(ls, CUDA_SUCCESS, load_msg);
 
-  CUresult r = cu.Init(0);
+  CUresult r = nf__cu.Init(0);
   if (r != CUDA_SUCCESS) {
     // No GPU / driver unusable in this container: unsupported here, not a bug.
     nf_status_t st = (r == CUDA_ERROR_NO_DEVICE || r == CUDA_ERROR_INSUFFICIENT_DRIVER ||
@@ -624,7 +440,7 @@ nf_status_t nf__backend_cuda_open(nf_backend_t **out, int device, bool bind) {
     return create_fail(st, r, "cuInit");
   }
   CUdevice dev = 0;
-  r = cu.DeviceGet(&dev, device);
+  r = nf__cu.DeviceGet(&dev, device);
   if (r != CUDA_SUCCESS) {
     char what[64];
     snprintf(what, sizeof what, "cuDeviceGet(%d)", device);
@@ -638,7 +454,7 @@ nf_status_t nf__backend_cuda_open(nf_backend_t **out, int device, bool bind) {
   atomic_init(&c->handle_type[0], -1);
   atomic_init(&c->handle_type[1], -1);
   atomic_init(&c->peers, 0);
-  r = cu.DevicePrimaryCtxRetain(&c->ctx, dev);
+  r = nf__cu.DevicePrimaryCtxRetain(&c->ctx, dev);
   if (r != CUDA_SUCCESS) {
     free(c);
     return create_fail(NF_ERR_BACKEND, r, "cuDevicePrimaryCtxRetain");
@@ -646,7 +462,7 @@ nf_status_t nf__backend_cuda_open(nf_backend_t **out, int device, bool bind) {
   // A thread without any context (a plain C program) gets the primary one,
   // so that its own later driver calls (e.g. cuMemcpy in tests) work too.
   CUcontext cur = NULL;
-  if (bind && cu.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == NULL) (void)cu.CtxSetCurrent(c->ctx);
+  if (bind && nf__cu.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur == NULL) (void)nf__cu.CtxSetCurrent(c->ctx);
   *out = &c->base;
   return NF_OK;
 }
