@@ -30,9 +30,17 @@ def _cli_path():
     """The `nofrag` command that goes with the loaded library, or None.
     NOFRAG_CLI, where set, is the only candidate: a wrong one is an error
     (as NOFRAG_LIB is), not a silent fall-back to another command."""
+    return _cli_find()[0]
+
+
+def _cli_find():
+    """(path, None), or (None, a failed check saying why not)."""
     env = os.environ.get("NOFRAG_CLI", "")
     if env:
-        return env if os.path.isfile(env) and os.access(env, os.X_OK) else None
+        if os.path.isfile(env) and os.access(env, os.X_OK):
+            return env, None
+        return None, _check("command", "fail", f"NOFRAG_CLI={env!r} is not an executable file",
+                            "point NOFRAG_CLI at a built `nofrag` command, or unset it")
     cands = [_cli.binary()]
     try:  # a build tree: build/nofrag next to build/libnofrag.so
         cands.append(os.path.join(os.path.dirname(_lib.path()), "nofrag"))
@@ -41,20 +49,16 @@ def _cli_path():
     cands.append(shutil.which("nofrag") or "")
     for c in cands:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    return None
+            return c, None
+    return None, _check("command", "fail", "the `nofrag` command was not found (package _bin/, next to the "
+                        "library, NOFRAG_CLI, PATH)", "pip install the package, or cmake --build build")
 
 
 def _native(args):
     """The command's checks (a list), or one failed check saying why not."""
-    exe = _cli_path()
-    env = os.environ.get("NOFRAG_CLI", "")
-    if not exe and env:
-        return [_check("command", "fail", f"NOFRAG_CLI={env!r} is not an executable file",
-                       "point NOFRAG_CLI at a built `nofrag` command, or unset it")]
+    exe, why = _cli_find()
     if not exe:
-        return [_check("command", "fail", "the `nofrag` command was not found (package _bin/, next to the "
-                       "library, NOFRAG_CLI, PATH)", "pip install the package, or cmake --build build")]
+        return [why]
     try:
         r = subprocess.run([exe, "doctor", "--json"] + args, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as e:
