@@ -86,6 +86,21 @@ static inline nf_pool_t *nft_pool64k(nf_backend_t **be, const char *conf) {
   return p;
 }
 
+// A pool (limit 8 MiB, granule g) holding one pending block: 3 granules
+// allocated on stream 1, recorded on stream 2, freed while stream 2's work is
+// not done (manual events). nf_backend_host_complete_events(*be) ends it.
+// Shared by test_walk and test_snapshot, which both check how it is shown.
+static inline nf_pool_t *nft_pending_pool(nf_backend_t **be, uint64_t g) {
+  nf_pool_t *p = nft_pool(be, 1ull << 30, g, "limit:8MiB");
+  assert_non_null(p);
+  nf_backend_host_set_manual_events(*be, 1);
+  void *a = nf_alloc(p, 3 * g, (void *)1);
+  assert_non_null(a);
+  assert_int_equal(nf_record_stream(p, a, (void *)2), NF_OK);
+  assert_int_equal(nf_free(p, a), NF_OK);
+  return p;
+}
+
 // Run the CLI (env NF_CLI, set by ctest) with `args`, a shell fragment;
 // stdout and stderr land in `out`. Returns the exit status (-1: killed).
 #include <sys/wait.h>

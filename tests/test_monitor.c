@@ -2,7 +2,8 @@
 // file's lifetime and mode, its values against nf_stats_get (tier counters,
 // largest free range, the first layout's files), and a reader racing a writer
 // (CI's TSan stage runs the tests matching "monitor"). What the reader makes
-// of dead, exec'd or hostile files is in test_monitor_reader.c.
+// of a file's contents is in test_monitor_reader.c; which files are live or
+// dead, and --clean, in test_monitor_liveness.c.
 #include "nf_test.h"
 #include "monitor_test.h"
 #include "observe/observe.h"

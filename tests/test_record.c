@@ -310,31 +310,44 @@ static void test_fork_child(void **state) {
   unlink(path);
 }
 
-// A pool never destroyed (the PyTorch plug-in's) still leaves every row in
-// the file: the atexit flush writes out the last buffer.
-static void test_exit_without_destroy(void **state) {
-  (void)state;
-  char path[256], conf[320];
-  tmp_path(path, sizeof path, "exit");
+// Records in a forked child that exits without destroying its pool: `calls`
+// runs on a pool recording to a new file (its name into path), then exit(0)
+// runs the atexit handlers, which flush it. Once the child has exited with 0,
+// loads the file into t. Shared by the tests of what is written at exit.
+static void record_in_child(nf_trace_t *t, char *path, size_t n, const char *tag, void (*calls)(nf_pool_t *p)) {
+  char conf[320];
+  tmp_path(path, n, tag);
   snprintf(conf, sizeof conf, "limit:1GiB,trace:%s", path);
   pid_t child = fork();
   assert_true(child >= 0);
   if (child == 0) {
     nf_backend_t *be;
-    nf_pool_t *p = pool_with(&be, conf);
-    void *q[10];
-    for (int i = 0; i < 10; i++)
-      if (!(q[i] = nf_alloc(p, 4096 * (size_t)(i + 1), NULL))) _exit(3);
-    for (int i = 0; i < 4; i++)
-      if (nf_free(p, q[i]) != NF_OK) _exit(4);
+    calls(pool_with(&be, conf));
     exit(0); // atexit handlers run; the pool is never destroyed
   }
   int ws = 0;
   assert_int_equal(waitpid(child, &ws, 0), child);
   assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
-  nf_trace_t t;
   char err[512] = "";
-  if (nf__trace_load_rmm(&t, path, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  if (nf__trace_load_rmm(t, path, err, sizeof err) != NF_OK) fail_msg("%s", err);
+}
+
+// Ten allocations, four of them freed (in the child: exits 3 or 4 on a failure).
+static void alloc_ten_free_four(nf_pool_t *p) {
+  void *q[10];
+  for (int i = 0; i < 10; i++)
+    if (!(q[i] = nf_alloc(p, 4096 * (size_t)(i + 1), NULL))) _exit(3);
+  for (int i = 0; i < 4; i++)
+    if (nf_free(p, q[i]) != NF_OK) _exit(4);
+}
+
+// A pool never destroyed (the PyTorch plug-in's) still leaves every row in
+// the file: the atexit flush writes out the last buffer.
+static void test_exit_without_destroy(void **state) {
+  (void)state;
+  char path[256];
+  nf_trace_t t;
+  record_in_child(&t, path, sizeof path, "exit", alloc_ten_free_four);
   assert_int_equal(t.n_events, 14);
   for (int i = 0; i < 10; i++) assert_int_equal(t.events[i].size, 4096 * (uint64_t)(i + 1));
   assert_int_equal(t.events[13].action, NF_TRACE_FREE_COMPLETED);
@@ -430,27 +443,18 @@ static void late_frees(void) {
   for (int i = 0; i < 3; i++) nf_free(late_pool, late_blocks[i]);
 }
 
+// Three allocations, left for late_frees (in the child: exits 3 on a failure).
+static void alloc_late_blocks(nf_pool_t *p) {
+  for (int i = 0; i < 3; i++)
+    if (!(late_blocks[i] = nf_alloc(p, 4096 * (size_t)(i + 1), NULL))) _exit(3);
+  late_pool = p;
+}
+
 static void test_frees_after_exit_flush(void **state) {
   (void)state;
-  char path[256], conf[320];
-  tmp_path(path, sizeof path, "late");
-  snprintf(conf, sizeof conf, "limit:1GiB,trace:%s", path);
-  pid_t child = fork();
-  assert_true(child >= 0);
-  if (child == 0) {
-    nf_backend_t *be;
-    nf_pool_t *p = pool_with(&be, conf);
-    for (int i = 0; i < 3; i++)
-      if (!(late_blocks[i] = nf_alloc(p, 4096 * (size_t)(i + 1), NULL))) _exit(3);
-    late_pool = p;
-    exit(0);
-  }
-  int ws = 0;
-  assert_int_equal(waitpid(child, &ws, 0), child);
-  assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  char path[256];
   nf_trace_t t;
-  char err[512] = "";
-  if (nf__trace_load_rmm(&t, path, err, sizeof err) != NF_OK) fail_msg("%s", err);
+  record_in_child(&t, path, sizeof path, "late", alloc_late_blocks);
   assert_int_equal(t.n_events, 6);
   for (int i = 3; i < 6; i++) {
     assert_int_equal(t.events[i].action, NF_TRACE_FREE_COMPLETED);
