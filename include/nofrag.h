@@ -230,7 +230,8 @@ NF_API void nf_backend_destroy(nf_backend_t *be);
 
 // ---------------------------------------------------------------- pools
 
-//! Create a pool on `backend` (borrowed: it must outlive the pool).
+//! Create a pool on `backend` (borrowed: it must outlive the pool). On any
+//! failure *out is NULL (where `out` is not) and nothing was created.
 NF_API nf_status_t nf_pool_create(nf_pool_t **out, nf_backend_t *backend, const nf_config_t *cfg);
 
 //! Create a pool and its own backend from a config string (NULL: the

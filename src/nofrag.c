@@ -17,8 +17,8 @@
 #include <string.h>
 
 nf_status_t nf_pool_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t *cfg) {
+  if (out) *out = NULL; // on every failure, as nf_pool_create_from_string
   if (!out || !be || !cfg) return nf__error(NF_ERR_INVALID, "nofrag: nf_pool_create: NULL argument");
-  *out = NULL;
   nf_pool_t *p;
   nf_status_t st = nf__core_create(&p, be, cfg);
   if (st != NF_OK) return st;
