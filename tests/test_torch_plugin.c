@@ -207,19 +207,23 @@ static void test_trace_path_names(void **state) {
   rm_dir(dir);
 }
 
+// A path of `len` bytes (len < NF_TRACE_PATH_MAX): dir + "/" + "t...t".
+static void long_path(char *path, const char *dir, size_t len) {
+  size_t d = strlen(dir);
+  memset(path, 't', len);
+  memcpy(path, dir, d);
+  path[d] = '/';
+  path[len] = 0;
+}
+
 // A path that fits only without ".devN" is refused for device N (with a
 // message saying so), not truncated; one byte shorter, it fits.
 static void test_trace_path_too_long(void **state) {
   (void)state;
   char dir[64], path[NF_TRACE_PATH_MAX];
   tmp_dir(dir);
-  size_t d = strlen(dir);
   for (size_t len = NF_TRACE_PATH_MAX - 6; len <= NF_TRACE_PATH_MAX - 5; len++) {
-    // dir + "/" + "t...t": len bytes; device 1's path is len + 5 bytes long
-    memset(path, 't', len);
-    memcpy(path, dir, d);
-    path[d] = '/';
-    path[len] = 0;
+    long_path(path, dir, len); // device 1's path is len + 5 bytes long
     configure_trace(path);
     assert_non_null(nf_torch_pool_get(0, 1));
     nf_pool_t *p1 = nf_torch_pool_get(1, 1);
@@ -243,11 +247,7 @@ static void test_creation_error_replaces_older_one(void **state) {
   (void)state;
   char dir[64], path[NF_TRACE_PATH_MAX];
   tmp_dir(dir);
-  size_t d = strlen(dir), len = NF_TRACE_PATH_MAX - 2;
-  memset(path, 't', len);
-  memcpy(path, dir, d);
-  path[d] = '/';
-  path[len] = 0;
+  long_path(path, dir, NF_TRACE_PATH_MAX - 2);
   configure_trace(path); // device 0 would fit (no file needed: no pool is made here)
   assert_int_equal(nf_torch_free_any((void *)0x1000), -1);
   assert_true(contains(nf_torch_last_error(), "not a live block"));
