@@ -154,7 +154,7 @@ nf_status_t nf__core_create(nf_pool_t **out, nf_backend_t *be, const nf_config_t
   uint64_t ram = 0;
   for (int k = 0; k < 2; k++) { // reserve, spill_reserve: their tables must fit in host memory
     uint64_t bytes = k ? cfg->spill_reserve : cfg->reserve, n = (bytes + g - 1) >> p->gshift;
-    if (!bookkeeping_fits(n, &ram)) {
+    if (n && !bookkeeping_fits(n, &ram)) {
       free(p);
       return bookkeeping_refuse(NF_ERR_CONFIG, k ? "spill_reserve" : "reserve", bytes, n, g, ram);
     }
