@@ -455,11 +455,13 @@ bool nf__next_retired_run(const nf_pool_t *p, const nf_chunk_t *c, nf_block_t **
 nf_block_t *nf__place(nf_pool_t *p, nf_tlsf_t *tl, int arena, uint64_t size, uint32_t s, uint64_t *off, bool *mapped);
 nf_block_t *nf__place_min(nf_pool_t *p, nf_tlsf_t *tl, uint64_t size, uint32_t s, uint64_t *off, bool *mapped);
 
-// vmm.c
+// chunk.c
 nf_status_t nf__chunk_new(nf_pool_t *p, int arena, uint64_t min_size);
-void nf__chunks_destroy(nf_pool_t *p);
 nf_status_t nf__chunk_free(nf_pool_t *p, nf_chunk_t *c);
 void nf__chunks_drop_empty(nf_pool_t *p);
+
+// vmm.c
+void nf__chunks_destroy(nf_pool_t *p);
 nf_status_t nf__map_block(nf_pool_t *p, nf_block_t *b);
 nf_status_t nf__map_range(nf_pool_t *p, nf_chunk_t *c, uint64_t g0, uint64_t g1, uint64_t size, bool spill);
 nf_status_t nf__gran_acquire(nf_pool_t *p, uint64_t k, const nf_chunk_t *c, uint64_t g0, uint64_t g1);

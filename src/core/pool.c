@@ -7,6 +7,11 @@
 
 // ------------------------------------------------------------------ alloc
 
+// Room under the limit for rsize bytes wherever they land (a partial granule at each end).
+static inline bool limit_room(const nf_pool_t *p, uint64_t rsize) {
+  return p->gran_created + (rsize >> p->gshift) + 2 <= p->max_granules;
+}
+
 // Called under the lock. Sets the one-line message and builds the OOM report;
 // true when the report is to be printed (nf__oom_print) after unlocking.
 static bool fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, nf_status_t st) {
@@ -20,10 +25,9 @@ static bool fail_oom(nf_pool_t *p, size_t size, uint64_t rsize, nf_stream_t s, n
   nf__fmt_bytes(lim, sizeof lim, p->cfg.limit);
   uint64_t live_gr = 0;
   nf__fmt_bytes(lf, sizeof lf, nf__largest_free_mapped(p, &live_gr));
-  // With room under the limit for the whole request, the limit did not
-  // refuse it: the driver did, or a capture forbade a wait. Keep that cause.
+  // Room under the limit: the driver refused, or a capture forbade a wait. Keep that cause.
   char cause[320] = "";
-  if (p->gran_created + (rsize >> p->gshift) + 2 <= p->max_granules)
+  if (limit_room(p, rsize))
     snprintf(cause, sizeof cause, "; not the limit: %s", nf_last_error());
   nf__error(NF_ERR_OOM,
             "nofrag: out of memory: tried to allocate %s (%llu B, rounded %llu B) on stream %p; "
@@ -117,7 +121,7 @@ static inline void bin_take(nf_pool_t *p, nf_block_t *b) {
 // placement made with no mapping (`memo`); its neighbours must not extend the
 // run placement would carve; a non-exact pop needs an empty exact TLSF class.
 static inline bool pop_exact(const nf_pool_t *p, bool quiet_memo, uint64_t rsize) {
-  return quiet_memo && !p->cfg.tight && p->gran_created + (rsize >> p->gshift) + 2 <= p->max_granules;
+  return quiet_memo && !p->cfg.tight && limit_room(p, rsize);
 }
 static inline bool pop_neighbours_ok(const nf_block_t *b) {
   return (!b->prev || b->prev->state != NF_BLK_FREE) && (!b->next || !b->next->parked);
