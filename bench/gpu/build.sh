@@ -33,7 +33,7 @@ nf_build_lib() {
 # NF_TEST_CUDA_ONLY=units (or waits, streams, edges, capture) runs that section alone.
 nf_test_cuda() {
   if gcc -std=c11 -O2 -g -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c tests/gpu/test_cuda_tiers.c \
-       tests/gpu/test_cuda_faults.c tests/gpu/test_cuda_waits.c tests/gpu/test_cuda_units.c tests/gpu/test_cuda_streams.c tests/gpu/test_cuda_edges.c tests/gpu/cuda_util.c build/libnofrag.a $LIBS \
+       tests/gpu/test_cuda_faults.c tests/gpu/test_cuda_waits.c tests/gpu/test_cuda_units.c tests/gpu/test_cuda_streams.c tests/gpu/test_cuda_edges.c tests/gpu/test_cuda_contexts.c tests/gpu/cuda_util.c build/libnofrag.a $LIBS \
        -o build/test_cuda >>"$OUT/build.log" 2>&1; then
     timeout 240 ./build/test_cuda "$OUT/test_cuda.json" ${NF_TEST_CUDA_ONLY:-} >"$OUT/test_cuda.log" 2>&1
     local rc=$?

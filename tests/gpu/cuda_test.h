@@ -74,6 +74,9 @@ void live_step(nf_pool_t *pool, live_t *L, int *n, uint32_t *tag, int big_every,
                uint64_t (*moved_of)(const nf_stats_t *), uint64_t *moved, int *ooms, int *bad);
 
 // The sections in the other files, run by main (test_cuda.c).
+void test_pool_foreign_thread(nf_backend_t *be);
+void test_plugin_pool_unbound(void);
+void test_pool_foreign_stream(nf_backend_t *be);
 void test_pool_peers(nf_backend_t *be);
 void test_pool_units(nf_backend_t *be);
 void test_pool_many_streams(nf_backend_t *be);
