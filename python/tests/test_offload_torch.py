@@ -30,7 +30,7 @@ sys.path.insert(0, HERE)
 
 import nofrag  # noqa: E402
 import nofrag.torch as nft  # noqa: E402
-from nofrag import _lib, torch_offload  # noqa: E402
+from nofrag import _lib, _offload_activations, torch_offload  # noqa: E402
 from test_offload import HAVE_OFFLOAD, LIB, MiB, NO_OFFLOAD, pattern  # noqa: E402
 
 
@@ -266,7 +266,10 @@ class TorchHelpersBase:
             self.sim = Simulator()
             self.patches += [mock.patch.object(torch_offload, "_nf_offload", self.sim.offload),
                              mock.patch.object(torch_offload, "_nf_prefetch", self.sim.prefetch),
-                             mock.patch.object(torch_offload, "_nf_block_tiers", self.sim.block_tiers)]
+                             mock.patch.object(torch_offload, "_nf_block_tiers", self.sim.block_tiers),
+                             # offload_activations calls them from its own module
+                             mock.patch.object(_offload_activations, "_nf_offload", self.sim.offload),
+                             mock.patch.object(_offload_activations, "_nf_prefetch", self.sim.prefetch)]
         for p in self.patches:
             p.start()
         self.blocks = []
