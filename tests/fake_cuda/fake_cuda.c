@@ -13,32 +13,13 @@
 // with CUDA_ERROR_NOT_SUPPORTED: the backend opens (cuInit, cuDeviceGet of the
 // ordinal asked, the primary context) and a pool on it fails at its first
 // VMM call (the allocation granularity).
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "fake_opt.h"
 
-static int opt(const char *key, int dflt) {
-  const char *s = getenv("NF_FAKE_CUDA");
-  size_t n = strlen(key);
-  while (s && *s) {
-    if (strncmp(s, key, n) == 0 && s[n] == '=') return atoi(s + n + 1);
-    s = strchr(s, ',');
-    if (s) s++;
-  }
-  return dflt;
-}
-
-static int dev_opt(const char *key, int dev, int dflt) {
-  char k[32];
-  snprintf(k, sizeof k, "%s%d", key, dev);
-  return opt(k, dflt);
-}
-
-int cuInit(unsigned flags) { (void)flags; return opt("init", 0); }
-int cuDriverGetVersion(int *v) { *v = opt("version", 13000); return 0; }
-int cuDeviceGetCount(int *n) { *n = opt("devices", 1); return 0; }
+int cuInit(unsigned flags) { (void)flags; return fake_opt("init", 0); }
+int cuDriverGetVersion(int *v) { *v = fake_opt("version", 13000); return 0; }
+int cuDeviceGetCount(int *n) { *n = fake_opt("devices", 1); return 0; }
 int cuDeviceGet(int *d, int ordinal) {
-  if (ordinal < 0 || ordinal >= opt("devices", 1)) return 101; // CUDA_ERROR_INVALID_DEVICE
+  if (ordinal < 0 || ordinal >= fake_opt("devices", 1)) return 101; // CUDA_ERROR_INVALID_DEVICE
   *d = ordinal;
   return 0;
 }
@@ -48,14 +29,14 @@ int cuDeviceGetAttribute(int *v, int attr, int d) {
   switch (attr) {
   case 75: *v = 9; break; // compute capability 9.0
   case 76: *v = 0; break;
-  case 102: *v = dev_opt("vmm", d, 1); break;
-  case 103: *v = dev_opt("fd", d, 1); break;
-  case 145: *v = dev_opt("hvmm", d, 1); break;
+  case 102: *v = fake_dev_opt("vmm", d, 1); break;
+  case 103: *v = fake_dev_opt("fd", d, 1); break;
+  case 145: *v = fake_dev_opt("hvmm", d, 1); break;
   default: *v = 0;
   }
   return 0;
 }
-int cuDeviceCanAccessPeer(int *can, int a, int b) { *can = a != b && opt("peer", 1); return 0; }
+int cuDeviceCanAccessPeer(int *can, int a, int b) { *can = a != b && fake_opt("peer", 1); return 0; }
 int cuDevicePrimaryCtxRetain(void **ctx, int d) { *ctx = (void *)(size_t)(d + 1); return 0; }
 int cuDevicePrimaryCtxRelease_v2(int d) { (void)d; return 0; }
 int cuCtxSetCurrent(void *ctx) { (void)ctx; return 0; }
