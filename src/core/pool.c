@@ -6,7 +6,6 @@
 #include "core/core.h"
 
 // ------------------------------------------------------------------ alloc
-
 // Room under the limit for rsize bytes wherever they land (a partial granule at each end).
 static inline bool limit_room(const nf_pool_t *p, uint64_t rsize) {
   return p->gran_created + (rsize >> p->gshift) + 2 <= p->max_granules;
