@@ -1,12 +1,16 @@
 // A working stand-in libcuda.so.1: the driver entry points the library's CUDA
 // backend loads (src/backend/cuda_driver.c), on host memory, for N devices.
 // It runs src/backend/cuda.c and the multi-device paths on machines without a
-// GPU (tests/test_cuda_vmm.c), and checks what the real driver would refuse
+// GPU (tests/test_cuda_fake.c; also `nofrag replay --device`'s entry points,
+// for tests/gpu/replay_device.sh), and checks what the real driver would refuse
 // and what nofrag promises about contexts and capture mode:
-//   - physical memory: one memfd per cuMemCreate, per device (or host)
-//     capacity; a mapping is an mmap of it, with no access until
-//     cuMemSetAccess grants a device (PROT_NONE until then, so that a
-//     forgotten grant faults); freed at cuMemRelease once unmapped;
+//   - physical memory: slots of one memfd per device (and one for host
+//     memory), as large as its capacity; a mapping is an mmap of the slots,
+//     with no access until cuMemSetAccess grants a device (PROT_NONE until
+//     then, so that a forgotten grant faults); freed (hole punched) at
+//     cuMemRelease once unmapped. One file per location, not per allocation:
+//     a replay maps ~12,000 granules, more descriptors than a process may
+//     hold. An allocation exported for IPC moves to a memfd of its own;
 //   - cuMemMap only on a reserved, unmapped range (offset 0, the whole
 //     allocation: stricter than CUDA, which nofrag never needs), cuMemUnmap
 //     only of whole mappings (CUDA: "cannot unmap a sub-range"), cuMemAddressFree
@@ -25,7 +29,8 @@
 //   device K), hostmem=MiB
 //   (512), gran=KiB (2048), peer=0 (no device reaches another), fdK=0
 //   (device K refuses POSIX fd handles: cuMemCreate says NOT_SUPPORTED),
-//   lag=N (an event reads NOT_READY N times after its record).
+//   lag=N (an event reads NOT_READY N times after its record), strict=1
+//   (abort at the first violation: for runs that cannot read the counters).
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE // memfd_create
 #endif
@@ -38,6 +43,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -56,7 +62,10 @@ enum { LOC_DEVICE = 1, LOC_HOST = 2, HT_NONE = 0, HT_FD = 1, RELAXED = 2 };
 typedef struct { unsigned magic; int dev; uint64_t calls; } fctx_t;
 typedef struct { unsigned magic; fctx_t *ctx; int capturing; } fstream_t;
 typedef struct { unsigned magic; fctx_t *ctx; int lag; } fevent_t;
-typedef struct { unsigned magic; int fd, dev, htype, maps; bool released; size_t size; } fhandle_t;
+// An allocation: `size` bytes at `off` of its location's file, or of a file of its own (own: exported or imported).
+typedef struct { unsigned magic; int fd, dev, htype, maps; bool released, own; size_t size; off_t off; } fhandle_t;
+// A location's memory: its file and which of its granule slots are taken.
+typedef struct { int fd; uint64_t *taken; size_t slots, hint; } floc_t;
 typedef struct { fhandle_t *h; uintptr_t start; size_t len; uint64_t access; } fgran_t; // per granule
 typedef struct fres { uintptr_t base; size_t size; fgran_t *g; struct fres *next; } fres_t;
 
@@ -65,6 +74,7 @@ static fctx_t primary[FAKECU_MAX_DEV];
 static uint64_t noctx_calls;
 static fakecu_stats_t st;
 static fres_t *reservations;
+static floc_t locs[FAKECU_MAX_DEV + 1]; // devices, then host memory
 static _Thread_local fctx_t *cur;
 static _Thread_local int mode; // CU_STREAM_CAPTURE_MODE_GLOBAL, the driver's default
 
@@ -72,6 +82,39 @@ static int ndev(void) { int n = fake_opt("devices", 2); return n < 1 ? 1 : n > F
 static size_t gran(void) { return (size_t)fake_opt("gran", 2048) << 10; }
 static uint64_t capacity(int dev) {
   return (uint64_t)(dev < 0 ? fake_opt("hostmem", 512) : fake_dev_opt("mem", dev, fake_opt("mem", 512))) << 20;
+}
+
+static floc_t *loc(int dev) { return &locs[dev < 0 ? FAKECU_MAX_DEV : dev]; }
+static bool slot_taken(const floc_t *l, size_t i) { return l->taken[i / 64] >> (i % 64) & 1; }
+static void slots_set(floc_t *l, size_t i, size_t n, bool on) {
+  for (size_t k = i; k < i + n; k++)
+    l->taken[k / 64] = on ? l->taken[k / 64] | 1ull << (k % 64) : l->taken[k / 64] & ~(1ull << (k % 64));
+}
+// n contiguous free slots of dev's file (made at first use): the first index,
+// or -1 (full: the capacity, counted separately, normally says so first).
+static long slots_take(int dev, size_t n) {
+  floc_t *l = loc(dev);
+  if (!l->taken) {
+    l->slots = ((size_t)1 << 40) / gran(); // sparse: whatever capacity a later option gives
+    l->taken = calloc((l->slots + 63) / 64, 8);
+    l->fd = l->taken ? memfd_create("fake-cuda", MFD_CLOEXEC) : -1;
+    if (l->fd < 0 || ftruncate(l->fd, (off_t)(l->slots * gran()))) {
+      if (l->fd >= 0) close(l->fd);
+      free(l->taken);
+      l->taken = NULL;
+      return -1;
+    }
+  }
+  for (size_t pass = 0; pass < 2; pass++) // from the hint, then from the start
+    for (size_t i = pass ? 0 : l->hint, run = 0; i < l->slots; i++) {
+      run = slot_taken(l, i) ? 0 : run + 1;
+      if (run == n) {
+        slots_set(l, i + 1 - n, n, true);
+        l->hint = i + 1;
+        return (long)(i + 1 - n);
+      }
+    }
+  return -1;
 }
 
 static int violation(int r, const char *fmt, ...) {
@@ -82,6 +125,7 @@ static int violation(int r, const char *fmt, ...) {
   fputc('\n', stderr);
   va_end(ap);
   st.violations++;
+  if (fake_opt("strict", 0)) abort(); // a test that cannot read the counters (a CLI run) fails at once
   return r;
 }
 
@@ -115,7 +159,12 @@ static fgran_t *gran_at(uintptr_t va) {
 
 static void handle_drop(fhandle_t *h) {
   if (!h->released || h->maps) return;
-  close(h->fd);
+  if (h->own) {
+    close(h->fd);
+  } else { // the slots' pages back to the system; the next user finds zeros, as the driver gives no promise
+    (void)fallocate(h->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, h->off, (off_t)h->size);
+    slots_set(loc(h->dev), (size_t)h->off / gran(), h->size / gran(), false);
+  }
   if (h->dev < 0) st.host_used -= h->size;
   else st.used[h->dev] -= h->size;
   st.handles--;
@@ -264,9 +313,10 @@ int cuMemCreate(void **out, size_t size, const prop_t *p, unsigned long long fla
   uint64_t cap = capacity(dev), *used = dev < 0 ? &st.host_used : &st.used[dev];
   if (*used + size > cap) RETURN(OUT_OF_MEMORY);
   fhandle_t *h = calloc(1, sizeof *h);
-  int fd = h ? memfd_create("fake-cuda", MFD_CLOEXEC) : -1;
-  if (fd < 0 || ftruncate(fd, (off_t)size)) { if (fd >= 0) close(fd); free(h); RETURN(OUT_OF_MEMORY); }
-  *h = (fhandle_t){.magic = MAGIC_HANDLE, .fd = fd, .dev = dev, .htype = p->htypes, .size = size};
+  long slot = h ? slots_take(dev, size / gran()) : -1;
+  if (slot < 0) { free(h); RETURN(OUT_OF_MEMORY); }
+  *h = (fhandle_t){.magic = MAGIC_HANDLE, .fd = loc(dev)->fd, .dev = dev, .htype = p->htypes, .size = size,
+                   .off = (off_t)((size_t)slot * gran())};
   *used += size;
   st.handles++;
   st.creates++;
@@ -297,7 +347,7 @@ int cuMemMap(uintptr_t va, size_t size, size_t offset, void *x, unsigned long lo
   fgran_t *e = &r->g[(va - r->base) / g];
   for (size_t i = 0; i < size / g; i++)
     if (e[i].h) RETURN(violation(ALREADY_MAPPED, "cuMemMap(%#lx, %zu): granule %zu mapped already", va, size, i));
-  if (mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, 0) == MAP_FAILED) RETURN(OUT_OF_MEMORY);
+  if (mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, h->off) == MAP_FAILED) RETURN(OUT_OF_MEMORY);
   for (size_t i = 0; i < size / g; i++) e[i] = (fgran_t){.h = h, .start = va, .len = size};
   h->maps++;
   st.mapped += size;
@@ -380,11 +430,38 @@ int cuMemcpyAsync(uintptr_t dst, uintptr_t src, size_t n, void *s) {
   RETURN(OK);
 }
 
+// An exported allocation gets a file of its own (an fd names one allocation):
+// its bytes are copied there and every mapping of it moves there, same
+// addresses, same protection; its slots are freed.
+static bool handle_own(fhandle_t *h) {
+  int fd = memfd_create("fake-cuda-ipc", MFD_CLOEXEC);
+  char *buf = malloc(1 << 16);
+  bool ok = fd >= 0 && buf && ftruncate(fd, (off_t)h->size) == 0;
+  for (size_t o = 0; ok && o < h->size; o += 1 << 16)
+    ok = pread(h->fd, buf, 1 << 16, h->off + (off_t)o) == 1 << 16 && pwrite(fd, buf, 1 << 16, (off_t)o) == 1 << 16;
+  free(buf);
+  if (!ok) { if (fd >= 0) close(fd); return false; }
+  size_t g = gran();
+  for (fres_t *r = reservations; r; r = r->next)
+    for (size_t i = 0; i < r->size / g; i += r->g[i].h ? r->g[i].len / g : 1) {
+      if (r->g[i].h != h) continue;
+      int prot = r->g[i].access ? PROT_READ | PROT_WRITE : PROT_NONE;
+      if (mmap((void *)r->g[i].start, h->size, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) abort(); // (addresses held: cannot fail)
+    }
+  (void)fallocate(h->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, h->off, (off_t)h->size);
+  slots_set(loc(h->dev), (size_t)h->off / gran(), h->size / gran(), false);
+  h->fd = fd;
+  h->off = 0;
+  h->own = true;
+  return true;
+}
+
 int cuMemExportToShareableHandle(int *fd, void *x, int type, unsigned long long flags) {
   enter(false);
   fhandle_t *h = handle_of(x);
   if (!h || flags) RETURN(violation(INVALID_HANDLE, "cuMemExportToShareableHandle(%p)", x));
   if (type != HT_FD || !(h->htype & HT_FD)) RETURN(INVALID_VALUE); // not made exportable: the caller's fallback
+  if (!h->own && !handle_own(h)) RETURN(OUT_OF_MEMORY);
   *fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
   RETURN(*fd < 0 ? OUT_OF_MEMORY : OK);
 }
@@ -397,6 +474,7 @@ int cuMemImportFromShareableHandle(void **out, void *osh, int type) {
   fhandle_t *h = calloc(1, sizeof *h);
   if (!h || (h->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) { free(h); RETURN(OUT_OF_MEMORY); }
   h->magic = MAGIC_HANDLE;
+  h->own = true;
   h->dev = 0; // the exporter's device is not in the fd; device 0 is what tests share
   h->htype = HT_FD;
   h->size = (size_t)sb.st_size;
@@ -459,6 +537,62 @@ int cuStreamWaitEvent(void *s, void *x, unsigned flags) {
   st.waits++;
   RETURN(OK);
 }
+// `nofrag replay --device` (tools/device.c): its streams, its --verify words
+// written and read back through device memory, its pinned read buffer.
+int cuStreamCreate(void **out, unsigned flags) {
+  (void)flags;
+  enter(false);
+  if (!cur) RETURN(violation(INVALID_CONTEXT, "cuStreamCreate with no context current"));
+  fstream_t *x = calloc(1, sizeof *x);
+  if (!x) RETURN(OUT_OF_MEMORY);
+  *x = (fstream_t){.magic = MAGIC_STREAM, .ctx = cur};
+  *out = x;
+  RETURN(OK);
+}
+int cuStreamDestroy_v2(void *s) {
+  enter(false);
+  fstream_t *x = s;
+  if ((uintptr_t)s <= 2 || x->magic != MAGIC_STREAM) RETURN(violation(INVALID_HANDLE, "cuStreamDestroy(%p)", s));
+  x->magic = 0;
+  free(x);
+  RETURN(OK);
+}
+int cuStreamSynchronize(void *s) {
+  enter(true);
+  RETURN(stream_ctx(s) ? OK : violation(INVALID_HANDLE, "cuStreamSynchronize(%p)", s));
+}
+int cuMemsetD32Async(uintptr_t dst, unsigned v, size_t n, void *s) {
+  enter(true);
+  fctx_t *c = stream_ctx(s);
+  if (!c || !reachable(dst, 4 * n, c->dev))
+    RETURN(violation(ILLEGAL_ADDRESS, "cuMemsetD32Async(%#lx, %zu words) on stream %p: not granted", dst, n, s));
+  for (size_t i = 0; i < n; i++) memcpy((char *)dst + 4 * i, &v, 4);
+  RETURN(OK);
+}
+int cuMemcpyDtoHAsync_v2(void *dst, uintptr_t src, size_t n, void *s) {
+  enter(true);
+  fctx_t *c = stream_ctx(s);
+  if (!c || !reachable(src, n, c->dev))
+    RETURN(violation(ILLEGAL_ADDRESS, "cuMemcpyDtoHAsync(%#lx, %zu) on stream %p: not granted", src, n, s));
+  memcpy(dst, (const void *)src, n);
+  st.copies++;
+  RETURN(OK);
+}
+int cuMemAllocHost_v2(void **p, size_t n) {
+  enter(false);
+  RETURN((*p = malloc(n)) ? OK : OUT_OF_MEMORY);
+}
+int cuMemFreeHost(void *p) {
+  enter(false);
+  free(p);
+  RETURN(OK);
+}
+int cuDeviceTotalMem_v2(size_t *bytes, int d) {
+  if (d < 0 || d >= ndev()) return INVALID_DEVICE;
+  *bytes = capacity(d);
+  return OK;
+}
+
 int cuStreamGetCtx(void *s, void **ctx) {
   fctx_t *c = stream_ctx(s);
   if (!c) return INVALID_HANDLE;
