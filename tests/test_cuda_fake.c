@@ -529,18 +529,14 @@ static void test_threads(void **state) {
 
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1); // the churn hits the limit on purpose
+  // Each test: the stand-in's counters checked from its start (setup / teardown).
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_open, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_callers_context_kept, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_two_devices, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_other_device_stream, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_peer, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_handle_type_fallback, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_ipc, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_late_events, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_spill, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_plugin_device1, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_threads, setup, teardown),
+      T(test_open), T(test_callers_context_kept), T(test_two_devices),
+      T(test_other_device_stream), T(test_peer), T(test_handle_type_fallback),
+      T(test_ipc), T(test_late_events), T(test_spill),
+      T(test_plugin_device1), T(test_threads),
   };
+#undef T
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

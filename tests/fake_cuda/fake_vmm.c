@@ -60,8 +60,8 @@ enum { LOC_DEVICE = 1, LOC_HOST = 2, HT_NONE = 0, HT_FD = 1, RELAXED = 2 };
 #define MAGIC_HANDLE 0x484e4431u
 
 typedef struct { unsigned magic; int dev; uint64_t calls; } fctx_t;
-typedef struct { unsigned magic; fctx_t *ctx; int capturing; } fstream_t;
-typedef struct { unsigned magic; fctx_t *ctx; int lag; } fevent_t;
+// A stream (n: its capture status) or an event (n: NOT_READY answers left).
+typedef struct { unsigned magic; fctx_t *ctx; int n; } fobj_t;
 // An allocation: `size` bytes at `off` of its location's file, or of a file of its own (own: exported or imported).
 typedef struct { unsigned magic; int fd, dev, htype, maps; bool released, own; size_t size; off_t off; } fhandle_t;
 // A location's memory: its file and which of its granule slots are taken.
@@ -143,7 +143,7 @@ static fctx_t *ctx_of(void *c) { fctx_t *x = c; return x && x->magic == MAGIC_CT
 // A stream's context: the legacy / per-thread handles (NULL, 1, 2) name the current one's.
 static fctx_t *stream_ctx(void *s) {
   if ((uintptr_t)s <= 2) return cur;
-  fstream_t *x = s;
+  fobj_t *x = s;
   return x->magic == MAGIC_STREAM ? x->ctx : NULL;
 }
 
@@ -485,49 +485,51 @@ int cuMemImportFromShareableHandle(void **out, void *osh, int type) {
 }
 
 // ------------------------------------------------------------ events and streams
-static fevent_t *event_of(void *x) { fevent_t *e = x; return e && e->magic == MAGIC_EVENT ? e : NULL; }
+static fobj_t *event_of(void *x) { fobj_t *e = x; return e && e->magic == MAGIC_EVENT ? e : NULL; }
 
-int cuEventCreate(void **out, unsigned flags) {
-  (void)flags;
+// Events and streams belong to the context current at their creation.
+static int obj_create(void **out, unsigned magic, const char *call) {
   enter(false);
-  if (!cur) RETURN(violation(INVALID_CONTEXT, "cuEventCreate with no context current"));
-  fevent_t *e = calloc(1, sizeof *e);
-  if (!e) RETURN(OUT_OF_MEMORY);
-  *e = (fevent_t){.magic = MAGIC_EVENT, .ctx = cur};
-  *out = e;
+  if (!cur) RETURN(violation(INVALID_CONTEXT, "%s with no context current", call));
+  fobj_t *x = calloc(1, sizeof *x);
+  if (!x) RETURN(OUT_OF_MEMORY);
+  *x = (fobj_t){.magic = magic, .ctx = cur};
+  *out = x;
   RETURN(OK);
 }
-int cuEventDestroy_v2(void *x) {
+static int obj_destroy(void *p, unsigned magic, const char *call) {
   enter(false);
-  fevent_t *e = event_of(x);
-  if (!e) RETURN(violation(INVALID_HANDLE, "cuEventDestroy(%p)", x));
-  e->magic = 0;
-  free(e);
+  fobj_t *x = p;
+  if ((uintptr_t)p <= 2 || x->magic != magic) RETURN(violation(INVALID_HANDLE, "%s(%p)", call, p));
+  x->magic = 0;
+  free(x);
   RETURN(OK);
 }
+int cuEventCreate(void **out, unsigned flags) { (void)flags; return obj_create(out, MAGIC_EVENT, "cuEventCreate"); }
+int cuEventDestroy_v2(void *x) { return obj_destroy(x, MAGIC_EVENT, "cuEventDestroy"); }
 int cuEventRecord(void *x, void *s) {
   enter(true);
-  fevent_t *e = event_of(x);
+  fobj_t *e = event_of(x);
   fctx_t *c = stream_ctx(s);
   if (!e || !c) RETURN(violation(INVALID_HANDLE, "cuEventRecord(%p, %p): bad handle or no context", x, s));
   if (c != e->ctx) RETURN(violation(INVALID_HANDLE, "cuEventRecord: the event is device %d's, the stream device %d's context", e->ctx->dev, c->dev));
-  e->lag = fake_opt("lag", 0);
+  e->n = fake_opt("lag", 0);
   st.records++;
   RETURN(OK);
 }
 int cuEventQuery(void *x) {
   enter(true);
-  fevent_t *e = event_of(x);
+  fobj_t *e = event_of(x);
   if (!e) RETURN(violation(INVALID_HANDLE, "cuEventQuery(%p)", x));
   st.queries++;
-  if (e->lag > 0) { e->lag--; RETURN(NOT_READY); }
+  if (e->n > 0) { e->n--; RETURN(NOT_READY); }
   RETURN(OK);
 }
 int cuEventSynchronize(void *x) {
   enter(true);
-  fevent_t *e = event_of(x);
+  fobj_t *e = event_of(x);
   if (!e) RETURN(violation(INVALID_HANDLE, "cuEventSynchronize(%p)", x));
-  e->lag = 0;
+  e->n = 0;
   st.syncs++;
   RETURN(OK);
 }
@@ -539,24 +541,8 @@ int cuStreamWaitEvent(void *s, void *x, unsigned flags) {
 }
 // `nofrag replay --device` (tools/device.c): its streams, its --verify words
 // written and read back through device memory, its pinned read buffer.
-int cuStreamCreate(void **out, unsigned flags) {
-  (void)flags;
-  enter(false);
-  if (!cur) RETURN(violation(INVALID_CONTEXT, "cuStreamCreate with no context current"));
-  fstream_t *x = calloc(1, sizeof *x);
-  if (!x) RETURN(OUT_OF_MEMORY);
-  *x = (fstream_t){.magic = MAGIC_STREAM, .ctx = cur};
-  *out = x;
-  RETURN(OK);
-}
-int cuStreamDestroy_v2(void *s) {
-  enter(false);
-  fstream_t *x = s;
-  if ((uintptr_t)s <= 2 || x->magic != MAGIC_STREAM) RETURN(violation(INVALID_HANDLE, "cuStreamDestroy(%p)", s));
-  x->magic = 0;
-  free(x);
-  RETURN(OK);
-}
+int cuStreamCreate(void **out, unsigned flags) { (void)flags; return obj_create(out, MAGIC_STREAM, "cuStreamCreate"); }
+int cuStreamDestroy_v2(void *s) { return obj_destroy(s, MAGIC_STREAM, "cuStreamDestroy"); }
 int cuStreamSynchronize(void *s) {
   enter(true);
   RETURN(stream_ctx(s) ? OK : violation(INVALID_HANDLE, "cuStreamSynchronize(%p)", s));
@@ -602,7 +588,7 @@ int cuStreamGetCtx(void *s, void **ctx) {
 int cuStreamIsCapturing(void *s, int *status) {
   enter(false);
   if (!stream_ctx(s)) RETURN(violation(INVALID_HANDLE, "cuStreamIsCapturing(%p)", s));
-  *status = (uintptr_t)s <= 2 ? 0 : ((fstream_t *)s)->capturing;
+  *status = (uintptr_t)s <= 2 ? 0 : ((fobj_t *)s)->n;
   RETURN(OK);
 }
 
@@ -626,11 +612,11 @@ uint64_t fakecu_ctx_calls(void *ctx) {
   return n;
 }
 void *fakecu_stream_create(void *ctx) {
-  fstream_t *s = calloc(1, sizeof *s);
-  if (s) *s = (fstream_t){.magic = MAGIC_STREAM, .ctx = ctx_of(ctx)};
+  fobj_t *s = calloc(1, sizeof *s);
+  if (s) *s = (fobj_t){.magic = MAGIC_STREAM, .ctx = ctx_of(ctx)};
   return s;
 }
-void fakecu_stream_capture(void *s, int status) { ((fstream_t *)s)->capturing = status; }
+void fakecu_stream_capture(void *s, int status) { ((fobj_t *)s)->n = status; }
 int fakecu_where(uintptr_t va, int *dev, uint64_t *access) {
   pthread_mutex_lock(&mu);
   fgran_t *e = gran_at(va);
