@@ -1,5 +1,5 @@
 // The CUDA backend (src/backend/cuda.c) and the multi-device paths on a
-// stand-in driver (tests/fake_cuda/fake_vmm.c: the driver's VMM, contexts,
+// stand-in driver (tests/fake_cuda/fake_cuda.c: the driver's VMM, contexts,
 // streams and events on host memory, for two devices), so that they run in
 // CI without a GPU. The stand-in refuses what the driver refuses (a mapping's
 // sub-range unmapped, an event recorded on another context's stream, a copy
@@ -11,7 +11,7 @@
 #include "nf_test.h"
 
 #include "backend/backend.h"
-#include "fake_cuda/fake_vmm.h"
+#include "fake_cuda/fake_cuda.h"
 #include "torch/torch.h"
 
 #include <pthread.h>

@@ -41,9 +41,19 @@ run NF_FAKE_CUDA=init=100
 has "$out" driver fail "CUDA_ERROR_NO_DEVICE"
 [ $rc -eq 1 ] || bad "no device: exit $rc"
 
+# Two GPUs that work (the stand-in's VMM on host memory): every check passes,
+# the round trip and the spill through the driver included.
+run NF_FAKE_CUDA=devices=2
+has "$out" driver ok "CUDA driver API 13.0, 2 device(s)"
+has "$out" cuda:0 ok "a block over 3 granules of 2.000 MiB mapped, written, read back"
+has "$out" "cuda:0 spill" ok "spill:host works"
+has "$out" "cuda:1 ipc" ok
+has "$out" peers ok 'peer access: 0-\\u003e1 1-\\u003e0'
+printf '%s' "$out" | grep -q "\"failed\": 0" && [ $rc -eq 0 ] || bad "two working GPUs: exit $rc, $out"
+
 # Two GPUs: cuda:1 without VMM, cuda:0 without fd handles, no peer path;
-# cuda:0 has VMM but the stand-in's VMM calls fail: the pool cannot be made.
-run NF_FAKE_CUDA=devices=2,vmm1=0,fd0=0,peer=0
+# cuda:0 says it has VMM but the driver refuses its allocations: the pool cannot be made.
+run NF_FAKE_CUDA=devices=2,vmm1=0,fd0=0,peer=0,broken0=1
 has "$out" driver ok "CUDA driver API 13.0, 2 device(s)"
 has "$out" cuda:0 fail "cuMemGetAllocationGranularity(device): CUDA_ERROR_NOT_SUPPORTED"
 has "$out" "cuda:0 ipc" warn "no POSIX fd handles"

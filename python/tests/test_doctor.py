@@ -58,15 +58,17 @@ class TestDoctor(unittest.TestCase):
 
     def test_config_device_reaches_the_driver(self):
         # backend:cuda,device:N opens GPU N (src/backend/common.c): against the
-        # stand-in driver with one device, device:1 fails at cuDeviceGet(1),
-        # device:0 gets as far as the stand-in's first VMM call.
+        # stand-in driver with one device, device:1 fails at cuDeviceGet(1);
+        # device:0 works (the stand-in's VMM on host memory): a block through
+        # the Python pool, written and read back through its address.
         fake = os.path.join(os.path.dirname(_lib.path()), "tests", "fake_cuda")
         if not os.path.exists(os.path.join(fake, "libcuda.so.1")):
             self.skipTest("the stand-in driver is not built (tests/fake_cuda)")
-        code = ("import nofrag, sys\ntry:\n    nofrag.Pool(sys.argv[1])\nexcept nofrag.NofragError as e:\n"
-                "    print(e)\n")
+        code = ("import ctypes, nofrag, sys\ntry:\n    p = nofrag.Pool(sys.argv[1])\nexcept nofrag.NofragError as e:\n"
+                "    print(e)\n    sys.exit()\nb = p.alloc(5 << 20)\nctypes.memset(b, 0x5a, 5 << 20)\n"
+                "print('read back', ctypes.string_at(b + (5 << 20) - 1, 1) == b'Z')\np.free(b)\n")
         for conf, want in (("backend:cuda,device:1", "cuDeviceGet(1): CUDA_ERROR_INVALID_DEVICE"),
-                           ("backend:cuda,device:0", "cuMemGetAllocationGranularity")):
+                           ("backend:cuda,device:0", "read back True")):
             r = subprocess.run([sys.executable, "-c", code, conf], capture_output=True, text=True, timeout=60,
                                env=dict(os.environ, PYTHONPATH=PKG, LD_LIBRARY_PATH=fake, NF_FAKE_CUDA="devices=1"))
             self.assertIn(want, r.stdout, (conf, r.stdout, r.stderr))

@@ -1,85 +1,663 @@
-// A stand-in libcuda.so.1 with only the driver's query entry points, for
-// testing `nofrag doctor`'s reports on machines without a GPU
-// (tests/test_doctor.sh puts its directory on LD_LIBRARY_PATH). What it
-// reports comes from NF_FAKE_CUDA, 'key=value,...':
-//   init=R      cuInit's result (default 0)
-//   version=V   cuDriverGetVersion (default 13000)
-//   devices=N   cuDeviceGetCount (default 1)
-//   vmmK=0      device K lacks virtual memory management
-//   fdK=0       device K lacks POSIX fd handles
-//   hvmmK=0     device K lacks host memory through the VMM API
-//   peer=0      no device reaches another (default 1)
-// Every other entry point the library's CUDA backend loads exists but fails
-// with CUDA_ERROR_NOT_SUPPORTED: the backend opens (cuInit, cuDeviceGet of the
-// ordinal asked, the primary context) and a pool on it fails at its first
-// VMM call (the allocation granularity).
+// A stand-in libcuda.so.1 that works: the driver entry points the library's
+// CUDA backend loads (src/backend/cuda_driver.c), those of `nofrag replay
+// --device` (tools/device.c) and `nofrag doctor` (tools/doctor.c), on host
+// memory, for N devices. It runs src/backend/cuda.c, the multi-device paths,
+// the device replay and the doctor's checks on machines without a GPU
+// (tests/test_cuda_fake.c, tests/gpu/replay_device.sh, tests/test_doctor.sh,
+// python/tests/test_doctor.py), and checks what the real driver would refuse
+// and what nofrag promises about contexts and capture mode:
+//   - physical memory: slots of one sparse memfd per device (and one for host
+//     memory); a mapping is an mmap of the slots, with no access until
+//     cuMemSetAccess grants a device (PROT_NONE until then, so that a
+//     forgotten grant faults); freed (hole punched) at cuMemRelease once
+//     unmapped. One file per location, not per allocation: a replay maps
+//     ~12,000 granules, more descriptors than a process may hold. An
+//     allocation exported for IPC moves to a memfd of its own;
+//   - cuMemMap only on a reserved, unmapped range (offset 0, the whole
+//     allocation: stricter than CUDA, which nofrag never needs), cuMemUnmap
+//     only of whole mappings (CUDA: "cannot unmap a sub-range"), cuMemAddressFree
+//     of a whole, unmapped reservation;
+//   - contexts: a thread's current context; cuMemGetInfo, cuEventCreate,
+//     cuStreamCreate and the legacy stream answer for the current context's
+//     device; an event is recorded only on a stream of its own context
+//     (CUDA_ERROR_INVALID_HANDLE otherwise), a wait may use any context's event;
+//   - copies and memsets run at once (streams are synchronous here) and only
+//     through memory the stream's device was granted (CUDA_ERROR_ILLEGAL_ADDRESS);
+//   - each call counts against the context current on its thread and, if it
+//     may touch another thread's capture, whether relaxed mode was on.
+// Refusals that point at a nofrag bug print "fake cuda: VIOLATION" and count
+// (fakecu_stats); tests require none. Options in NF_FAKE_CUDA (fake_opt.h):
+//   devices=N (default 1, at most 8); init=R (cuInit's result); version=V
+//   (cuDriverGetVersion, 13000); mem=MiB per device (512; memK=MiB for device
+//   K); hostmem=MiB (512); gran=KiB (2048); peer=0 (no device reaches
+//   another); vmmK=0 (device K has no VMM: its attribute says so and its
+//   allocations are refused, NOT_SUPPORTED); brokenK=1 (the attribute says VMM,
+//   the allocations are refused all the same); hvmmK=0 (no host memory
+//   through the VMM API on device K); fdK=0 (device K refuses POSIX fd
+//   handles); lag=N (an event reads NOT_READY N times after its record);
+//   strict=1 (abort at the first violation: for runs that cannot read the
+//   counters).
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE // memfd_create
+#endif
 #include "fake_opt.h"
+#include "fake_cuda.h"
 
-int cuInit(unsigned flags) { (void)flags; return fake_opt("init", 0); }
-int cuDriverGetVersion(int *v) { *v = fake_opt("version", 13000); return 0; }
-int cuDeviceGetCount(int *n) { *n = fake_opt("devices", 1); return 0; }
-int cuDeviceGet(int *d, int ordinal) {
-  if (ordinal < 0 || ordinal >= fake_opt("devices", 1)) return 101; // CUDA_ERROR_INVALID_DEVICE
-  *d = ordinal;
-  return 0;
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <linux/falloc.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum {
+  OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NO_DEVICE = 100, INVALID_DEVICE = 101, INVALID_CONTEXT = 201,
+  ALREADY_MAPPED = 208, NOT_MAPPED = 211, INVALID_HANDLE = 400, NOT_READY = 600, ILLEGAL_ADDRESS = 700,
+  NOT_SUPPORTED = 801,
+};
+enum { LOC_DEVICE = 1, LOC_HOST = 2, HT_NONE = 0, HT_FD = 1, RELAXED = 2 };
+#define MAGIC_CTX 0x43545831u
+#define MAGIC_STREAM 0x53545231u
+#define MAGIC_EVENT 0x45564e31u
+#define MAGIC_HANDLE 0x484e4431u
+
+typedef struct { unsigned magic; int dev; uint64_t calls; } fctx_t;
+// A stream (n: its capture status) or an event (n: NOT_READY answers left).
+typedef struct { unsigned magic; fctx_t *ctx; int n; } fobj_t;
+// An allocation: `size` bytes at `off` of its location's file, or of a file of its own (own: exported or imported).
+typedef struct { unsigned magic; int fd, dev, htype, maps; bool released, own; size_t size; off_t off; } fhandle_t;
+// A location's memory: its file and which of its granule slots are taken.
+typedef struct { int fd; uint64_t *taken; size_t slots, hint; } floc_t;
+typedef struct { fhandle_t *h; uintptr_t start; size_t len; uint64_t access; } fgran_t; // per granule
+typedef struct fres { uintptr_t base; size_t size; fgran_t *g; struct fres *next; } fres_t;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static fctx_t primary[FAKECU_MAX_DEV];
+static uint64_t noctx_calls;
+static fakecu_stats_t st;
+static fres_t *reservations;
+static floc_t locs[FAKECU_MAX_DEV + 1]; // devices, then host memory
+static _Thread_local fctx_t *cur;
+static _Thread_local int mode; // CU_STREAM_CAPTURE_MODE_GLOBAL, the driver's default
+
+static int ndev(void) { int n = fake_opt("devices", 1); return n < 1 ? 1 : n > FAKECU_MAX_DEV ? FAKECU_MAX_DEV : n; }
+static size_t gran(void) { return (size_t)fake_opt("gran", 2048) << 10; }
+static uint64_t capacity(int dev) {
+  return (uint64_t)(dev < 0 ? fake_opt("hostmem", 512) : fake_dev_opt("mem", dev, fake_opt("mem", 512))) << 20;
 }
-int cuDeviceGetName(char *name, int len, int d) { snprintf(name, (size_t)len, "Fake GPU %d", d); return 0; }
-int cuDeviceTotalMem_v2(size_t *bytes, int d) { (void)d; *bytes = (size_t)80 << 30; return 0; }
+
+static floc_t *loc(int dev) { return &locs[dev < 0 ? FAKECU_MAX_DEV : dev]; }
+static bool slot_taken(const floc_t *l, size_t i) { return l->taken[i / 64] >> (i % 64) & 1; }
+static void slots_set(floc_t *l, size_t i, size_t n, bool on) {
+  for (size_t k = i; k < i + n; k++)
+    l->taken[k / 64] = on ? l->taken[k / 64] | 1ull << (k % 64) : l->taken[k / 64] & ~(1ull << (k % 64));
+}
+// n contiguous free slots of dev's file (made at first use): the first index,
+// or -1 (full: the capacity, counted separately, normally says so first).
+static long slots_take(int dev, size_t n) {
+  floc_t *l = loc(dev);
+  if (!l->taken) {
+    l->slots = ((size_t)1 << 40) / gran(); // sparse: whatever capacity a later option gives
+    l->taken = calloc((l->slots + 63) / 64, 8);
+    l->fd = l->taken ? memfd_create("fake-cuda", MFD_CLOEXEC) : -1;
+    if (l->fd < 0 || ftruncate(l->fd, (off_t)(l->slots * gran()))) {
+      if (l->fd >= 0) close(l->fd);
+      free(l->taken);
+      l->taken = NULL;
+      return -1;
+    }
+  }
+  for (size_t pass = 0; pass < 2; pass++) // from the hint, then from the start
+    for (size_t i = pass ? 0 : l->hint, run = 0; i < l->slots; i++) {
+      run = slot_taken(l, i) ? 0 : run + 1;
+      if (run == n) {
+        slots_set(l, i + 1 - n, n, true);
+        l->hint = i + 1;
+        return (long)(i + 1 - n);
+      }
+    }
+  return -1;
+}
+
+static int violation(int r, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "fake cuda: VIOLATION: ");
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  st.violations++;
+  if (fake_opt("strict", 0)) abort(); // a test that cannot read the counters (a CLI run) fails at once
+  return r;
+}
+
+// Every call that acts: counted against the current context, and whether it
+// ran in relaxed capture mode (those that may break a capture elsewhere).
+static void enter(bool capture_unsafe) {
+  pthread_mutex_lock(&mu);
+  if (cur) cur->calls++;
+  else noctx_calls++;
+  if (capture_unsafe && mode != RELAXED) st.unrelaxed++;
+}
+#define RETURN(r) do { int r_ = (r); pthread_mutex_unlock(&mu); return r_; } while (0)
+
+static fctx_t *ctx_of(void *c) { fctx_t *x = c; return x && x->magic == MAGIC_CTX ? x : NULL; }
+// A stream's context: the legacy / per-thread handles (NULL, 1, 2) name the current one's.
+static fctx_t *stream_ctx(void *s) {
+  if ((uintptr_t)s <= 2) return cur;
+  fobj_t *x = s;
+  return x->magic == MAGIC_STREAM ? x->ctx : NULL;
+}
+
+static fres_t *res_find(uintptr_t va, size_t size) {
+  for (fres_t *r = reservations; r; r = r->next)
+    if (va >= r->base && va - r->base < r->size) return size <= r->size - (va - r->base) ? r : NULL;
+  return NULL;
+}
+static fgran_t *gran_at(uintptr_t va) {
+  fres_t *r = res_find(va, 1);
+  return r ? &r->g[(va - r->base) / gran()] : NULL;
+}
+
+static void handle_drop(fhandle_t *h) {
+  if (!h->released || h->maps) return;
+  if (h->own) {
+    close(h->fd);
+  } else { // the slots' pages back to the system; the next user finds zeros, as the driver gives no promise
+    (void)fallocate(h->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, h->off, (off_t)h->size);
+    slots_set(loc(h->dev), (size_t)h->off / gran(), h->size / gran(), false);
+  }
+  if (h->dev < 0) st.host_used -= h->size;
+  else st.used[h->dev] -= h->size;
+  st.handles--;
+  h->magic = 0;
+  free(h);
+}
+
+// ------------------------------------------------------------ init, devices, contexts
+int cuInit(unsigned flags) { (void)flags; return fake_opt("init", OK); }
+int cuDriverGetVersion(int *v) { *v = fake_opt("version", 13000); return OK; }
+int cuDeviceGetCount(int *n) { *n = ndev(); return OK; }
+int cuDeviceGetName(char *name, int len, int d) {
+  if (d < 0 || d >= ndev()) return INVALID_DEVICE;
+  snprintf(name, (size_t)len, "Fake GPU %d", d);
+  return OK;
+}
 int cuDeviceGetAttribute(int *v, int attr, int d) {
+  if (d < 0 || d >= ndev()) return INVALID_DEVICE;
   switch (attr) {
-  case 75: *v = 9; break; // compute capability 9.0
-  case 76: *v = 0; break;
-  case 102: *v = fake_dev_opt("vmm", d, 1); break;
-  case 103: *v = fake_dev_opt("fd", d, 1); break;
-  case 145: *v = fake_dev_opt("hvmm", d, 1); break;
+  case 75: *v = 9; break;                              // compute capability 9.0
+  case 102: *v = fake_dev_opt("vmm", d, 1); break;     // virtual memory management
+  case 103: *v = fake_dev_opt("fd", d, 1); break;      // POSIX fd handles
+  case 145: *v = fake_dev_opt("hvmm", d, 1); break;    // host memory through the VMM API
   default: *v = 0;
   }
-  return 0;
+  return OK;
 }
-int cuDeviceCanAccessPeer(int *can, int a, int b) { *can = a != b && fake_opt("peer", 1); return 0; }
-int cuDevicePrimaryCtxRetain(void **ctx, int d) { *ctx = (void *)(size_t)(d + 1); return 0; }
-int cuDevicePrimaryCtxRelease_v2(int d) { (void)d; return 0; }
-int cuCtxSetCurrent(void *ctx) { (void)ctx; return 0; }
-int cuMemsetD32_v2(unsigned long long p, unsigned v, size_t n) { (void)p; (void)v; (void)n; return 1; }
-int cuMemcpyDtoH_v2(void *h, unsigned long long p, size_t n) { (void)h; (void)p; (void)n; return 1; }
+int cuDeviceGet(int *d, int ordinal) {
+  if (ordinal < 0 || ordinal >= ndev()) return INVALID_DEVICE;
+  *d = ordinal;
+  return OK;
+}
+int cuDeviceCanAccessPeer(int *can, int a, int b) {
+  if (a < 0 || a >= ndev() || b < 0 || b >= ndev()) return INVALID_DEVICE;
+  *can = a != b && fake_opt("peer", 1);
+  return OK;
+}
+static fctx_t *primary_of(int d) {
+  pthread_mutex_lock(&mu);
+  fctx_t *c = &primary[d];
+  c->magic = MAGIC_CTX;
+  c->dev = d;
+  pthread_mutex_unlock(&mu);
+  return c;
+}
+int cuDevicePrimaryCtxRetain(void **ctx, int d) {
+  if (d < 0 || d >= ndev()) return INVALID_DEVICE;
+  *ctx = primary_of(d);
+  return OK;
+}
+int cuDevicePrimaryCtxRelease_v2(int d) { return d < 0 || d >= ndev() ? INVALID_DEVICE : OK; }
+int cuCtxSetCurrent(void *ctx) {
+  if (ctx && !ctx_of(ctx)) return INVALID_CONTEXT;
+  cur = ctx;
+  return OK;
+}
+int cuCtxGetCurrent(void **ctx) { *ctx = cur; return OK; }
+int cuThreadExchangeStreamCaptureMode(int *m) {
+  int old = mode;
+  mode = *m;
+  *m = old;
+  return OK;
+}
+int cuCtxSynchronize(void) {
+  enter(true);
+  RETURN(cur ? OK : violation(INVALID_CONTEXT, "cuCtxSynchronize with no context current"));
+}
 int cuGetErrorName(int r, const char **s) {
-  *s = r == 100   ? "CUDA_ERROR_NO_DEVICE"
-       : r == 101 ? "CUDA_ERROR_INVALID_DEVICE"
-       : r == 801 ? "CUDA_ERROR_NOT_SUPPORTED"
-                  : "CUDA_ERROR_FAKE";
-  return 0;
+  switch (r) {
+  case OK: *s = "CUDA_SUCCESS"; break;
+  case INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+  case OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+  case INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
+  case NO_DEVICE: *s = "CUDA_ERROR_NO_DEVICE"; break;
+  case INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+  case ALREADY_MAPPED: *s = "CUDA_ERROR_ALREADY_MAPPED"; break;
+  case NOT_MAPPED: *s = "CUDA_ERROR_NOT_MAPPED"; break;
+  case INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
+  case NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
+  case ILLEGAL_ADDRESS: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
+  case NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+  default: *s = NULL; return INVALID_VALUE;
+  }
+  return OK;
 }
-int cuGetErrorString(int r, const char **s) { (void)r; *s = "(the stand-in driver of tests/fake_cuda)"; return 0; }
-int cuCtxGetCurrent(void **ctx) { *ctx = NULL; return 0; }
-// Each backend op exchanges the thread's capture mode (relaxed) and back.
-int cuThreadExchangeStreamCaptureMode(int *mode) {
-  static _Thread_local int cur;
-  int old = cur;
-  cur = *mode;
-  *mode = old;
-  return 0;
+int cuGetErrorString(int r, const char **s) {
+  const char *n;
+  if (cuGetErrorName(r, &n) != OK) return INVALID_VALUE;
+  *s = "the stand-in driver of tests/fake_cuda/fake_vmm.c says so";
+  return OK;
 }
 
-// The rest: present, never working (arguments ignored).
-#define NOT_SUPPORTED(f) int f(void) { return 801; }
-NOT_SUPPORTED(cuCtxSynchronize)
-NOT_SUPPORTED(cuEventCreate)
-NOT_SUPPORTED(cuEventDestroy_v2)
-NOT_SUPPORTED(cuEventQuery)
-NOT_SUPPORTED(cuEventRecord)
-NOT_SUPPORTED(cuEventSynchronize)
-NOT_SUPPORTED(cuMemAddressFree)
-NOT_SUPPORTED(cuMemAddressReserve)
-NOT_SUPPORTED(cuMemCreate)
-NOT_SUPPORTED(cuMemExportToShareableHandle)
-NOT_SUPPORTED(cuMemGetAllocationGranularity)
-NOT_SUPPORTED(cuMemGetInfo_v2)
-NOT_SUPPORTED(cuMemImportFromShareableHandle)
-NOT_SUPPORTED(cuMemMap)
-NOT_SUPPORTED(cuMemRelease)
-NOT_SUPPORTED(cuMemSetAccess)
-NOT_SUPPORTED(cuMemUnmap)
-NOT_SUPPORTED(cuMemcpyAsync)
-NOT_SUPPORTED(cuStreamGetCtx)
-NOT_SUPPORTED(cuStreamIsCapturing)
-NOT_SUPPORTED(cuStreamWaitEvent)
+// ------------------------------------------------------------ memory
+typedef struct { int type, id; } loc_t;
+typedef struct { int type, htypes; loc_t loc; void *win32; unsigned char flags[8]; } prop_t; // CUmemAllocationProp
+typedef struct { loc_t loc; int flags; } access_t;                                            // CUmemAccessDesc
+
+static int prop_dev(const prop_t *p) { // device ordinal, -1 host, -2 invalid
+  if (!p || p->type != 1) return -2;
+  if (p->loc.type == LOC_HOST) return -1;
+  return p->loc.type == LOC_DEVICE && p->loc.id >= 0 && p->loc.id < ndev() ? p->loc.id : -2;
+}
+// Allocations there refused (options vmmK, brokenK, hvmmK of the current device).
+static bool vmm_refused(int dev) {
+  if (dev < 0) return !fake_dev_opt("hvmm", cur ? cur->dev : 0, 1);
+  return !fake_dev_opt("vmm", dev, 1) || fake_dev_opt("broken", dev, 0);
+}
+
+int cuMemGetAllocationGranularity(size_t *g, const prop_t *p, int option) {
+  (void)option;
+  enter(false);
+  if (prop_dev(p) == -2) RETURN(INVALID_VALUE);
+  if (vmm_refused(prop_dev(p))) RETURN(NOT_SUPPORTED);
+  *g = gran();
+  RETURN(OK);
+}
+
+int cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+  enter(false);
+  if (!cur) RETURN(violation(INVALID_CONTEXT, "cuMemGetInfo with no context current"));
+  size_t t = capacity(cur->dev);
+  *total = t;
+  *free_bytes = t - st.used[cur->dev];
+  RETURN(OK);
+}
+
+int cuMemAddressReserve(uintptr_t *out, size_t size, size_t align, uintptr_t addr, unsigned long long flags) {
+  (void)addr;
+  (void)flags;
+  enter(false);
+  size_t g = gran();
+  if (!size || size % g || (align && (align & (align - 1)))) RETURN(violation(INVALID_VALUE, "cuMemAddressReserve(%zu, align %zu)", size, align));
+  if (align < g) align = g;
+  char *m = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) RETURN(OUT_OF_MEMORY);
+  uintptr_t a = ((uintptr_t)m + align - 1) & ~(uintptr_t)(align - 1);
+  if (a > (uintptr_t)m) munmap(m, a - (uintptr_t)m);
+  munmap((char *)a + size, (uintptr_t)m + size + align - a - size);
+  fres_t *r = calloc(1, sizeof *r);
+  r->g = r ? calloc(size / g, sizeof *r->g) : NULL;
+  if (!r || !r->g) { free(r); munmap((void *)a, size); RETURN(OUT_OF_MEMORY); }
+  r->base = a;
+  r->size = size;
+  r->next = reservations;
+  reservations = r;
+  *out = a;
+  RETURN(OK);
+}
+
+int cuMemAddressFree(uintptr_t va, size_t size) {
+  enter(false);
+  fres_t **pp = &reservations;
+  while (*pp && (*pp)->base != va) pp = &(*pp)->next;
+  fres_t *r = *pp;
+  if (!r || r->size != size) RETURN(violation(INVALID_VALUE, "cuMemAddressFree(%#lx, %zu): not a whole reservation", va, size));
+  for (size_t i = 0; i < size / gran(); i++)
+    if (r->g[i].h) RETURN(violation(INVALID_VALUE, "cuMemAddressFree(%#lx): granule %zu still mapped", va, i));
+  *pp = r->next;
+  munmap((void *)va, size);
+  free(r->g);
+  free(r);
+  RETURN(OK);
+}
+
+int cuMemCreate(void **out, size_t size, const prop_t *p, unsigned long long flags) {
+  enter(false);
+  int dev = prop_dev(p);
+  if (dev == -2 || flags || !size || size % gran()) RETURN(violation(INVALID_VALUE, "cuMemCreate(%zu): bad arguments", size));
+  if (p->htypes & ~HT_FD) RETURN(violation(INVALID_VALUE, "cuMemCreate: handle types %#x", p->htypes));
+  if (vmm_refused(dev)) RETURN(NOT_SUPPORTED);
+  if ((p->htypes & HT_FD) && dev >= 0 && !fake_dev_opt("fd", dev, 1)) { st.create_refused++; RETURN(NOT_SUPPORTED); }
+  uint64_t cap = capacity(dev), *used = dev < 0 ? &st.host_used : &st.used[dev];
+  if (*used + size > cap) RETURN(OUT_OF_MEMORY);
+  fhandle_t *h = calloc(1, sizeof *h);
+  long slot = h ? slots_take(dev, size / gran()) : -1;
+  if (slot < 0) { free(h); RETURN(OUT_OF_MEMORY); }
+  *h = (fhandle_t){.magic = MAGIC_HANDLE, .fd = loc(dev)->fd, .dev = dev, .htype = p->htypes, .size = size,
+                   .off = (off_t)((size_t)slot * gran())};
+  *used += size;
+  st.handles++;
+  st.creates++;
+  st.creates_fd += (p->htypes & HT_FD) != 0;
+  *out = h;
+  RETURN(OK);
+}
+
+static fhandle_t *handle_of(void *x) { fhandle_t *h = x; return h && h->magic == MAGIC_HANDLE && !h->released ? h : NULL; }
+
+int cuMemRelease(void *x) {
+  enter(false);
+  fhandle_t *h = handle_of(x);
+  if (!h) RETURN(violation(INVALID_HANDLE, "cuMemRelease(%p): not a live handle", x));
+  h->released = true;
+  handle_drop(h);
+  RETURN(OK);
+}
+
+int cuMemMap(uintptr_t va, size_t size, size_t offset, void *x, unsigned long long flags) {
+  enter(false);
+  fhandle_t *h = handle_of(x);
+  size_t g = gran();
+  if (!h) RETURN(violation(INVALID_HANDLE, "cuMemMap(%#lx): not a live handle", va));
+  if (offset || flags || size != h->size || va % g) RETURN(violation(INVALID_VALUE, "cuMemMap(%#lx, %zu, offset %zu): not the whole allocation", va, size, offset));
+  fres_t *r = res_find(va, size);
+  if (!r) RETURN(violation(INVALID_VALUE, "cuMemMap(%#lx, %zu): outside every reservation", va, size));
+  fgran_t *e = &r->g[(va - r->base) / g];
+  for (size_t i = 0; i < size / g; i++)
+    if (e[i].h) RETURN(violation(ALREADY_MAPPED, "cuMemMap(%#lx, %zu): granule %zu mapped already", va, size, i));
+  if (mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, h->off) == MAP_FAILED) RETURN(OUT_OF_MEMORY);
+  for (size_t i = 0; i < size / g; i++) e[i] = (fgran_t){.h = h, .start = va, .len = size};
+  h->maps++;
+  st.mapped += size;
+  RETURN(OK);
+}
+
+int cuMemUnmap(uintptr_t va, size_t size) {
+  enter(false);
+  size_t g = gran();
+  fres_t *r = res_find(va, size);
+  if (!r || !size || va % g || size % g) RETURN(violation(INVALID_VALUE, "cuMemUnmap(%#lx, %zu): outside every reservation", va, size));
+  fgran_t *e = &r->g[(va - r->base) / g];
+  for (size_t i = 0; i < size / g; i++) {
+    if (!e[i].h) RETURN(violation(NOT_MAPPED, "cuMemUnmap(%#lx, %zu): granule %zu not mapped", va, size, i));
+    if (e[i].start < va || e[i].start + e[i].len > va + size)
+      RETURN(violation(INVALID_VALUE, "cuMemUnmap(%#lx, %zu): part of the mapping at %#lx", va, size, e[i].start));
+  }
+  if (mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+    RETURN(OUT_OF_MEMORY);
+  for (size_t i = 0, n; i < size / g; i += n) {
+    fhandle_t *h = e[i].h;
+    n = e[i].len / g;
+    for (size_t k = 0; k < n; k++) e[i + k] = (fgran_t){0};
+    h->maps--;
+    st.mapped -= n * g;
+    handle_drop(h);
+  }
+  RETURN(OK);
+}
+
+int cuMemSetAccess(uintptr_t va, size_t size, const access_t *d, size_t count) {
+  enter(false);
+  size_t g = gran();
+  fres_t *r = res_find(va, size);
+  if (!r || !size || va % g || size % g || !count) RETURN(violation(INVALID_VALUE, "cuMemSetAccess(%#lx, %zu)", va, size));
+  fgran_t *e = &r->g[(va - r->base) / g];
+  for (size_t i = 0; i < size / g; i++) {
+    if (!e[i].h) RETURN(violation(INVALID_VALUE, "cuMemSetAccess(%#lx, %zu): granule %zu not mapped", va, size, i));
+    for (size_t k = 0; k < count; k++) {
+      int to = d[k].loc.id, owner = e[i].h->dev;
+      if (d[k].loc.type != LOC_DEVICE || to < 0 || to >= ndev() || (d[k].flags & ~3))
+        RETURN(violation(INVALID_VALUE, "cuMemSetAccess: descriptor %zu", k));
+      if (owner >= 0 && to != owner && !fake_opt("peer", 1))
+        RETURN(violation(INVALID_DEVICE, "cuMemSetAccess: device %d cannot reach device %d", to, owner));
+    }
+  }
+  bool any = false;
+  for (size_t i = 0; i < size / g; i++) {
+    for (size_t k = 0; k < count; k++) {
+      uint64_t bit = 1ull << d[k].loc.id;
+      e[i].access = d[k].flags == 3 ? e[i].access | bit : e[i].access & ~bit; // read-only counts as none here
+    }
+    any |= e[i].access != 0;
+  }
+  // One protection for the run: the host stands for whichever device may touch it.
+  if (mprotect((void *)va, size, any ? PROT_READ | PROT_WRITE : PROT_NONE)) RETURN(OUT_OF_MEMORY);
+  RETURN(OK);
+}
+
+// A copy's range: every granule mapped and granted to `dev`. Pointers outside
+// every reservation are host memory (pinned or not): the host reaches them.
+static bool reachable(uintptr_t a, size_t n, int dev) {
+  if (!res_find(a, 1)) return true;
+  size_t g = gran();
+  for (uintptr_t p = a - a % g; p < a + n; p += g) {
+    fgran_t *e = gran_at(p);
+    if (!e || !e->h || !(e->access >> dev & 1)) return false;
+  }
+  return true;
+}
+
+int cuMemcpyAsync(uintptr_t dst, uintptr_t src, size_t n, void *s) {
+  enter(true);
+  fctx_t *c = stream_ctx(s);
+  if (!c) RETURN(violation(s ? INVALID_HANDLE : INVALID_CONTEXT, "cuMemcpyAsync: no context for stream %p", s));
+  if (!reachable(src, n, c->dev) || !reachable(dst, n, c->dev))
+    RETURN(violation(ILLEGAL_ADDRESS, "cuMemcpyAsync(%#lx <- %#lx, %zu) on device %d: not granted", dst, src, n, c->dev));
+  memmove((void *)dst, (const void *)src, n);
+  st.copies++;
+  RETURN(OK);
+}
+
+// An exported allocation gets a file of its own (an fd names one allocation):
+// its bytes are copied there and every mapping of it moves there, same
+// addresses, same protection; its slots are freed.
+static bool handle_own(fhandle_t *h) {
+  int fd = memfd_create("fake-cuda-ipc", MFD_CLOEXEC);
+  char *buf = malloc(1 << 16);
+  bool ok = fd >= 0 && buf && ftruncate(fd, (off_t)h->size) == 0;
+  for (size_t o = 0; ok && o < h->size; o += 1 << 16)
+    ok = pread(h->fd, buf, 1 << 16, h->off + (off_t)o) == 1 << 16 && pwrite(fd, buf, 1 << 16, (off_t)o) == 1 << 16;
+  free(buf);
+  if (!ok) { if (fd >= 0) close(fd); return false; }
+  size_t g = gran();
+  for (fres_t *r = reservations; r; r = r->next)
+    for (size_t i = 0; i < r->size / g; i += r->g[i].h ? r->g[i].len / g : 1) {
+      if (r->g[i].h != h) continue;
+      int prot = r->g[i].access ? PROT_READ | PROT_WRITE : PROT_NONE;
+      if (mmap((void *)r->g[i].start, h->size, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) abort(); // (addresses held: cannot fail)
+    }
+  (void)fallocate(h->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, h->off, (off_t)h->size);
+  slots_set(loc(h->dev), (size_t)h->off / gran(), h->size / gran(), false);
+  h->fd = fd;
+  h->off = 0;
+  h->own = true;
+  return true;
+}
+
+int cuMemExportToShareableHandle(int *fd, void *x, int type, unsigned long long flags) {
+  enter(false);
+  fhandle_t *h = handle_of(x);
+  if (!h || flags) RETURN(violation(INVALID_HANDLE, "cuMemExportToShareableHandle(%p)", x));
+  if (type != HT_FD || !(h->htype & HT_FD)) RETURN(INVALID_VALUE); // not made exportable: the caller's fallback
+  if (!h->own && !handle_own(h)) RETURN(OUT_OF_MEMORY);
+  *fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
+  RETURN(*fd < 0 ? OUT_OF_MEMORY : OK);
+}
+
+int cuMemImportFromShareableHandle(void **out, void *osh, int type) {
+  enter(false);
+  struct stat sb;
+  int fd = (int)(intptr_t)osh;
+  if (type != HT_FD || fstat(fd, &sb) || !sb.st_size) RETURN(INVALID_VALUE);
+  fhandle_t *h = calloc(1, sizeof *h);
+  if (!h || (h->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) { free(h); RETURN(OUT_OF_MEMORY); }
+  h->magic = MAGIC_HANDLE;
+  h->own = true;
+  h->dev = 0; // the exporter's device is not in the fd; device 0 is what tests share
+  h->htype = HT_FD;
+  h->size = (size_t)sb.st_size;
+  st.used[0] += h->size; // charged like an allocation of its own: freed the same way
+  st.handles++;
+  *out = h;
+  RETURN(OK);
+}
+
+// ------------------------------------------------------------ events and streams
+static fobj_t *event_of(void *x) { fobj_t *e = x; return e && e->magic == MAGIC_EVENT ? e : NULL; }
+
+// Events and streams belong to the context current at their creation.
+static int obj_create(void **out, unsigned magic, const char *call) {
+  enter(false);
+  if (!cur) RETURN(violation(INVALID_CONTEXT, "%s with no context current", call));
+  fobj_t *x = calloc(1, sizeof *x);
+  if (!x) RETURN(OUT_OF_MEMORY);
+  *x = (fobj_t){.magic = magic, .ctx = cur};
+  *out = x;
+  RETURN(OK);
+}
+static int obj_destroy(void *p, unsigned magic, const char *call) {
+  enter(false);
+  fobj_t *x = p;
+  if ((uintptr_t)p <= 2 || x->magic != magic) RETURN(violation(INVALID_HANDLE, "%s(%p)", call, p));
+  x->magic = 0;
+  free(x);
+  RETURN(OK);
+}
+int cuEventCreate(void **out, unsigned flags) { (void)flags; return obj_create(out, MAGIC_EVENT, "cuEventCreate"); }
+int cuEventDestroy_v2(void *x) { return obj_destroy(x, MAGIC_EVENT, "cuEventDestroy"); }
+int cuEventRecord(void *x, void *s) {
+  enter(true);
+  fobj_t *e = event_of(x);
+  fctx_t *c = stream_ctx(s);
+  if (!e || !c) RETURN(violation(INVALID_HANDLE, "cuEventRecord(%p, %p): bad handle or no context", x, s));
+  if (c != e->ctx) RETURN(violation(INVALID_HANDLE, "cuEventRecord: the event is device %d's, the stream device %d's context", e->ctx->dev, c->dev));
+  e->n = fake_opt("lag", 0);
+  st.records++;
+  RETURN(OK);
+}
+int cuEventQuery(void *x) {
+  enter(true);
+  fobj_t *e = event_of(x);
+  if (!e) RETURN(violation(INVALID_HANDLE, "cuEventQuery(%p)", x));
+  st.queries++;
+  if (e->n > 0) { e->n--; RETURN(NOT_READY); }
+  RETURN(OK);
+}
+int cuEventSynchronize(void *x) {
+  enter(true);
+  fobj_t *e = event_of(x);
+  if (!e) RETURN(violation(INVALID_HANDLE, "cuEventSynchronize(%p)", x));
+  e->n = 0;
+  st.syncs++;
+  RETURN(OK);
+}
+int cuStreamWaitEvent(void *s, void *x, unsigned flags) {
+  enter(true);
+  if (!stream_ctx(s) || !event_of(x) || flags) RETURN(violation(INVALID_HANDLE, "cuStreamWaitEvent(%p, %p)", s, x));
+  st.waits++;
+  RETURN(OK);
+}
+// `nofrag replay --device` (tools/device.c): its streams, its --verify words
+// written and read back through device memory, its pinned read buffer.
+int cuStreamCreate(void **out, unsigned flags) { (void)flags; return obj_create(out, MAGIC_STREAM, "cuStreamCreate"); }
+int cuStreamDestroy_v2(void *s) { return obj_destroy(s, MAGIC_STREAM, "cuStreamDestroy"); }
+int cuStreamSynchronize(void *s) {
+  enter(true);
+  RETURN(stream_ctx(s) ? OK : violation(INVALID_HANDLE, "cuStreamSynchronize(%p)", s));
+}
+int cuMemsetD32Async(uintptr_t dst, unsigned v, size_t n, void *s) {
+  enter(true);
+  fctx_t *c = stream_ctx(s);
+  if (!c || !reachable(dst, 4 * n, c->dev))
+    RETURN(violation(ILLEGAL_ADDRESS, "cuMemsetD32Async(%#lx, %zu words) on stream %p: not granted", dst, n, s));
+  for (size_t i = 0; i < n; i++) memcpy((char *)dst + 4 * i, &v, 4);
+  RETURN(OK);
+}
+int cuMemcpyDtoHAsync_v2(void *dst, uintptr_t src, size_t n, void *s) {
+  enter(true);
+  fctx_t *c = stream_ctx(s);
+  if (!c || !reachable(src, n, c->dev))
+    RETURN(violation(ILLEGAL_ADDRESS, "cuMemcpyDtoHAsync(%#lx, %zu) on stream %p: not granted", src, n, s));
+  memcpy(dst, (const void *)src, n);
+  st.copies++;
+  RETURN(OK);
+}
+// `nofrag doctor`'s round trip: synchronous, on the current context's device.
+int cuMemsetD32_v2(uintptr_t dst, unsigned v, size_t n) { return cuMemsetD32Async(dst, v, n, NULL); }
+int cuMemcpyDtoH_v2(void *dst, uintptr_t src, size_t n) { return cuMemcpyDtoHAsync_v2(dst, src, n, NULL); }
+int cuMemAllocHost_v2(void **p, size_t n) {
+  enter(false);
+  RETURN((*p = malloc(n)) ? OK : OUT_OF_MEMORY);
+}
+int cuMemFreeHost(void *p) {
+  enter(false);
+  free(p);
+  RETURN(OK);
+}
+int cuDeviceTotalMem_v2(size_t *bytes, int d) {
+  if (d < 0 || d >= ndev()) return INVALID_DEVICE;
+  *bytes = capacity(d);
+  return OK;
+}
+
+int cuStreamGetCtx(void *s, void **ctx) {
+  fctx_t *c = stream_ctx(s);
+  if (!c) return INVALID_HANDLE;
+  *ctx = c;
+  return OK;
+}
+int cuStreamIsCapturing(void *s, int *status) {
+  enter(false);
+  if (!stream_ctx(s)) RETURN(violation(INVALID_HANDLE, "cuStreamIsCapturing(%p)", s));
+  *status = (uintptr_t)s <= 2 ? 0 : ((fobj_t *)s)->n;
+  RETURN(OK);
+}
+
+// ------------------------------------------------------------ the tests' side
+void fakecu_stats(fakecu_stats_t *out) {
+  pthread_mutex_lock(&mu);
+  *out = st;
+  out->noctx = noctx_calls;
+  pthread_mutex_unlock(&mu);
+}
+void *fakecu_primary(int dev) { return dev >= 0 && dev < ndev() ? primary_of(dev) : NULL; }
+void *fakecu_ctx_create(int dev) {
+  fctx_t *c = calloc(1, sizeof *c);
+  if (c) *c = (fctx_t){.magic = MAGIC_CTX, .dev = dev};
+  return c;
+}
+uint64_t fakecu_ctx_calls(void *ctx) {
+  pthread_mutex_lock(&mu);
+  uint64_t n = ctx ? ((fctx_t *)ctx)->calls : noctx_calls;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+void *fakecu_stream_create(void *ctx) {
+  fobj_t *s = calloc(1, sizeof *s);
+  if (s) *s = (fobj_t){.magic = MAGIC_STREAM, .ctx = ctx_of(ctx)};
+  return s;
+}
+void fakecu_stream_capture(void *s, int status) { ((fobj_t *)s)->n = status; }
+int fakecu_where(uintptr_t va, int *dev, uint64_t *access) {
+  pthread_mutex_lock(&mu);
+  fgran_t *e = gran_at(va);
+  int mapped = e && e->h;
+  if (mapped) { *dev = e->h->dev; *access = e->access; }
+  pthread_mutex_unlock(&mu);
+  return mapped;
+}
+int fakecu_capture_mode(void) { return mode; }

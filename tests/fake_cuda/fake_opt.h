@@ -1,4 +1,4 @@
-// The stand-in drivers' options (fake_cuda.c, fake_vmm.c): NF_FAKE_CUDA holds
+// The stand-in driver's options (fake_cuda.c): NF_FAKE_CUDA holds
 // 'key=value,...', read at every call so that a test may change them between
 // calls (single-threaded moments only: setenv is not thread-safe).
 #ifndef NF_FAKE_OPT_H

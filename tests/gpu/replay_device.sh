@@ -11,7 +11,7 @@
 # root after a build: sh tests/gpu/replay_device.sh [./build/nofrag] [TRACE...]
 # (NF_RD_DEVICE='' runs the "GPU" side on the simulated device too: a dry run
 # of this script on a machine without one. CTest also runs it with the
-# stand-in driver of tests/fake_cuda/fake_vmm.c on LD_LIBRARY_PATH.)
+# stand-in driver of tests/fake_cuda/fake_cuda.c on LD_LIBRARY_PATH.)
 set -u
 cli=${1:-./build/nofrag}
 [ $# -gt 0 ] && shift

@@ -1,8 +1,8 @@
-// The working stand-in driver (fake_vmm.c): what its tests ask it beyond the
+// The working stand-in driver (fake_cuda.c): what its tests ask it beyond the
 // driver's own entry points. Contexts, streams and handles are the driver's
 // opaque pointers (CUcontext, CUstream, CUmemGenericAllocationHandle).
-#ifndef NF_FAKE_VMM_H
-#define NF_FAKE_VMM_H
+#ifndef NF_FAKE_CUDA_H
+#define NF_FAKE_CUDA_H
 
 #include <stdint.h>
 
