@@ -26,6 +26,12 @@ int cuCtxSetCurrent(void *ctx);
 int cuCtxGetCurrent(void **ctx);
 int cuThreadExchangeStreamCaptureMode(int *mode);
 int cuMemcpyAsync(uintptr_t dst, uintptr_t src, size_t n, void *stream);
+int cuStreamDestroy_v2(void *stream);
+int cuStreamCreate(void **stream, unsigned flags);
+int cuStreamSynchronize(void *stream);
+int cuStreamWaitValue32_v2(void *stream, uintptr_t addr, unsigned value, unsigned flags);
+int cuMemsetD32Async(uintptr_t dst, unsigned value, size_t words, void *stream);
+int cuCtxDestroy_v2(void *ctx);
 
 // A copy of the test's own, in relaxed capture mode as the library's are.
 static int copy(void *dst, const void *src, size_t n, void *stream) {
@@ -188,7 +194,7 @@ static void test_callers_context_kept(void **state) {
     assert_true(fstats().creates > s0.creates);
   }
   assert_int_equal(cuCtxSetCurrent(NULL), 0);
-  free(mine);
+  assert_int_equal(cuCtxDestroy_v2(mine), 0);
 }
 
 // ------------------------------------------------------------------ two devices
@@ -233,7 +239,7 @@ static void test_two_devices(void **state) {
     for (int i = 0; i < N; i++)
       if (l[d][i].p) assert_int_equal(nf_free(p[d], l[d][i].p), NF_OK);
     pool_off(p[d], be[d]);
-    free(s[d]);
+    assert_int_equal(cuStreamDestroy_v2(s[d]), 0);
   }
   assert_null(current());
 }
@@ -253,7 +259,7 @@ static void test_other_device_stream(void **state) {
   assert_int_equal(after.live_blocks, before.live_blocks);
   assert_int_equal(after.backend_calls, before.backend_calls);
   pool_off(p, be);
-  free(s0);
+  assert_int_equal(cuStreamDestroy_v2(s0), 0);
 }
 
 // ------------------------------------------------------------------ peers
@@ -297,7 +303,7 @@ static void test_peer(void **state) {
   nf_free(p, a);
   pool_off(p, be);
   setenv("NF_FAKE_CUDA", FAKE, 1);
-  free(s0);
+  assert_int_equal(cuStreamDestroy_v2(s0), 0);
 }
 
 // ------------------------------------------------------------------ handles and sharing
@@ -408,8 +414,8 @@ static void test_late_events(void **state) {
   for (int i = 0; i < N; i++)
     if (l[i].p) nf_free(p, l[i].p);
   pool_off(p, be);
-  free(s[1]);
-  free(s[2]);
+  assert_int_equal(cuStreamDestroy_v2(s[1]), 0);
+  assert_int_equal(cuStreamDestroy_v2(s[2]), 0);
 }
 
 // Spill on the CUDA backend: past the device limit, blocks are backed by
@@ -468,6 +474,48 @@ static void test_plugin_device1(void **state) {
   nf_torch_shutdown();
   nf_torch_configure(NULL);
   assert_int_equal(cuCtxSetCurrent(NULL), 0);
+}
+
+// Stream order, with the stand-in's queues: stream A is held (a wait on a
+// host word) with a memset of block x queued behind the hold; x is freed and
+// its memory, the only memory under the limit, goes to stream B, whose own
+// memset must wait for A's (a GPU-side wait: a host wait would hang, A being
+// held by this very thread). Released, both run: the block holds B's bytes.
+static void test_stream_order(void **state) {
+  (void)state;
+  nf_backend_t *be;
+  nf_pool_t *p = pool_on(0, 2 * G, "views:0", &be);
+  void *a = NULL, *b = NULL;
+  assert_int_equal(cuCtxSetCurrent(fakecu_primary(0)), 0);
+  assert_int_equal(cuStreamCreate(&a, 1), 0);
+  assert_int_equal(cuStreamCreate(&b, 1), 0);
+  assert_int_equal(cuCtxSetCurrent(NULL), 0);
+  static volatile uint32_t flag;
+  flag = 0;
+  int mode = 2; // the test's own calls in relaxed mode (teardown counts every call outside it)
+  assert_int_equal(cuThreadExchangeStreamCaptureMode(&mode), 0);
+  for (int round = 0; round < 3; round++, flag = 0) {
+    assert_int_equal(cuStreamWaitValue32_v2(a, (uintptr_t)&flag, 1, 0), 0); // GEQ 1
+    void *x = nf_alloc(p, 2 * G, (nf_stream_t)a);
+    assert_non_null(x);
+    assert_int_equal(cuMemsetD32Async((uintptr_t)x, 0xAAAAAAAAu, 2 * G / 4, a), 0); // queued behind the hold
+    assert_int_equal(nf_free(p, x), NF_OK);
+    void *y = nf_alloc(p, 2 * G, (nf_stream_t)b);
+    if (!y) fail_msg("round %d: %s", round, nf_last_error());
+    assert_ptr_equal(y, x); // the same memory: nothing else fits
+    assert_int_equal(cuMemsetD32Async((uintptr_t)y, 0xBBBBBBBBu, 2 * G / 4, b), 0);
+    flag = 1;
+    assert_int_equal(cuStreamSynchronize(a), 0);
+    assert_int_equal(cuStreamSynchronize(b), 0);
+    const uint32_t *w = y;
+    for (size_t i = 0; i < 2 * G / 4; i += 1021)
+      if (w[i] != 0xBBBBBBBBu) fail_msg("round %d: word %zu is %#x: B's memset ran before A's", round, i, w[i]);
+    assert_int_equal(nf_free(p, y), NF_OK);
+  }
+  pool_off(p, be);
+  assert_int_equal(cuStreamDestroy_v2(a), 0);
+  assert_int_equal(cuStreamDestroy_v2(b), 0);
+  assert_int_equal(cuThreadExchangeStreamCaptureMode(&mode), 0);
 }
 
 // ------------------------------------------------------------------ threads
@@ -535,7 +583,7 @@ int main(void) {
       T(test_open), T(test_callers_context_kept), T(test_two_devices),
       T(test_other_device_stream), T(test_peer), T(test_handle_type_fallback),
       T(test_ipc), T(test_late_events), T(test_spill),
-      T(test_plugin_device1), T(test_threads),
+      T(test_plugin_device1), T(test_threads), T(test_stream_order),
   };
 #undef T
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,10 +1,10 @@
 // A stand-in libcuda.so.1 that works: the driver entry points the library's
 // CUDA backend loads (src/backend/cuda_driver.c), those of `nofrag replay
-// --device` (tools/device.c) and `nofrag doctor` (tools/doctor.c), on host
+// --device` (tools/device.c), `nofrag doctor` (tools/doctor.c) and tests/gpu, on host
 // memory, for N devices. It runs src/backend/cuda.c, the multi-device paths,
 // the device replay and the doctor's checks on machines without a GPU
-// (tests/test_cuda_fake.c, tests/gpu/replay_device.sh, tests/test_doctor.sh,
-// python/tests/test_doctor.py), and checks what the real driver would refuse
+// (tests/test_cuda_fake.c, tests/gpu as test_cuda_gpu_fake, tests/gpu/replay_device.sh,
+// tests/test_doctor.sh, python/tests/test_doctor.py), and checks what the real driver would refuse
 // and what nofrag promises about contexts and capture mode:
 //   - physical memory: slots of one sparse memfd per device (and one for host
 //     memory); a mapping is an mmap of the slots, with no access until
@@ -21,8 +21,9 @@
 //     cuStreamCreate and the legacy stream answer for the current context's
 //     device; an event is recorded only on a stream of its own context
 //     (CUDA_ERROR_INVALID_HANDLE otherwise), a wait may use any context's event;
-//   - copies and memsets run at once (streams are synchronous here) and only
-//     through memory the stream's device was granted (CUDA_ERROR_ILLEGAL_ADDRESS);
+//   - streams queue their work and run it in order (fake_stream.c), through
+//     memory the stream's device was granted when it runs (else an illegal
+//     address, counted);
 //   - each call counts against the context current on its thread and, if it
 //     may touch another thread's capture, whether relaxed mode was on.
 // Refusals that point at a nofrag bug print "fake cuda: VIOLATION" and count
@@ -37,37 +38,19 @@
 //   handles); lag=N (an event reads NOT_READY N times after its record);
 //   strict=1 (abort at the first violation: for runs that cannot read the
 //   counters).
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE // memfd_create
-#endif
-#include "fake_opt.h"
-#include "fake_cuda.h"
+#include "fake_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
-#include <stdarg.h>
-#include <stdbool.h>
-#include <stdint.h>
 #include <linux/falloc.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum {
-  OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NO_DEVICE = 100, INVALID_DEVICE = 101, INVALID_CONTEXT = 201,
-  ALREADY_MAPPED = 208, NOT_MAPPED = 211, INVALID_HANDLE = 400, NOT_READY = 600, ILLEGAL_ADDRESS = 700,
-  NOT_SUPPORTED = 801,
-};
-enum { LOC_DEVICE = 1, LOC_HOST = 2, HT_NONE = 0, HT_FD = 1, RELAXED = 2 };
-#define MAGIC_CTX 0x43545831u
-#define MAGIC_STREAM 0x53545231u
-#define MAGIC_EVENT 0x45564e31u
-#define MAGIC_HANDLE 0x484e4431u
-
-typedef struct { unsigned magic; int dev; uint64_t calls; } fctx_t;
-// A stream (n: its capture status) or an event (n: NOT_READY answers left).
-typedef struct { unsigned magic; fctx_t *ctx; int n; } fobj_t;
 // An allocation: `size` bytes at `off` of its location's file, or of a file of its own (own: exported or imported).
 typedef struct { unsigned magic; int fd, dev, htype, maps; bool released, own; size_t size; off_t off; } fhandle_t;
 // A location's memory: its file and which of its granule slots are taken.
@@ -75,16 +58,16 @@ typedef struct { int fd; uint64_t *taken; size_t slots, hint; } floc_t;
 typedef struct { fhandle_t *h; uintptr_t start; size_t len; uint64_t access; } fgran_t; // per granule
 typedef struct fres { uintptr_t base; size_t size; fgran_t *g; struct fres *next; } fres_t;
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t fk_mu = PTHREAD_MUTEX_INITIALIZER;
+fakecu_stats_t fk_st;
+_Thread_local fctx_t *fk_cur;
+_Thread_local int fk_mode; // CU_STREAM_CAPTURE_MODE_GLOBAL, the driver's default
 static fctx_t primary[FAKECU_MAX_DEV];
 static uint64_t noctx_calls;
-static fakecu_stats_t st;
 static fres_t *reservations;
 static floc_t locs[FAKECU_MAX_DEV + 1]; // devices, then host memory
-static _Thread_local fctx_t *cur;
-static _Thread_local int mode; // CU_STREAM_CAPTURE_MODE_GLOBAL, the driver's default
 
-static int ndev(void) { int n = fake_opt("devices", 1); return n < 1 ? 1 : n > FAKECU_MAX_DEV ? FAKECU_MAX_DEV : n; }
+int fk_ndev(void) { int n = fake_opt("devices", 1); return n < 1 ? 1 : n > FAKECU_MAX_DEV ? FAKECU_MAX_DEV : n; }
 static size_t gran(void) { return (size_t)fake_opt("gran", 2048) << 10; }
 static uint64_t capacity(int dev) {
   return (uint64_t)(dev < 0 ? fake_opt("hostmem", 512) : fake_dev_opt("mem", dev, fake_opt("mem", 512))) << 20;
@@ -123,35 +106,26 @@ static long slots_take(int dev, size_t n) {
   return -1;
 }
 
-static int violation(int r, const char *fmt, ...) {
+int fk_violation(int r, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   fprintf(stderr, "fake cuda: VIOLATION: ");
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
-  st.violations++;
+  fk_st.violations++;
   if (fake_opt("strict", 0)) abort(); // a test that cannot read the counters (a CLI run) fails at once
   return r;
 }
 
-// Every call that acts: counted against the current context, and whether it
-// ran in relaxed capture mode (those that may break a capture elsewhere).
-static void enter(bool capture_unsafe) {
-  pthread_mutex_lock(&mu);
-  if (cur) cur->calls++;
+void fk_enter(bool capture_unsafe) {
+  pthread_mutex_lock(&fk_mu);
+  if (fk_cur) fk_cur->calls++;
   else noctx_calls++;
-  if (capture_unsafe && mode != RELAXED) st.unrelaxed++;
+  if (capture_unsafe && fk_mode != RELAXED) fk_st.unrelaxed++;
 }
-#define RETURN(r) do { int r_ = (r); pthread_mutex_unlock(&mu); return r_; } while (0)
 
-static fctx_t *ctx_of(void *c) { fctx_t *x = c; return x && x->magic == MAGIC_CTX ? x : NULL; }
-// A stream's context: the legacy / per-thread handles (NULL, 1, 2) name the current one's.
-static fctx_t *stream_ctx(void *s) {
-  if ((uintptr_t)s <= 2) return cur;
-  fobj_t *x = s;
-  return x->magic == MAGIC_STREAM ? x->ctx : NULL;
-}
+fctx_t *fk_ctx_of(void *c) { fctx_t *x = c; return x && x->magic == MAGIC_CTX ? x : NULL; }
 
 static fres_t *res_find(uintptr_t va, size_t size) {
   for (fres_t *r = reservations; r; r = r->next)
@@ -171,9 +145,9 @@ static void handle_drop(fhandle_t *h) {
     (void)fallocate(h->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, h->off, (off_t)h->size);
     slots_set(loc(h->dev), (size_t)h->off / gran(), h->size / gran(), false);
   }
-  if (h->dev < 0) st.host_used -= h->size;
-  else st.used[h->dev] -= h->size;
-  st.handles--;
+  if (h->dev < 0) fk_st.host_used -= h->size;
+  else fk_st.used[h->dev] -= h->size;
+  fk_st.handles--;
   h->magic = 0;
   free(h);
 }
@@ -181,14 +155,14 @@ static void handle_drop(fhandle_t *h) {
 // ------------------------------------------------------------ init, devices, contexts
 int cuInit(unsigned flags) { (void)flags; return fake_opt("init", OK); }
 int cuDriverGetVersion(int *v) { *v = fake_opt("version", 13000); return OK; }
-int cuDeviceGetCount(int *n) { *n = ndev(); return OK; }
+int cuDeviceGetCount(int *n) { *n = fk_ndev(); return OK; }
 int cuDeviceGetName(char *name, int len, int d) {
-  if (d < 0 || d >= ndev()) return INVALID_DEVICE;
+  if (d < 0 || d >= fk_ndev()) return INVALID_DEVICE;
   snprintf(name, (size_t)len, "Fake GPU %d", d);
   return OK;
 }
 int cuDeviceGetAttribute(int *v, int attr, int d) {
-  if (d < 0 || d >= ndev()) return INVALID_DEVICE;
+  if (d < 0 || d >= fk_ndev()) return INVALID_DEVICE;
   switch (attr) {
   case 75: *v = 9; break;                              // compute capability 9.0
   case 102: *v = fake_dev_opt("vmm", d, 1); break;     // virtual memory management
@@ -199,44 +173,40 @@ int cuDeviceGetAttribute(int *v, int attr, int d) {
   return OK;
 }
 int cuDeviceGet(int *d, int ordinal) {
-  if (ordinal < 0 || ordinal >= ndev()) return INVALID_DEVICE;
+  if (ordinal < 0 || ordinal >= fk_ndev()) return INVALID_DEVICE;
   *d = ordinal;
   return OK;
 }
 int cuDeviceCanAccessPeer(int *can, int a, int b) {
-  if (a < 0 || a >= ndev() || b < 0 || b >= ndev()) return INVALID_DEVICE;
+  if (a < 0 || a >= fk_ndev() || b < 0 || b >= fk_ndev()) return INVALID_DEVICE;
   *can = a != b && fake_opt("peer", 1);
   return OK;
 }
 static fctx_t *primary_of(int d) {
-  pthread_mutex_lock(&mu);
+  pthread_mutex_lock(&fk_mu);
   fctx_t *c = &primary[d];
   c->magic = MAGIC_CTX;
   c->dev = d;
-  pthread_mutex_unlock(&mu);
+  pthread_mutex_unlock(&fk_mu);
   return c;
 }
 int cuDevicePrimaryCtxRetain(void **ctx, int d) {
-  if (d < 0 || d >= ndev()) return INVALID_DEVICE;
+  if (d < 0 || d >= fk_ndev()) return INVALID_DEVICE;
   *ctx = primary_of(d);
   return OK;
 }
-int cuDevicePrimaryCtxRelease_v2(int d) { return d < 0 || d >= ndev() ? INVALID_DEVICE : OK; }
+int cuDevicePrimaryCtxRelease_v2(int d) { return d < 0 || d >= fk_ndev() ? INVALID_DEVICE : OK; }
 int cuCtxSetCurrent(void *ctx) {
-  if (ctx && !ctx_of(ctx)) return INVALID_CONTEXT;
-  cur = ctx;
+  if (ctx && !fk_ctx_of(ctx)) return INVALID_CONTEXT;
+  fk_cur = ctx;
   return OK;
 }
-int cuCtxGetCurrent(void **ctx) { *ctx = cur; return OK; }
+int cuCtxGetCurrent(void **ctx) { *ctx = fk_cur; return OK; }
 int cuThreadExchangeStreamCaptureMode(int *m) {
-  int old = mode;
-  mode = *m;
+  int old = fk_mode;
+  fk_mode = *m;
   *m = old;
   return OK;
-}
-int cuCtxSynchronize(void) {
-  enter(true);
-  RETURN(cur ? OK : violation(INVALID_CONTEXT, "cuCtxSynchronize with no context current"));
 }
 int cuGetErrorName(int r, const char **s) {
   switch (r) {
@@ -252,6 +222,9 @@ int cuGetErrorName(int r, const char **s) {
   case NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
   case ILLEGAL_ADDRESS: *s = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
   case NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+  case CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
+  case CAPTURE_INVALIDATED: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break;
+  case WOULD_HANG: *s = "CUDA_ERROR_UNKNOWN"; break;
   default: *s = NULL; return INVALID_VALUE;
   }
   return OK;
@@ -271,17 +244,17 @@ typedef struct { loc_t loc; int flags; } access_t;                              
 static int prop_dev(const prop_t *p) { // device ordinal, -1 host, -2 invalid
   if (!p || p->type != 1) return -2;
   if (p->loc.type == LOC_HOST) return -1;
-  return p->loc.type == LOC_DEVICE && p->loc.id >= 0 && p->loc.id < ndev() ? p->loc.id : -2;
+  return p->loc.type == LOC_DEVICE && p->loc.id >= 0 && p->loc.id < fk_ndev() ? p->loc.id : -2;
 }
 // Allocations there refused (options vmmK, brokenK, hvmmK of the current device).
 static bool vmm_refused(int dev) {
-  if (dev < 0) return !fake_dev_opt("hvmm", cur ? cur->dev : 0, 1);
+  if (dev < 0) return !fake_dev_opt("hvmm", fk_cur ? fk_cur->dev : 0, 1);
   return !fake_dev_opt("vmm", dev, 1) || fake_dev_opt("broken", dev, 0);
 }
 
 int cuMemGetAllocationGranularity(size_t *g, const prop_t *p, int option) {
   (void)option;
-  enter(false);
+  fk_enter(false);
   if (prop_dev(p) == -2) RETURN(INVALID_VALUE);
   if (vmm_refused(prop_dev(p))) RETURN(NOT_SUPPORTED);
   *g = gran();
@@ -289,20 +262,20 @@ int cuMemGetAllocationGranularity(size_t *g, const prop_t *p, int option) {
 }
 
 int cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
-  enter(false);
-  if (!cur) RETURN(violation(INVALID_CONTEXT, "cuMemGetInfo with no context current"));
-  size_t t = capacity(cur->dev);
+  fk_enter(false);
+  if (!fk_cur) RETURN(fk_violation(INVALID_CONTEXT, "cuMemGetInfo with no context current"));
+  size_t t = capacity(fk_cur->dev);
   *total = t;
-  *free_bytes = t - st.used[cur->dev];
+  *free_bytes = t - fk_st.used[fk_cur->dev];
   RETURN(OK);
 }
 
 int cuMemAddressReserve(uintptr_t *out, size_t size, size_t align, uintptr_t addr, unsigned long long flags) {
   (void)addr;
   (void)flags;
-  enter(false);
+  fk_enter(false);
   size_t g = gran();
-  if (!size || size % g || (align && (align & (align - 1)))) RETURN(violation(INVALID_VALUE, "cuMemAddressReserve(%zu, align %zu)", size, align));
+  if (!size || size % g || (align && (align & (align - 1)))) RETURN(fk_violation(INVALID_VALUE, "cuMemAddressReserve(%zu, align %zu)", size, align));
   if (align < g) align = g;
   char *m = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) RETURN(OUT_OF_MEMORY);
@@ -321,13 +294,13 @@ int cuMemAddressReserve(uintptr_t *out, size_t size, size_t align, uintptr_t add
 }
 
 int cuMemAddressFree(uintptr_t va, size_t size) {
-  enter(false);
+  fk_enter(false);
   fres_t **pp = &reservations;
   while (*pp && (*pp)->base != va) pp = &(*pp)->next;
   fres_t *r = *pp;
-  if (!r || r->size != size) RETURN(violation(INVALID_VALUE, "cuMemAddressFree(%#lx, %zu): not a whole reservation", va, size));
+  if (!r || r->size != size) RETURN(fk_violation(INVALID_VALUE, "cuMemAddressFree(%#lx, %zu): not a whole reservation", va, size));
   for (size_t i = 0; i < size / gran(); i++)
-    if (r->g[i].h) RETURN(violation(INVALID_VALUE, "cuMemAddressFree(%#lx): granule %zu still mapped", va, i));
+    if (r->g[i].h) RETURN(fk_violation(INVALID_VALUE, "cuMemAddressFree(%#lx): granule %zu still mapped", va, i));
   *pp = r->next;
   munmap((void *)va, size);
   free(r->g);
@@ -336,13 +309,13 @@ int cuMemAddressFree(uintptr_t va, size_t size) {
 }
 
 int cuMemCreate(void **out, size_t size, const prop_t *p, unsigned long long flags) {
-  enter(false);
+  fk_enter(false);
   int dev = prop_dev(p);
-  if (dev == -2 || flags || !size || size % gran()) RETURN(violation(INVALID_VALUE, "cuMemCreate(%zu): bad arguments", size));
-  if (p->htypes & ~HT_FD) RETURN(violation(INVALID_VALUE, "cuMemCreate: handle types %#x", p->htypes));
+  if (dev == -2 || flags || !size || size % gran()) RETURN(fk_violation(INVALID_VALUE, "cuMemCreate(%zu): bad arguments", size));
+  if (p->htypes & ~HT_FD) RETURN(fk_violation(INVALID_VALUE, "cuMemCreate: handle types %#x", p->htypes));
   if (vmm_refused(dev)) RETURN(NOT_SUPPORTED);
-  if ((p->htypes & HT_FD) && dev >= 0 && !fake_dev_opt("fd", dev, 1)) { st.create_refused++; RETURN(NOT_SUPPORTED); }
-  uint64_t cap = capacity(dev), *used = dev < 0 ? &st.host_used : &st.used[dev];
+  if ((p->htypes & HT_FD) && dev >= 0 && !fake_dev_opt("fd", dev, 1)) { fk_st.create_refused++; RETURN(NOT_SUPPORTED); }
+  uint64_t cap = capacity(dev), *used = dev < 0 ? &fk_st.host_used : &fk_st.used[dev];
   if (*used + size > cap) RETURN(OUT_OF_MEMORY);
   fhandle_t *h = calloc(1, sizeof *h);
   long slot = h ? slots_take(dev, size / gran()) : -1;
@@ -350,9 +323,9 @@ int cuMemCreate(void **out, size_t size, const prop_t *p, unsigned long long fla
   *h = (fhandle_t){.magic = MAGIC_HANDLE, .fd = loc(dev)->fd, .dev = dev, .htype = p->htypes, .size = size,
                    .off = (off_t)((size_t)slot * gran())};
   *used += size;
-  st.handles++;
-  st.creates++;
-  st.creates_fd += (p->htypes & HT_FD) != 0;
+  fk_st.handles++;
+  fk_st.creates++;
+  fk_st.creates_fd += (p->htypes & HT_FD) != 0;
   *out = h;
   RETURN(OK);
 }
@@ -360,42 +333,42 @@ int cuMemCreate(void **out, size_t size, const prop_t *p, unsigned long long fla
 static fhandle_t *handle_of(void *x) { fhandle_t *h = x; return h && h->magic == MAGIC_HANDLE && !h->released ? h : NULL; }
 
 int cuMemRelease(void *x) {
-  enter(false);
+  fk_enter(false);
   fhandle_t *h = handle_of(x);
-  if (!h) RETURN(violation(INVALID_HANDLE, "cuMemRelease(%p): not a live handle", x));
+  if (!h) RETURN(fk_violation(INVALID_HANDLE, "cuMemRelease(%p): not a live handle", x));
   h->released = true;
   handle_drop(h);
   RETURN(OK);
 }
 
 int cuMemMap(uintptr_t va, size_t size, size_t offset, void *x, unsigned long long flags) {
-  enter(false);
+  fk_enter(false);
   fhandle_t *h = handle_of(x);
   size_t g = gran();
-  if (!h) RETURN(violation(INVALID_HANDLE, "cuMemMap(%#lx): not a live handle", va));
-  if (offset || flags || size != h->size || va % g) RETURN(violation(INVALID_VALUE, "cuMemMap(%#lx, %zu, offset %zu): not the whole allocation", va, size, offset));
+  if (!h) RETURN(fk_violation(INVALID_HANDLE, "cuMemMap(%#lx): not a live handle", va));
+  if (offset || flags || size != h->size || va % g) RETURN(fk_violation(INVALID_VALUE, "cuMemMap(%#lx, %zu, offset %zu): not the whole allocation", va, size, offset));
   fres_t *r = res_find(va, size);
-  if (!r) RETURN(violation(INVALID_VALUE, "cuMemMap(%#lx, %zu): outside every reservation", va, size));
+  if (!r) RETURN(fk_violation(INVALID_VALUE, "cuMemMap(%#lx, %zu): outside every reservation", va, size));
   fgran_t *e = &r->g[(va - r->base) / g];
   for (size_t i = 0; i < size / g; i++)
-    if (e[i].h) RETURN(violation(ALREADY_MAPPED, "cuMemMap(%#lx, %zu): granule %zu mapped already", va, size, i));
+    if (e[i].h) RETURN(ALREADY_MAPPED); // an error, not a violation: tests/gpu provokes it (nofrag sees the failure)
   if (mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, h->off) == MAP_FAILED) RETURN(OUT_OF_MEMORY);
   for (size_t i = 0; i < size / g; i++) e[i] = (fgran_t){.h = h, .start = va, .len = size};
   h->maps++;
-  st.mapped += size;
+  fk_st.mapped += size;
   RETURN(OK);
 }
 
 int cuMemUnmap(uintptr_t va, size_t size) {
-  enter(false);
+  fk_enter(false);
   size_t g = gran();
   fres_t *r = res_find(va, size);
-  if (!r || !size || va % g || size % g) RETURN(violation(INVALID_VALUE, "cuMemUnmap(%#lx, %zu): outside every reservation", va, size));
+  if (!r || !size || va % g || size % g) RETURN(fk_violation(INVALID_VALUE, "cuMemUnmap(%#lx, %zu): outside every reservation", va, size));
   fgran_t *e = &r->g[(va - r->base) / g];
   for (size_t i = 0; i < size / g; i++) {
-    if (!e[i].h) RETURN(violation(NOT_MAPPED, "cuMemUnmap(%#lx, %zu): granule %zu not mapped", va, size, i));
+    if (!e[i].h) RETURN(fk_violation(NOT_MAPPED, "cuMemUnmap(%#lx, %zu): granule %zu not mapped", va, size, i));
     if (e[i].start < va || e[i].start + e[i].len > va + size)
-      RETURN(violation(INVALID_VALUE, "cuMemUnmap(%#lx, %zu): part of the mapping at %#lx", va, size, e[i].start));
+      RETURN(fk_violation(INVALID_VALUE, "cuMemUnmap(%#lx, %zu): part of the mapping at %#lx", va, size, e[i].start));
   }
   if (mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
     RETURN(OUT_OF_MEMORY);
@@ -404,26 +377,26 @@ int cuMemUnmap(uintptr_t va, size_t size) {
     n = e[i].len / g;
     for (size_t k = 0; k < n; k++) e[i + k] = (fgran_t){0};
     h->maps--;
-    st.mapped -= n * g;
+    fk_st.mapped -= n * g;
     handle_drop(h);
   }
   RETURN(OK);
 }
 
 int cuMemSetAccess(uintptr_t va, size_t size, const access_t *d, size_t count) {
-  enter(false);
+  fk_enter(false);
   size_t g = gran();
   fres_t *r = res_find(va, size);
-  if (!r || !size || va % g || size % g || !count) RETURN(violation(INVALID_VALUE, "cuMemSetAccess(%#lx, %zu)", va, size));
+  if (!r || !size || va % g || size % g || !count) RETURN(fk_violation(INVALID_VALUE, "cuMemSetAccess(%#lx, %zu)", va, size));
   fgran_t *e = &r->g[(va - r->base) / g];
   for (size_t i = 0; i < size / g; i++) {
-    if (!e[i].h) RETURN(violation(INVALID_VALUE, "cuMemSetAccess(%#lx, %zu): granule %zu not mapped", va, size, i));
+    if (!e[i].h) RETURN(fk_violation(INVALID_VALUE, "cuMemSetAccess(%#lx, %zu): granule %zu not mapped", va, size, i));
     for (size_t k = 0; k < count; k++) {
       int to = d[k].loc.id, owner = e[i].h->dev;
-      if (d[k].loc.type != LOC_DEVICE || to < 0 || to >= ndev() || (d[k].flags & ~3))
-        RETURN(violation(INVALID_VALUE, "cuMemSetAccess: descriptor %zu", k));
+      if (d[k].loc.type != LOC_DEVICE || to < 0 || to >= fk_ndev() || (d[k].flags & ~3))
+        RETURN(fk_violation(INVALID_VALUE, "cuMemSetAccess: descriptor %zu", k));
       if (owner >= 0 && to != owner && !fake_opt("peer", 1))
-        RETURN(violation(INVALID_DEVICE, "cuMemSetAccess: device %d cannot reach device %d", to, owner));
+        RETURN(fk_violation(INVALID_DEVICE, "cuMemSetAccess: device %d cannot reach device %d", to, owner));
     }
   }
   bool any = false;
@@ -439,9 +412,7 @@ int cuMemSetAccess(uintptr_t va, size_t size, const access_t *d, size_t count) {
   RETURN(OK);
 }
 
-// A copy's range: every granule mapped and granted to `dev`. Pointers outside
-// every reservation are host memory (pinned or not): the host reaches them.
-static bool reachable(uintptr_t a, size_t n, int dev) {
+bool fk_reachable(uintptr_t a, size_t n, int dev) {
   if (!res_find(a, 1)) return true;
   size_t g = gran();
   for (uintptr_t p = a - a % g; p < a + n; p += g) {
@@ -449,17 +420,6 @@ static bool reachable(uintptr_t a, size_t n, int dev) {
     if (!e || !e->h || !(e->access >> dev & 1)) return false;
   }
   return true;
-}
-
-int cuMemcpyAsync(uintptr_t dst, uintptr_t src, size_t n, void *s) {
-  enter(true);
-  fctx_t *c = stream_ctx(s);
-  if (!c) RETURN(violation(s ? INVALID_HANDLE : INVALID_CONTEXT, "cuMemcpyAsync: no context for stream %p", s));
-  if (!reachable(src, n, c->dev) || !reachable(dst, n, c->dev))
-    RETURN(violation(ILLEGAL_ADDRESS, "cuMemcpyAsync(%#lx <- %#lx, %zu) on device %d: not granted", dst, src, n, c->dev));
-  memmove((void *)dst, (const void *)src, n);
-  st.copies++;
-  RETURN(OK);
 }
 
 // An exported allocation gets a file of its own (an fd names one allocation):
@@ -489,9 +449,9 @@ static bool handle_own(fhandle_t *h) {
 }
 
 int cuMemExportToShareableHandle(int *fd, void *x, int type, unsigned long long flags) {
-  enter(false);
+  fk_enter(false);
   fhandle_t *h = handle_of(x);
-  if (!h || flags) RETURN(violation(INVALID_HANDLE, "cuMemExportToShareableHandle(%p)", x));
+  if (!h || flags) RETURN(fk_violation(INVALID_HANDLE, "cuMemExportToShareableHandle(%p)", x));
   if (type != HT_FD || !(h->htype & HT_FD)) RETURN(INVALID_VALUE); // not made exportable: the caller's fallback
   if (!h->own && !handle_own(h)) RETURN(OUT_OF_MEMORY);
   *fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
@@ -499,7 +459,7 @@ int cuMemExportToShareableHandle(int *fd, void *x, int type, unsigned long long 
 }
 
 int cuMemImportFromShareableHandle(void **out, void *osh, int type) {
-  enter(false);
+  fk_enter(false);
   struct stat sb;
   int fd = (int)(intptr_t)osh;
   if (type != HT_FD || fstat(fd, &sb) || !sb.st_size) RETURN(INVALID_VALUE);
@@ -510,154 +470,62 @@ int cuMemImportFromShareableHandle(void **out, void *osh, int type) {
   h->dev = 0; // the exporter's device is not in the fd; device 0 is what tests share
   h->htype = HT_FD;
   h->size = (size_t)sb.st_size;
-  st.used[0] += h->size; // charged like an allocation of its own: freed the same way
-  st.handles++;
+  fk_st.used[0] += h->size; // charged like an allocation of its own: freed the same way
+  fk_st.handles++;
   *out = h;
   RETURN(OK);
 }
 
-// ------------------------------------------------------------ events and streams
-static fobj_t *event_of(void *x) { fobj_t *e = x; return e && e->magic == MAGIC_EVENT ? e : NULL; }
-
-// Events and streams belong to the context current at their creation.
-static int obj_create(void **out, unsigned magic, const char *call) {
-  enter(false);
-  if (!cur) RETURN(violation(INVALID_CONTEXT, "%s with no context current", call));
-  fobj_t *x = calloc(1, sizeof *x);
-  if (!x) RETURN(OUT_OF_MEMORY);
-  *x = (fobj_t){.magic = magic, .ctx = cur};
-  *out = x;
-  RETURN(OK);
-}
-static int obj_destroy(void *p, unsigned magic, const char *call) {
-  enter(false);
-  fobj_t *x = p;
-  if ((uintptr_t)p <= 2 || x->magic != magic) RETURN(violation(INVALID_HANDLE, "%s(%p)", call, p));
-  x->magic = 0;
-  free(x);
-  RETURN(OK);
-}
-int cuEventCreate(void **out, unsigned flags) { (void)flags; return obj_create(out, MAGIC_EVENT, "cuEventCreate"); }
-int cuEventDestroy_v2(void *x) { return obj_destroy(x, MAGIC_EVENT, "cuEventDestroy"); }
-int cuEventRecord(void *x, void *s) {
-  enter(true);
-  fobj_t *e = event_of(x);
-  fctx_t *c = stream_ctx(s);
-  if (!e || !c) RETURN(violation(INVALID_HANDLE, "cuEventRecord(%p, %p): bad handle or no context", x, s));
-  if (c != e->ctx) RETURN(violation(INVALID_HANDLE, "cuEventRecord: the event is device %d's, the stream device %d's context", e->ctx->dev, c->dev));
-  e->n = fake_opt("lag", 0);
-  st.records++;
-  RETURN(OK);
-}
-int cuEventQuery(void *x) {
-  enter(true);
-  fobj_t *e = event_of(x);
-  if (!e) RETURN(violation(INVALID_HANDLE, "cuEventQuery(%p)", x));
-  st.queries++;
-  if (e->n > 0) { e->n--; RETURN(NOT_READY); }
-  RETURN(OK);
-}
-int cuEventSynchronize(void *x) {
-  enter(true);
-  fobj_t *e = event_of(x);
-  if (!e) RETURN(violation(INVALID_HANDLE, "cuEventSynchronize(%p)", x));
-  e->n = 0;
-  st.syncs++;
-  RETURN(OK);
-}
-int cuStreamWaitEvent(void *s, void *x, unsigned flags) {
-  enter(true);
-  if (!stream_ctx(s) || !event_of(x) || flags) RETURN(violation(INVALID_HANDLE, "cuStreamWaitEvent(%p, %p)", s, x));
-  st.waits++;
-  RETURN(OK);
-}
-// `nofrag replay --device` (tools/device.c): its streams, its --verify words
-// written and read back through device memory, its pinned read buffer.
-int cuStreamCreate(void **out, unsigned flags) { (void)flags; return obj_create(out, MAGIC_STREAM, "cuStreamCreate"); }
-int cuStreamDestroy_v2(void *s) { return obj_destroy(s, MAGIC_STREAM, "cuStreamDestroy"); }
-int cuStreamSynchronize(void *s) {
-  enter(true);
-  RETURN(stream_ctx(s) ? OK : violation(INVALID_HANDLE, "cuStreamSynchronize(%p)", s));
-}
-int cuMemsetD32Async(uintptr_t dst, unsigned v, size_t n, void *s) {
-  enter(true);
-  fctx_t *c = stream_ctx(s);
-  if (!c || !reachable(dst, 4 * n, c->dev))
-    RETURN(violation(ILLEGAL_ADDRESS, "cuMemsetD32Async(%#lx, %zu words) on stream %p: not granted", dst, n, s));
-  for (size_t i = 0; i < n; i++) memcpy((char *)dst + 4 * i, &v, 4);
-  RETURN(OK);
-}
-int cuMemcpyDtoHAsync_v2(void *dst, uintptr_t src, size_t n, void *s) {
-  enter(true);
-  fctx_t *c = stream_ctx(s);
-  if (!c || !reachable(src, n, c->dev))
-    RETURN(violation(ILLEGAL_ADDRESS, "cuMemcpyDtoHAsync(%#lx, %zu) on stream %p: not granted", src, n, s));
-  memcpy(dst, (const void *)src, n);
-  st.copies++;
-  RETURN(OK);
-}
-// `nofrag doctor`'s round trip: synchronous, on the current context's device.
-int cuMemsetD32_v2(uintptr_t dst, unsigned v, size_t n) { return cuMemsetD32Async(dst, v, n, NULL); }
-int cuMemcpyDtoH_v2(void *dst, uintptr_t src, size_t n) { return cuMemcpyDtoHAsync_v2(dst, src, n, NULL); }
-int cuMemAllocHost_v2(void **p, size_t n) {
-  enter(false);
-  RETURN((*p = malloc(n)) ? OK : OUT_OF_MEMORY);
-}
-int cuMemFreeHost(void *p) {
-  enter(false);
-  free(p);
-  RETURN(OK);
-}
 int cuDeviceTotalMem_v2(size_t *bytes, int d) {
-  if (d < 0 || d >= ndev()) return INVALID_DEVICE;
+  if (d < 0 || d >= fk_ndev()) return INVALID_DEVICE;
   *bytes = capacity(d);
   return OK;
 }
 
-int cuStreamGetCtx(void *s, void **ctx) {
-  fctx_t *c = stream_ctx(s);
-  if (!c) return INVALID_HANDLE;
-  *ctx = c;
-  return OK;
-}
-int cuStreamIsCapturing(void *s, int *status) {
-  enter(false);
-  if (!stream_ctx(s)) RETURN(violation(INVALID_HANDLE, "cuStreamIsCapturing(%p)", s));
-  *status = (uintptr_t)s <= 2 ? 0 : ((fobj_t *)s)->n;
-  RETURN(OK);
-}
-
 // ------------------------------------------------------------ the tests' side
 void fakecu_stats(fakecu_stats_t *out) {
-  pthread_mutex_lock(&mu);
-  *out = st;
+  pthread_mutex_lock(&fk_mu);
+  *out = fk_st;
   out->noctx = noctx_calls;
-  pthread_mutex_unlock(&mu);
+  pthread_mutex_unlock(&fk_mu);
 }
-void *fakecu_primary(int dev) { return dev >= 0 && dev < ndev() ? primary_of(dev) : NULL; }
+void *fakecu_primary(int dev) { return dev >= 0 && dev < fk_ndev() ? primary_of(dev) : NULL; }
 void *fakecu_ctx_create(int dev) {
   fctx_t *c = calloc(1, sizeof *c);
   if (c) *c = (fctx_t){.magic = MAGIC_CTX, .dev = dev};
   return c;
 }
+// A context of the test's own (cuCtxCreate): made current.
+int cuCtxCreate_v2(void **out, unsigned flags, int dev) {
+  (void)flags;
+  if (dev < 0 || dev >= fk_ndev()) return INVALID_DEVICE;
+  if (!(*out = fakecu_ctx_create(dev))) return OUT_OF_MEMORY;
+  fk_cur = *out;
+  return OK;
+}
+int cuCtxDestroy_v2(void *ctx) {
+  fctx_t *c = fk_ctx_of(ctx);
+  if (!c || (c >= primary && c < primary + FAKECU_MAX_DEV)) return INVALID_CONTEXT;
+  pthread_mutex_lock(&fk_mu);
+  fk_ctx_streams_drop(c);
+  c->magic = 0;
+  pthread_mutex_unlock(&fk_mu);
+  if (fk_cur == c) fk_cur = NULL;
+  free(c);
+  return OK;
+}
 uint64_t fakecu_ctx_calls(void *ctx) {
-  pthread_mutex_lock(&mu);
+  pthread_mutex_lock(&fk_mu);
   uint64_t n = ctx ? ((fctx_t *)ctx)->calls : noctx_calls;
-  pthread_mutex_unlock(&mu);
+  pthread_mutex_unlock(&fk_mu);
   return n;
 }
-void *fakecu_stream_create(void *ctx) {
-  fobj_t *s = calloc(1, sizeof *s);
-  if (s) *s = (fobj_t){.magic = MAGIC_STREAM, .ctx = ctx_of(ctx)};
-  return s;
-}
-void fakecu_stream_capture(void *s, int status) { ((fobj_t *)s)->n = status; }
 int fakecu_where(uintptr_t va, int *dev, uint64_t *access) {
-  pthread_mutex_lock(&mu);
+  pthread_mutex_lock(&fk_mu);
   fgran_t *e = gran_at(va);
   int mapped = e && e->h;
   if (mapped) { *dev = e->h->dev; *access = e->access; }
-  pthread_mutex_unlock(&mu);
+  pthread_mutex_unlock(&fk_mu);
   return mapped;
 }
-int fakecu_capture_mode(void) { return mode; }
+int fakecu_capture_mode(void) { return fk_mode; }

@@ -1,6 +1,8 @@
 // GPU test of the CUDA backend and of the pool on real device memory.
-// Built and run by bench/gpu/run.sh (not by CTest: it needs a GPU); one
-// program of the files in tests/gpu (cuda_test.h says what they share):
+// Built and run by bench/gpu/run.sh; CTest builds it too and runs it on the
+// stand-in driver of tests/fake_cuda (test_cuda_gpu_fake: two simulated
+// devices, no GPU timing). One program of the files in tests/gpu (cuda_test.h
+// says what they share):
 //
 //   gcc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc tests/gpu/test_cuda.c tests/gpu/test_cuda_tiers.c
 //       tests/gpu/test_cuda_faults.c tests/gpu/test_cuda_waits.c tests/gpu/cuda_util.c build/libnofrag.a
