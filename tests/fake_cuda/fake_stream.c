@@ -164,15 +164,19 @@ static bool ctx_idle(void *c) {
 }
 
 // ------------------------------------------------------------ streams
-int cuStreamCreate(void **out, unsigned flags) {
-  (void)flags; // blocking or not: no implicit synchronization here either way
+// Streams and events belong to the context current at their creation.
+static int obj_create(void **out, unsigned magic, const char *call) {
   fk_enter(false);
-  if (!fk_cur) RETURN(fk_violation(INVALID_CONTEXT, "cuStreamCreate with no context current"));
+  if (!fk_cur) RETURN(fk_violation(INVALID_CONTEXT, "%s with no context current", call));
   fobj_t *x = calloc(1, sizeof *x);
   if (!x) RETURN(OUT_OF_MEMORY);
-  *x = (fobj_t){.magic = MAGIC_STREAM, .ctx = fk_cur};
+  *x = (fobj_t){.magic = magic, .ctx = fk_cur};
   *out = x;
   RETURN(OK);
+}
+int cuStreamCreate(void **out, unsigned flags) {
+  (void)flags; // blocking or not: no implicit synchronization here either way
+  return obj_create(out, MAGIC_STREAM, "cuStreamCreate");
 }
 int cuStreamDestroy_v2(void *p) {
   fk_enter(false);
@@ -239,16 +243,7 @@ int cuStreamWaitValue32_v2(void *p, uintptr_t addr, unsigned v, unsigned flags) 
 int cuStreamWaitValue32(void *p, uintptr_t addr, unsigned v, unsigned flags) { return cuStreamWaitValue32_v2(p, addr, v, flags); }
 
 // ------------------------------------------------------------ events
-int cuEventCreate(void **out, unsigned flags) {
-  (void)flags;
-  fk_enter(false);
-  if (!fk_cur) RETURN(fk_violation(INVALID_CONTEXT, "cuEventCreate with no context current"));
-  fobj_t *e = calloc(1, sizeof *e);
-  if (!e) RETURN(OUT_OF_MEMORY);
-  *e = (fobj_t){.magic = MAGIC_EVENT, .ctx = fk_cur};
-  *out = e;
-  RETURN(OK);
-}
+int cuEventCreate(void **out, unsigned flags) { (void)flags; return obj_create(out, MAGIC_EVENT, "cuEventCreate"); }
 int cuEventDestroy_v2(void *x) {
   fk_enter(false);
   fobj_t *e = event_of(x);
