@@ -232,7 +232,7 @@ int cuGetErrorName(int r, const char **s) {
 int cuGetErrorString(int r, const char **s) {
   const char *n;
   if (cuGetErrorName(r, &n) != OK) return INVALID_VALUE;
-  *s = "the stand-in driver of tests/fake_cuda/fake_vmm.c says so";
+  *s = "the stand-in driver of tests/fake_cuda says so";
   return OK;
 }
 
