@@ -6,110 +6,13 @@
 // through memory its device was not granted ...) and counts each refusal
 // that points at a nofrag bug as a violation: every test requires none, and
 // that every call ran in the pool's device's primary context and relaxed
-// capture mode, restoring the caller's. Copies run at once here (streams are
-// synchronous), so stream order itself is for tests/gpu.
-#include "nf_test.h"
+// capture mode, restoring the caller's. Stream order: test_cuda_fake_streams.c.
+#include "cuda_fake_test.h"
 
-#include "backend/backend.h"
-#include "fake_cuda/fake_cuda.h"
 #include "torch/torch.h"
 
 #include <pthread.h>
 #include <unistd.h>
-
-#define MiB (1ull << 20)
-#define G (2 * MiB)
-#define FAKE "devices=2,mem=128"
-
-// The driver entry points the tests call themselves (the stand-in's).
-int cuCtxSetCurrent(void *ctx);
-int cuCtxGetCurrent(void **ctx);
-int cuThreadExchangeStreamCaptureMode(int *mode);
-int cuMemcpyAsync(uintptr_t dst, uintptr_t src, size_t n, void *stream);
-int cuStreamDestroy_v2(void *stream);
-int cuStreamCreate(void **stream, unsigned flags);
-int cuStreamSynchronize(void *stream);
-int cuStreamWaitValue32_v2(void *stream, uintptr_t addr, unsigned value, unsigned flags);
-int cuMemsetD32Async(uintptr_t dst, unsigned value, size_t words, void *stream);
-int cuCtxDestroy_v2(void *ctx);
-
-// A copy of the test's own, in relaxed capture mode as the library's are.
-static int copy(void *dst, const void *src, size_t n, void *stream) {
-  int mode = 2;
-  assert_int_equal(cuThreadExchangeStreamCaptureMode(&mode), 0);
-  int r = cuMemcpyAsync((uintptr_t)dst, (uintptr_t)src, n, stream);
-  assert_int_equal(cuThreadExchangeStreamCaptureMode(&mode), 0);
-  return r;
-}
-
-static void *current(void) {
-  void *c = (void *)1;
-  assert_int_equal(cuCtxGetCurrent(&c), 0);
-  return c;
-}
-
-static fakecu_stats_t fstats(void) {
-  fakecu_stats_t s;
-  fakecu_stats(&s);
-  return s;
-}
-
-static fakecu_stats_t at_setup; // the stand-in's counters when the test began
-static uint64_t expected;        // violations the test provokes on purpose
-
-static int setup(void **state) {
-  (void)state;
-  setenv("NF_FAKE_CUDA", FAKE, 1);
-  at_setup = fstats();
-  expected = 0;
-  return cuCtxSetCurrent(NULL);
-}
-
-// Nothing the driver would refuse but what the test provoked, no call out of
-// relaxed capture mode, and every handle and mapping given back (each test
-// ends with its pools destroyed). Counted from the test's start, so that one
-// failure does not fail the tests after it.
-static int teardown(void **state) {
-  (void)state;
-  fakecu_stats_t s = fstats();
-  uint64_t v = s.violations - at_setup.violations, u = s.unrelaxed - at_setup.unrelaxed;
-  if (v != expected || u || s.handles != at_setup.handles || s.mapped != at_setup.mapped) {
-    fprintf(stderr, "stand-in driver: %llu violations (%llu provoked), %llu unrelaxed calls, %lld handles, %lld B mapped left\n",
-            (unsigned long long)v, (unsigned long long)expected, (unsigned long long)u,
-            (long long)(s.handles - at_setup.handles), (long long)(s.mapped - at_setup.mapped));
-    return -1;
-  }
-  return 0;
-}
-
-// A pool on `dev` over an unbound backend (the PyTorch plug-in's way), at `limit`.
-static nf_pool_t *pool_on(int dev, uint64_t limit, const char *conf, nf_backend_t **be) {
-  assert_int_equal(nf__backend_cuda_open(be, dev, false), NF_OK);
-  nf_config_t c = conf ? nft_conf_ok(conf) : nft_conf_default();
-  c.limit = limit;
-  c.device = dev;
-  nf_pool_t *p = NULL;
-  assert_int_equal(nf_pool_create(&p, *be, &c), NF_OK);
-  return p;
-}
-
-static void pool_off(nf_pool_t *p, nf_backend_t *be) {
-  nf_pool_destroy(p);
-  nf_backend_destroy(be);
-}
-
-// Every granule of [a, a + n) is backed on `dev` (-1: host) or, with dev -2,
-// anywhere, and granted to each device of `need`.
-static void backed(const void *a, size_t n, int dev, uint64_t need) {
-  for (uintptr_t v = (uintptr_t)a & ~(uintptr_t)(G - 1); v < (uintptr_t)a + n; v += G) {
-    int d = -3;
-    uint64_t acc = 0;
-    if (!fakecu_where(v, &d, &acc)) fail_msg("granule %#lx of a live block is not mapped", (unsigned long)v);
-    if (dev != -2 && d != dev) fail_msg("granule %#lx is backed on %d, not %d", (unsigned long)v, d, dev);
-    if ((acc & need) != need) fail_msg("granule %#lx grants %#llx, not %#llx", (unsigned long)v, (unsigned long long)acc,
-                                       (unsigned long long)need);
-  }
-}
 
 // ------------------------------------------------------------------ opening
 static void test_open(void **state) {
@@ -476,48 +379,6 @@ static void test_plugin_device1(void **state) {
   assert_int_equal(cuCtxSetCurrent(NULL), 0);
 }
 
-// Stream order, with the stand-in's queues: stream A is held (a wait on a
-// host word) with a memset of block x queued behind the hold; x is freed and
-// its memory, the only memory under the limit, goes to stream B, whose own
-// memset must wait for A's (a GPU-side wait: a host wait would hang, A being
-// held by this very thread). Released, both run: the block holds B's bytes.
-static void test_stream_order(void **state) {
-  (void)state;
-  nf_backend_t *be;
-  nf_pool_t *p = pool_on(0, 2 * G, "views:0", &be);
-  void *a = NULL, *b = NULL;
-  assert_int_equal(cuCtxSetCurrent(fakecu_primary(0)), 0);
-  assert_int_equal(cuStreamCreate(&a, 1), 0);
-  assert_int_equal(cuStreamCreate(&b, 1), 0);
-  assert_int_equal(cuCtxSetCurrent(NULL), 0);
-  static volatile uint32_t flag;
-  flag = 0;
-  int mode = 2; // the test's own calls in relaxed mode (teardown counts every call outside it)
-  assert_int_equal(cuThreadExchangeStreamCaptureMode(&mode), 0);
-  for (int round = 0; round < 3; round++, flag = 0) {
-    assert_int_equal(cuStreamWaitValue32_v2(a, (uintptr_t)&flag, 1, 0), 0); // GEQ 1
-    void *x = nf_alloc(p, 2 * G, (nf_stream_t)a);
-    assert_non_null(x);
-    assert_int_equal(cuMemsetD32Async((uintptr_t)x, 0xAAAAAAAAu, 2 * G / 4, a), 0); // queued behind the hold
-    assert_int_equal(nf_free(p, x), NF_OK);
-    void *y = nf_alloc(p, 2 * G, (nf_stream_t)b);
-    if (!y) fail_msg("round %d: %s", round, nf_last_error());
-    assert_ptr_equal(y, x); // the same memory: nothing else fits
-    assert_int_equal(cuMemsetD32Async((uintptr_t)y, 0xBBBBBBBBu, 2 * G / 4, b), 0);
-    flag = 1;
-    assert_int_equal(cuStreamSynchronize(a), 0);
-    assert_int_equal(cuStreamSynchronize(b), 0);
-    const uint32_t *w = y;
-    for (size_t i = 0; i < 2 * G / 4; i += 1021)
-      if (w[i] != 0xBBBBBBBBu) fail_msg("round %d: word %zu is %#x: B's memset ran before A's", round, i, w[i]);
-    assert_int_equal(nf_free(p, y), NF_OK);
-  }
-  pool_off(p, be);
-  assert_int_equal(cuStreamDestroy_v2(a), 0);
-  assert_int_equal(cuStreamDestroy_v2(b), 0);
-  assert_int_equal(cuThreadExchangeStreamCaptureMode(&mode), 0);
-}
-
 // ------------------------------------------------------------------ threads
 // Two threads, one with device 0's context current and one with none, each
 // churning its own device's pool and both sharing device 1's: data kept,
@@ -583,7 +444,7 @@ int main(void) {
       T(test_open), T(test_callers_context_kept), T(test_two_devices),
       T(test_other_device_stream), T(test_peer), T(test_handle_type_fallback),
       T(test_ipc), T(test_late_events), T(test_spill),
-      T(test_plugin_device1), T(test_threads), T(test_stream_order),
+      T(test_plugin_device1), T(test_threads),
   };
 #undef T
   return cmocka_run_group_tests(tests, NULL, NULL);

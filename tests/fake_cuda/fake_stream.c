@@ -42,7 +42,7 @@ static fobj_t *event_of(void *x) { fobj_t *e = x; return e && e->magic == MAGIC_
 static bool runnable(const fop_t *o) {
   if (o->kind == OP_WAIT_EVENT) return o->ev->done >= o->gen;
   if (o->kind != OP_WAIT_VALUE) return true;
-  uint32_t w = *(volatile uint32_t *)o->dst;
+  uint32_t w = __atomic_load_n((const uint32_t *)o->dst, __ATOMIC_ACQUIRE); // (the host writes it, any thread)
   switch (o->flags & 3) { // CU_STREAM_WAIT_VALUE_GEQ, EQ, AND, NOR
   case 0: return (int32_t)(w - o->v) >= 0;
   case 1: return w == o->v;
