@@ -182,6 +182,14 @@ static void test_device_out_of_range(void **state) {
 
 // ------------------------------------------------------------ trace paths
 
+// `path` configured, pools on devices 0 and `dev`: device dev's trace is `want`.
+static void trace_lands(const char *path, int dev, const char *want) {
+  configure_trace(path);
+  assert_non_null(nf_torch_pool_get(0, 1));
+  assert_non_null(nf_torch_pool_get(dev, 1));
+  assert_int_equal(access(want, F_OK), 0);
+}
+
 // Device N's trace goes beside device 0's with ".devN" before the extension;
 // a leading dot is not an extension and a dot in a folder's name is not one.
 static void test_trace_path_names(void **state) {
@@ -189,20 +197,14 @@ static void test_trace_path_names(void **state) {
   char dir[64], path[256], want[300];
   tmp_dir(dir);
   snprintf(path, sizeof path, "%s/.hidden", dir);
-  configure_trace(path);
-  assert_non_null(nf_torch_pool_get(0, 1));
-  assert_non_null(nf_torch_pool_get(1, 1));
   snprintf(want, sizeof want, "%s/.hidden.dev1", dir);
-  assert_int_equal(access(want, F_OK), 0);
+  trace_lands(path, 1, want);
 
   snprintf(path, sizeof path, "%s/a.b", dir);
   assert_int_equal(mkdir(path, 0700), 0);
   snprintf(path, sizeof path, "%s/a.b/job", dir);
-  configure_trace(path);
-  assert_non_null(nf_torch_pool_get(0, 1));
-  assert_non_null(nf_torch_pool_get(2, 1));
   snprintf(want, sizeof want, "%s/a.b/job.dev2", dir);
-  assert_int_equal(access(want, F_OK), 0);
+  trace_lands(path, 2, want);
   nf_torch_shutdown();
   rm_dir(dir);
 }

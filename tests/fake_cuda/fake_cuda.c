@@ -27,7 +27,7 @@
 //   - each call counts against the context current on its thread and, if it
 //     may touch another thread's capture, whether relaxed mode was on.
 // Refusals that point at a nofrag bug print "fake cuda: VIOLATION" and count
-// (fakecu_stats); tests require none. Options in NF_FAKE_CUDA (fake_opt.h):
+// (fakecu_stats); tests require none. Options in NF_FAKE_CUDA (fake_opt):
 //   devices=N (default 1, at most 8); init=R (cuInit's result); version=V
 //   (cuDriverGetVersion, 13000); mem=MiB per device (512; memK=MiB for device
 //   K); hostmem=MiB (512); gran=KiB (2048); peer=0 (no device reaches
@@ -66,6 +66,22 @@ static fctx_t primary[FAKECU_MAX_DEV];
 static uint64_t noctx_calls;
 static fres_t *reservations;
 static floc_t locs[FAKECU_MAX_DEV + 1]; // devices, then host memory
+
+int fake_opt(const char *key, int dflt) {
+  const char *s = getenv("NF_FAKE_CUDA");
+  size_t n = strlen(key);
+  while (s && *s) {
+    if (strncmp(s, key, n) == 0 && s[n] == '=') return atoi(s + n + 1);
+    s = strchr(s, ',');
+    if (s) s++;
+  }
+  return dflt;
+}
+int fake_dev_opt(const char *key, int dev, int dflt) {
+  char k[32];
+  snprintf(k, sizeof k, "%s%d", key, dev);
+  return fake_opt(k, dflt);
+}
 
 int fk_ndev(void) { int n = fake_opt("devices", 1); return n < 1 ? 1 : n > FAKECU_MAX_DEV ? FAKECU_MAX_DEV : n; }
 static size_t gran(void) { return (size_t)fake_opt("gran", 2048) << 10; }
@@ -486,7 +502,6 @@ int cuDeviceTotalMem_v2(size_t *bytes, int d) {
 void fakecu_stats(fakecu_stats_t *out) {
   pthread_mutex_lock(&fk_mu);
   *out = fk_st;
-  out->noctx = noctx_calls;
   pthread_mutex_unlock(&fk_mu);
 }
 void *fakecu_primary(int dev) { return dev >= 0 && dev < fk_ndev() ? primary_of(dev) : NULL; }

@@ -11,7 +11,6 @@
 typedef struct {
   uint64_t violations;      // calls the driver would refuse or that break a rule the fake checks (each printed)
   uint64_t unrelaxed;       // calls that may break another thread's capture, made outside relaxed capture mode
-  uint64_t noctx;           // calls made with no context current
   uint64_t creates, creates_fd; // cuMemCreate that succeeded; of them, with a POSIX fd handle type
   uint64_t create_refused;  // cuMemCreate refused for the handle type (option fdK=0)
   uint64_t handles;         // physical allocations alive (created or imported, not yet freed)
@@ -28,9 +27,8 @@ void *fakecu_primary(int dev);
 void *fakecu_ctx_create(int dev);
 // Calls made while `ctx` was current on the calling thread (NULL: no context).
 uint64_t fakecu_ctx_calls(void *ctx);
-// A stream of `ctx`, and its capture status (0 none, 1 active, 2 invalidated).
+// A stream of `ctx`.
 void *fakecu_stream_create(void *ctx);
-void fakecu_stream_capture(void *stream, int status);
 // The granule at `va`: 1 and its backing memory's device (-1: host memory)
 // and the devices granted access (bit per ordinal) if mapped, else 0.
 int fakecu_where(uintptr_t va, int *dev, uint64_t *access);

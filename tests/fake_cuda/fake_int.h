@@ -8,7 +8,6 @@
 #define _GNU_SOURCE // memfd_create, fallocate
 #endif
 #include "fake_cuda.h"
-#include "fake_opt.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -20,7 +19,7 @@ enum {
   ALREADY_MAPPED = 208, NOT_MAPPED = 211, INVALID_HANDLE = 400, NOT_READY = 600, ILLEGAL_ADDRESS = 700,
   NOT_SUPPORTED = 801, CAPTURE_UNSUPPORTED = 900, CAPTURE_INVALIDATED = 901, WOULD_HANG = 999,
 };
-enum { LOC_DEVICE = 1, LOC_HOST = 2, HT_NONE = 0, HT_FD = 1, RELAXED = 2 };
+enum { LOC_DEVICE = 1, LOC_HOST = 2, HT_FD = 1, RELAXED = 2 };
 #define MAGIC_CTX 0x43545831u
 #define MAGIC_STREAM 0x53545231u
 #define MAGIC_EVENT 0x45564e31u
@@ -63,6 +62,11 @@ extern fakecu_stats_t fk_st;       // counters (fakecu_stats)
 extern _Thread_local fctx_t *fk_cur;  // the calling thread's current context
 extern _Thread_local int fk_mode;     // its capture mode (cuThreadExchangeStreamCaptureMode)
 
+// Options: NF_FAKE_CUDA holds 'key=value,...', read at every call so that a
+// test may change them between calls (single-threaded moments only: setenv
+// is not thread-safe). fake_dev_opt("fd", 1, d) reads "fd1".
+int fake_opt(const char *key, int dflt);
+int fake_dev_opt(const char *key, int dev, int dflt);
 int fk_ndev(void);
 fctx_t *fk_ctx_of(void *c);
 // Prints and counts a refusal that points at a bug of the caller; returns r (aborts under strict=1).

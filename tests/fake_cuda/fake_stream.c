@@ -351,4 +351,3 @@ void *fakecu_stream_create(void *ctx) {
   if (s) *s = (fobj_t){.magic = MAGIC_STREAM, .ctx = fk_ctx_of(ctx)};
   return s;
 }
-void fakecu_stream_capture(void *s, int status) { ((fobj_t *)s)->n = status; }
