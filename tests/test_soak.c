@@ -477,12 +477,23 @@ static void test_soak_faults(void **state) {
        0.02);
 }
 
+// Seeds the daily wide soak failed once, kept (with the configuration that
+// failed): 90516, faults pass: a granule's owner hint naming a chunk handed
+// back and freed, read after free by the views' search (ASan shows it).
+static void test_soak_regressions(void **state) {
+  (void)state;
+  if (env_u64("NF_SOAK_SEED", 0)) return; // one seed asked for: the tests above ran it
+  static const uint64_t faults[] = {90516};
+  for (size_t k = 0; k < sizeof faults / sizeof faults[0]; k++) soak(faults[k], 1, 1000, 0.02);
+}
+
 int main(void) {
   setenv("NOFRAG_QUIET_OOM", "1", 1);
   setenv("NOFRAG_QUIET_SPILL", "1", 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_soak),
       cmocka_unit_test(test_soak_faults),
+      cmocka_unit_test(test_soak_regressions),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -80,6 +80,12 @@ void nf__chunks_drop_empty(nf_pool_t *p) {
       nf_chunk_t *next = c->next;
       nf__tlsf_remove(&p->tlsf[b->arena], b);
       if (p->vw_cur_c == c) p->vw_cur_c = NULL, p->vw_cur_g = 0; // the views' search cursor (view.c)
+      // A granule's owner hint (at_c) may still name this chunk after its
+      // views here went: takeable() reads the hint's chunk before checking
+      // it, so a freed one was read after free (ASan, soak seed 90516). A
+      // NULL hint reads as "not owned here", as a wrong one failing its checks does.
+      for (uint64_t i = 0; i < p->gran_cap; i++)
+        if (p->gran[i].at_c == c) p->gran[i].at_c = NULL;
       if (nf__chunk_free(p, c) == NF_OK) {
         nf__block_delete(p, b);
         *pc = next;
