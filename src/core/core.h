@@ -89,6 +89,7 @@ struct nf_block_s {
   uint64_t fx;               // p->fx after its allocation / its park
   nf_stream_t orphan;        // live, stream NF_STREAM_ORPHAN: its allocation stream (nf__block_home)
   uint8_t edge;              // NF_EDGE_*: a live (or pending) block's shared end granules, or a shadow's role
+  uint8_t unready;           // live, on the device: a failed tier operation left granules without access (not parkable)
   nf_block_t *twin;          // shadow: the other shadow of its pair (edge.c)
 };
 

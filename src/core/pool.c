@@ -447,7 +447,7 @@ static inline void free_count(nf_pool_t *p, const nf_block_t *b) {
 // branches; docs/benchmarks.md section 14).
 static NF_ALWAYS_INLINE bool free_hot(nf_pool_t *p, nf_block_t *b) {
   bool large = b->arena != NF_ARENA_SMALL, memo = b->memo && b->fx == p->fx;
-  if (b->where | b->extra | (p->bin_large != NULL) | (p->obs.op != NULL) | (p->xfers != 0) |
+  if (b->where | b->unready | b->extra | (p->bin_large != NULL) | (p->obs.op != NULL) | (p->xfers != 0) |
       (p->tick + 1 < p->ev_hot) | (b->stream >= NF_MAX_STREAMS)) // (NF_STREAM_ORPHAN: free_locked)
     return false;
   nf_bin_t *bin = nf__bin_parkable(p, b, memo);
@@ -515,7 +515,7 @@ static NF_NOINLINE nf_status_t free_locked(nf_pool_t *p, nf_block_t *b, void *pt
   size_t req = b->req; // b may be merged away below
   uint32_t bs = b->stream;
   // Where placement put it, and nothing happened since (bin_pop).
-  bool memo = b->memo && b->fx == p->fx, parkable = !b->where;
+  bool memo = b->memo && b->fx == p->fx, parkable = !(b->where | b->unready);
   p->fx++;
   // A parked large block is released before anything else happens, in the
   // order eager release would have had.
@@ -541,6 +541,7 @@ static NF_NOINLINE nf_status_t free_locked(nf_pool_t *p, nf_block_t *b, void *pt
     b->state = NF_BLK_FREE;
   }
   if (NF_UNLIKELY(b->where)) { p->tier.forget(p, b); nf__pub_dirty(p); } // cannot fail: after the last fallible step
+  b->unready = 0; // (a free range's readiness is placement's to check)
   if (NF_UNLIKELY(p->obs.op)) p->obs.op(p, false, b->addr, b->req, own);
   uint64_t freed = b->size; // b may be merged away below
   free_count(p, b);

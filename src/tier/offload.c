@@ -74,6 +74,15 @@ static void xfer_defer(nf_pool_t *p, nf_status_t st) {
   snprintf(p->xfer_msg, sizeof p->xfer_msg, "%s", nf_last_error());
 }
 
+// After a tier operation on live block b: whether a failed remap or set
+// access left granules of it mapped without access (until its nf_prefetch).
+// Such a block is not parked at its free: a bin's pop hands a parked block out
+// again without looking at its granules (pool.c, bin_pop).
+static void note_ready(nf_pool_t *p, nf_block_t *b) {
+  if (b && b->state == NF_BLK_LIVE)
+    b->unready = !nf__block_away(p, b) && !nf__range_mapped(p, b->chunk, b->addr, b->size);
+}
+
 // A failed event query or wait is returned at once (the backend is failing:
 // nothing else can be known to be done); a failed finish is deferred.
 nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
@@ -91,8 +100,12 @@ nf_status_t nf__xfer_poll(nf_pool_t *p, bool blocking) {
     if (!done) { l = &x->next; continue; }
     nf_status_t st = NF_OK;
     *l = x->next;
-    if (x->b) st = x->detached ? nf__detached_finish(p, x) : nf__host_finish(p, x);
-    else nf__stage_drop(p, x);
+    if (x->b) {
+      st = x->detached ? nf__detached_finish(p, x) : nf__host_finish(p, x);
+      note_ready(p, x->b);
+    } else {
+      nf__stage_drop(p, x);
+    }
     if (st != NF_OK) xfer_defer(p, st);
     nf__xfer_free(x);
   }
@@ -173,7 +186,7 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
     return nf__error(NF_ERR_INVALID, "nofrag: nf_offload: tier %d is not NF_TIER_HOST, NF_TIER_HOST_DETACHED or "
                      "NF_TIER_DISK", (int)tier);
   nf__pool_lock(p);
-  nf_block_t *b;
+  nf_block_t *b = NULL;
   uint32_t s = 0;
   uint64_t g0, g1;
   nf_status_t st = not_capturing(p, "nf_offload");
@@ -209,6 +222,7 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
        : tier == NF_TIER_DISK ? nf__offload_disk(p, b, s, g0, g1)
                               : nf__offload_detached(p, b, s, g0, g1);
 out:
+  note_ready(p, b);
   nf__pub_full(p);
   nf__pool_unlock(p);
   return st;
@@ -217,7 +231,7 @@ out:
 nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   if (!p || !ptr) return nf__error(NF_ERR_INVALID, "nofrag: nf_prefetch: NULL argument");
   nf__pool_lock(p);
-  nf_block_t *b;
+  nf_block_t *b = NULL;
   uint32_t s = 0;
   uint64_t g0, g1;
   nf_offl_t **link = NULL, *o = NULL;
@@ -255,6 +269,7 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
     b->where = 0;
   }
 out:
+  note_ready(p, b);
   nf__pub_full(p);
   nf__pool_unlock(p);
   return st;
