@@ -30,6 +30,15 @@ static inline uint64_t nft_rand(uint64_t *s) { // xorshift64*
   return x * 0x2545F4914F6CDD1Dull;
 }
 
+#ifdef NF_READY // white box: tests that include core/core.h first
+// Whether a failed tier operation left live block `a` with granules mapped
+// without access (nf_block_t.unready; until its nf_prefetch): not to be read.
+static inline bool nft_unready(nf_pool_t *p, const void *a) {
+  nf_block_t *b = nf__map_find(p, (uintptr_t)a);
+  return b && b->unready;
+}
+#endif
+
 // Pattern helpers: fill a block with a pattern derived from (tag, offset) and
 // verify it. Only `stride`-spaced words are written for large blocks so that
 // tests stay fast but every page of the block is touched.

@@ -8,6 +8,7 @@
 #ifndef NF_SOAK_MODEL_H
 #define NF_SOAK_MODEL_H
 
+#include "core/core.h" // white box: nft_unready
 #include "nf_test.h"
 
 #define MiB (1024ull * 1024)
@@ -20,6 +21,7 @@ typedef struct {
   size_t n;
   uint64_t tag, priv;
   int s, where; // stream index; tier it was offloaded to (0: resident)
+  bool lost;    // a failure reported part of its data lost (naming it): not checked until rewritten
 } blk_t;
 
 // A freed block; `replay`: freed in a private pool, still mapped there: the
@@ -42,6 +44,8 @@ typedef struct {
   int route_s[NPRIV];       // stream index routed to pool i (-1: none, -2: this thread)
   uint64_t route_age[NPRIV];
   uint64_t age;
+  bool bursts;   // fault bursts too (burst(), test_soak.c): retries that fail for good
+  uint64_t brng; // their own generator: the operations drawn stay those of the seed
 } soak_t;
 
 // Where the current run is, for test_soak.c's signal handler (verify keeps the step).
@@ -50,7 +54,25 @@ static int cur_step;
 
 static uint64_t rnd(soak_t *s, uint64_t n) { return n ? nft_rand(&s->rng) % n : 0; }
 static uint64_t rsz(size_t n) { return ((uint64_t)n + 511) & ~511ull; }
-static bool readable(const blk_t *b) { return b->where == 0 || b->where == NF_TIER_HOST; }
+// Its pattern can be read: resident or in host memory at its address, not
+// reported lost, and not left without access by a failed tier operation.
+static struct { uint64_t bursts, unready, lost; } seen; // what the bursts reached, summed over runs
+static bool readable(soak_t *s, const blk_t *b) {
+  bool unready = nft_unready(s->p, b->p);
+  seen.unready += unready;
+  return (b->where == 0 || b->where == NF_TIER_HOST) && !b->lost && !unready;
+}
+
+// A failed call whose error says that data was lost: the blocks it names.
+static void losses(soak_t *s) {
+  const char *m = nf_last_error();
+  if (!strstr(m, "LOST") && !strstr(m, "are lost")) return;
+  for (int i = 0; i < MAXB; i++) {
+    char a[32];
+    snprintf(a, sizeof a, "%p", s->b[i].p);
+    if (s->b[i].p && strstr(m, a)) s->b[i].lost = true, seen.lost++;
+  }
+}
 
 #define SOAK_FAIL(s, ...)                                                                                   \
   do {                                                                                                     \
@@ -86,7 +108,7 @@ static void check_block(soak_t *s, int i) {
   if (b->where != NF_TIER_DISK && t[NF_TIER_DISK]) SOAK_FAIL(s, "block %d not on disk has disk bytes", i);
   if (nf_private_of(s->p, b->p) != b->priv)
     SOAK_FAIL(s, "block %d: private pool %llu, model %llu", i, U(nf_private_of(s->p, b->p)), U(b->priv));
-  if (readable(b) && !nft_check(b->p, b->n, b->tag))
+  if (readable(s, b) && !nft_check(b->p, b->n, b->tag))
     SOAK_FAIL(s, "block %d %p (%zu B, stream %d, where %d, pool %llu) lost its data", i, b->p, b->n, b->s,
               b->where, U(b->priv));
 }
@@ -180,7 +202,7 @@ static void use(soak_t *s, int i, int si) {
 static void add_block(soak_t *s, int i, void *q, size_t n, int si, uint64_t priv) {
   s->last = i;
   if ((uintptr_t)q & 511) SOAK_FAIL(s, "%p is not 512-byte aligned", q);
-  s->b[i] = (blk_t){q, n, ++s->tag, priv, si, 0};
+  s->b[i] = (blk_t){q, n, ++s->tag, priv, si, 0, false};
   nft_fill(q, n, s->tag);
   if (!captured(s, si)) nf_backend_host_use_new(s->host, s->st[si], q, n); // the first kernel on it
 }

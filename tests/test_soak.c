@@ -15,7 +15,8 @@
 // a fault backend: a failing call leaves the model's view of the pool as it
 // was. NF_SOAK_SEEDS / NF_SOAK_OPS / NF_SOAK_FIRST scale the runs,
 // NF_SOAK_SEED=n runs seed n alone (a failure prints its seed),
-// NF_SOAK_VERBOSE / NF_SOAK_DEBUG print the configurations / every operation.
+// NF_SOAK_VERBOSE / NF_SOAK_DEBUG print the configurations / every operation,
+// NF_SOAK_BURSTS=1 adds bursts of failures to the faults pass (burst()).
 // The model of the pool and the checks against it: soak_model.h; here the
 // operations that drive both, and the runs.
 #include "soak_model.h"
@@ -111,7 +112,7 @@ static void op_free(soak_t *s) {
   if (i < 0) return;
   blk_t *b = &s->b[i];
   s->last = i;
-  if (readable(b) && !nft_check(b->p, b->n, b->tag)) SOAK_FAIL(s, "block %d lost its data before its free", i);
+  if (readable(s, b) && !nft_check(b->p, b->n, b->tag)) SOAK_FAIL(s, "block %d lost its data before its free", i);
   if (!b->where && rnd(s, 3) == 0) { // used on another stream too
     int x = (int)rnd(s, NSTREAMS);
     s->op = "record_stream+free";
@@ -171,8 +172,8 @@ static void op_use(soak_t *s) {
     }
   }
   use(s, i, x);
-  if (rnd(s, 2)) { // the kernel writes new contents
-    s->b[i].tag = ++s->tag;
+  if (rnd(s, 2) && !nft_unready(s->p, s->b[i].p)) { // the kernel writes new contents
+    s->b[i].tag = ++s->tag, s->b[i].lost = false;
     nft_fill(s->b[i].p, s->b[i].n, s->b[i].tag);
   }
 }
@@ -190,6 +191,7 @@ static void op_offload(soak_t *s) {
   fresh(s, st);
   if (st == NF_OK) s->b[i].where = (int)t;
   else if (s->fault_p == 0 && st != NF_ERR_OOM) SOAK_FAIL(s, "nf_offload: %s: %s", nf_status_str(st), nf_last_error());
+  else losses(s);
   check_block(s, i);
 }
 
@@ -205,6 +207,8 @@ static void op_prefetch(soak_t *s) {
   fresh(s, st);
   if (st == NF_OK) s->b[i].where = 0;
   else if (s->fault_p == 0 && st != NF_ERR_OOM) SOAK_FAIL(s, "nf_prefetch: %s: %s", nf_status_str(st), nf_last_error());
+  else losses(s);
+  if (st != NF_OK && getenv("NF_SOAK_DEBUG")) fprintf(stderr, "  prefetch: %s\n", nf_last_error());
   check_block(s, i);
 }
 
@@ -322,16 +326,38 @@ static void op_wait(soak_t *s) {
   nf_status_t r = nf_offload_wait(s->p);
   fresh(s, r);
   if (r != NF_OK && s->fault_p == 0) SOAK_FAIL(s, "nf_offload_wait: %s", nf_last_error());
+  if (r != NF_OK) losses(s);
+}
+
+// NF_SOAK_BURSTS=1 (not yet by default: docs/benchmarks.md section 33 lists
+// what it still finds): on odd seeds of the faults pass, before one operation
+// in four, a burst of failures in the next 8 backend calls: a run of 3-9, a call
+// retried 3 times failing for good and then its cleanup's (a remap, then set
+// access), or about 1 call in 4. The rate alone (2 %) almost never fails a
+// retried call 3 times in a row: those paths (a block left without access,
+// data reported lost) need bursts.
+static void burst(soak_t *s) {
+  uint64_t calls, failed, r = nft_rand(&s->brng), a = (r >> 8) % 3, m;
+  switch (r % 3) {
+  case 0: m = (1ull << (3 + (r >> 8) % 7)) - 1; break;
+  case 1: m = 0x49ull << a | 7ull << (a + 8); break;
+  default: m = (nft_rand(&s->brng) & nft_rand(&s->brng) & 0xFFFF) | 1;
+  }
+  seen.bursts++;
+  nf_backend_fault_counts(s->be, &calls, &failed);
+  nf__backend_fault_mask(s->be, calls + 1 + (r >> 16) % 8, m); // cleared by the next nf_backend_fault_set (verify)
 }
 
 // One run: a pool configured from the seed, `ops` operations, then everything
 // comes back (prefetched, verified, freed) and the backend holds nothing.
-static void run(uint64_t seed, int ops, double fault_p) {
+static void run(uint64_t seed, int ops, double fault_p, bool bursts) {
   soak_t *s = calloc(1, sizeof *s);
   assert_non_null(s);
   s->seed = cur_seed = seed;
   s->rng = seed * 0x9E3779B97F4A7C15ull + 1;
   s->fault_p = fault_p;
+  s->bursts = bursts && fault_p > 0;
+  s->brng = seed ^ 0xB0B5;
   s->op = "create";
   for (int i = 0; i < NPRIV; i++) s->route_s[i] = -1;
   for (int i = 0; i < NSTREAMS; i++) s->st[i] = (nf_stream_t)(uintptr_t)(i ? 0x100 * i : 0);
@@ -372,6 +398,7 @@ static void run(uint64_t seed, int ops, double fault_p) {
     uint64_t r = rnd(s, 100);
     s->last = s->last_s = -1;
     nf_free(s->p, STALE);
+    if (s->bursts && nft_rand(&s->brng) % 4 == 0) burst(s);
     if (r < 30) op_alloc(s);
     else if (r < 50) op_free(s);
     else if (r < 56) op_use(s);
@@ -413,7 +440,8 @@ static void run(uint64_t seed, int ops, double fault_p) {
     for (int i = 0; i < MAXB; i++) {
       blk_t *b = &s->b[i];
       if (!b->p || (pass == 0) != (b->where == 0)) continue;
-      if (b->where && nf_prefetch(s->p, b->p, NULL) != NF_OK) SOAK_FAIL(s, "final prefetch: %s", nf_last_error());
+      if ((b->where || nft_unready(s->p, b->p)) && nf_prefetch(s->p, b->p, NULL) != NF_OK)
+        SOAK_FAIL(s, "final prefetch: %s", nf_last_error());
       b->where = 0;
       check_block(s, i);
       if (nf_free(s->p, b->p) != NF_OK) SOAK_FAIL(s, "final free: %s", nf_last_error());
@@ -441,21 +469,21 @@ static void run(uint64_t seed, int ops, double fault_p) {
   free(s);
 }
 
-static void soak(uint64_t first, uint64_t seeds, int ops, double fault_p) {
+static void soak(uint64_t first, uint64_t seeds, int ops, double fault_p, bool bursts) {
   struct sigaction sa = {0};
   sa.sa_handler = on_segv;
   sigaction(SIGSEGV, &sa, &old_segv);
   memset(&totals, 0, sizeof totals);
   uint64_t one = env_u64("NF_SOAK_SEED", 0);
-  if (one) run(one, ops, fault_p);
+  if (one) run(one, ops, fault_p, bursts && (one & 1));
   else
-    for (uint64_t k = 0; k < seeds; k++) run(first + k, ops, fault_p);
+    for (uint64_t k = 0; k < seeds; k++) run(first + k, ops, fault_p, bursts && ((first + k) & 1)); // odd seeds
   sigaction(SIGSEGV, &old_segv, NULL);
 }
 
 static void test_soak(void **state) {
   (void)state;
-  soak(env_u64("NF_SOAK_FIRST", 1), env_u64("NF_SOAK_SEEDS", 12), (int)env_u64("NF_SOAK_OPS", 1500), 0);
+  soak(env_u64("NF_SOAK_FIRST", 1), env_u64("NF_SOAK_SEEDS", 12), (int)env_u64("NF_SOAK_OPS", 1500), 0, false);
   if (getenv("NF_SOAK_VERBOSE"))
     fprintf(stderr, "view reuses %llu moves %llu evictions %llu reclaims %llu spills %llu ooms %llu offloads %llu "
             "prefetches %llu cross-stream %llu syncs %llu waits %llu shared granules %llu\n", U(totals.view_reuses),
@@ -474,7 +502,10 @@ static void test_soak(void **state) {
 static void test_soak_faults(void **state) {
   (void)state;
   soak(env_u64("NF_SOAK_FIRST", 1) + 1000, env_u64("NF_SOAK_SEEDS", 12) / 2, (int)env_u64("NF_SOAK_OPS", 1500) * 2 / 3,
-       0.02);
+       0.02, getenv("NF_SOAK_BURSTS") != NULL);
+  if (getenv("NF_SOAK_VERBOSE"))
+    fprintf(stderr, "bursts %llu: block reads skipped (without access) %llu, blocks reported lost %llu\n",
+            U(seen.bursts), U(seen.unready), U(seen.lost));
 }
 
 // Seeds the daily wide soak failed once, kept (with the configuration that
@@ -484,7 +515,7 @@ static void test_soak_regressions(void **state) {
   (void)state;
   if (env_u64("NF_SOAK_SEED", 0)) return; // one seed asked for: the tests above ran it
   static const uint64_t faults[] = {90516};
-  for (size_t k = 0; k < sizeof faults / sizeof faults[0]; k++) soak(faults[k], 1, 1000, 0.02);
+  for (size_t k = 0; k < sizeof faults / sizeof faults[0]; k++) soak(faults[k], 1, 1000, 0.02, false);
 }
 
 int main(void) {

@@ -300,6 +300,7 @@ struct nf_pool_s {
   bool host_sweep;          // spilled granules may lie in free ranges: unmap them when retired
   uint64_t sweep_tick;
   struct nf_xfer_s *xfers;  // copies in flight (offload.c)
+  struct nf_xfer_s *leftover; // staging ranges whose unmap or release failed 3 times: retried (offload_host.c)
   struct nf_offl_s *offl;   // offloaded blocks
   int disk_fd;              // -1 until the first disk offload
   uint64_t disk_end;        // next free offset of the disk file

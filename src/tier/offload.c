@@ -193,6 +193,7 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
   if (st == NF_OK) st = lookup(p, ptr, "nf_offload", &b);
   if (st == NF_OK) st = nf__stream_index_for(p, stream, b, &s);
   if (st == NF_OK) st = nf__block_home(p, b, 1ull << s); // before b->stream is read
+  if (st == NF_OK && p->leftover) nf__leftover_retry(p); // (not during a capture)
   if (st == NF_OK && p->xfers) st = nf__xfer_poll(p, false);
   if (st != NF_OK) goto out;
   if (b->where) {
@@ -218,6 +219,17 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
                    (unsigned long long)p->cfg.units);
     goto out;
   }
+  // Granules a failed tier operation left without access (note_ready): the
+  // copy out reads the block, so they get it first (on a GPU a copy from
+  // memory mapped without access is an illegal address, fatal to the context).
+  if (b->unready && (st = nf__set_ready(p, b->chunk, (b->addr - b->chunk->base) >> p->gshift,
+                                        (b->addr + b->size - b->chunk->base + p->granule - 1) >> p->gshift)) != NF_OK) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "%s", nf__unprefixed(nf_last_error())); // (nf__error writes where it lies)
+    st = nf__error(st, "nofrag: nf_offload of %p: part of the block is without access since an earlier failure, "
+                   "and setting it failed (%s); nothing moved", ptr, msg);
+    goto out;
+  }
   st = tier == NF_TIER_HOST ? nf__offload_host(p, b, s, g0, g1)
        : tier == NF_TIER_DISK ? nf__offload_disk(p, b, s, g0, g1)
                               : nf__offload_detached(p, b, s, g0, g1);
@@ -239,6 +251,7 @@ nf_status_t nf_prefetch(nf_pool_t *p, void *ptr, nf_stream_t stream) {
   if (st == NF_OK) st = lookup(p, ptr, "nf_prefetch", &b);
   if (st == NF_OK) st = nf__stream_index_for(p, stream, b, &s);
   if (st == NF_OK) st = nf__block_home(p, b, 1ull << s); // before b->stream is read
+  if (st == NF_OK && p->leftover) nf__leftover_retry(p); // (not during a capture)
   if (st == NF_OK && p->xfers) st = nf__xfer_poll(p, false);
   if (st != NF_OK || !nf__owned(p, b, &g0, &g1)) goto out;
   if (b->where) o = nf__offl_find(p, b, &link);
@@ -279,6 +292,7 @@ nf_status_t nf_offload_wait(nf_pool_t *p) {
   if (!p) return nf__error(NF_ERR_INVALID, "nofrag: nf_offload_wait: NULL pool");
   nf__pool_lock(p);
   nf_status_t st = not_capturing(p, "nf_offload_wait");
+  if (st == NF_OK && p->leftover) nf__leftover_retry(p);
   if (st == NF_OK) st = nf__xfer_poll(p, true);
   if (st == NF_OK && p->xfer_err != NF_OK) { // an offload whose finish failed (xfer_defer), reported once
     if (p->xfer_err_more)
@@ -348,6 +362,12 @@ void nf__offload_destroy(nf_pool_t *p) {
     p->offl = o->next;
     if (o->hg) nf__detached_forget(p, o); // host granules back, released with the others
     free(o);
+  }
+  nf__leftover_retry(p); // the last try
+  while (p->leftover) {
+    nf_xfer_t *x = p->leftover;
+    p->leftover = x->next;
+    free(x);
   }
   if (p->disk_fd >= 0) close(p->disk_fd);
   p->disk_fd = -1;

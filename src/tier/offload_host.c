@@ -12,13 +12,38 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Cleanup calls are retried: a transient backend failure there would leak a
-// mapping or an address range for the pool's lifetime.
+// Cleanup calls are retried 3 times; a range they still cannot unmap or
+// release is kept (p->leftover) and tried again at the next tier call and at
+// the pool's end: a backend failing for a while must not leak a mapping or
+// an address range for the pool's lifetime. True: released.
+static bool unstage_try(nf_pool_t *p, uintptr_t stage, uint64_t *mapped, uint64_t size) {
+  for (int t = 0; t < 3 && *mapped; t++)
+    if (NF_BE(p, unmap, unmap, stage, *mapped) == NF_OK) *mapped = 0;
+  for (int t = 0; t < 3 && !*mapped; t++)
+    if (NF_BE(p, va_release, va_release, stage, size) == NF_OK) return true;
+  return false;
+}
 static void unstage(nf_pool_t *p, uintptr_t stage, uint64_t mapped, uint64_t size) {
-  for (int t = 0; t < 3 && mapped; t++)
-    if (NF_BE(p, unmap, unmap, stage, mapped) == NF_OK) mapped = 0;
-  for (int t = 0; t < 3 && !mapped; t++)
-    if (NF_BE(p, va_release, va_release, stage, size) == NF_OK) break;
+  if (unstage_try(p, stage, &mapped, size)) return;
+  nf_xfer_t *x = calloc(1, sizeof *x);
+  if (!x) return; // out of host memory too: the range stays for the pool's lifetime
+  x->stage = stage;
+  x->left = mapped;
+  x->n = size >> p->gshift;
+  x->next = p->leftover;
+  p->leftover = x;
+}
+
+void nf__leftover_retry(nf_pool_t *p) {
+  char msg[512]; // the caller's message stays
+  nf_status_t st = nf_last_status();
+  snprintf(msg, sizeof msg, "%s", nf_last_error());
+  for (nf_xfer_t **l = &p->leftover; *l;) {
+    nf_xfer_t *x = *l;
+    if (unstage_try(p, x->stage, &x->left, x->n << p->gshift)) *l = x->next, free(x);
+    else l = &x->next;
+  }
+  nf__error(st, "%s", msg);
 }
 
 // Staging: reserve n granules of address space and map host granules hg

@@ -55,6 +55,7 @@ typedef struct nf_xfer_s {
   uint32_t s;      // stream of the copy
   uint64_t tick;   // its record
   bool detached;
+  uint64_t left; // a leftover (p->leftover): bytes still mapped at stage, of n granules reserved
 } nf_xfer_t;
 
 // An offloaded block (host: remapped or in flight; detached: hg[] hold the
@@ -103,6 +104,8 @@ nf_status_t nf__host_take(nf_pool_t *p, uint64_t n, uint32_t *hg);
 nf_status_t nf__offload_host(nf_pool_t *p, nf_block_t *b, uint32_t s, uint64_t g0, uint64_t g1);
 nf_status_t nf__host_finish(nf_pool_t *p, nf_xfer_t *x);
 void nf__stage_drop(nf_pool_t *p, nf_xfer_t *x);
+// Staging ranges a failing backend left mapped or reserved (p->leftover): released where it now can.
+void nf__leftover_retry(nf_pool_t *p);
 nf_status_t nf__prefetch_host(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_t s, uint64_t g0, uint64_t g1,
                               bool spilled);
 
