@@ -177,13 +177,16 @@ nf_status_t nf__prefetch_detached(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uin
     if (copy_window(p, c, g0, o->hg, o->n, s, false, &queued) == NF_OK) st = NF_OK;
   if (st != NF_OK) {
     // Back to detached: the range is unmapped again (the host granules kept
-    // the data). A granule that cannot be unmapped makes nf_pool_check fail.
+    // the data). A granule that cannot be unmapped stays, marked not ready:
+    // the next prefetch maps around it and copies into it (nf_pool_check).
     // (Copies neither waited for nor queued again, 3 times each: the unmap
     // goes ahead under them, the one case left.)
     char msg[512];
     snprintf(msg, sizeof msg, "%s", nf_last_error());
-    for (uint64_t g = g0; g < g1; g++)
+    for (uint64_t g = g0; g < g1; g++) {
       for (int t = 0; t < 3 && nf__bit(c->mapped, g); t++) nf__unmap_run(p, c, g, g + 1);
+      if (nf__bit(c->mapped, g)) nf__bit_clr(NF_READY(c), g);
+    }
     p->away_granules += o->n;
     free(x);
     nf__error(st, "%s", msg);

@@ -128,8 +128,10 @@ nf_status_t nf__prefetch_disk(nf_pool_t *p, nf_block_t *b, nf_offl_t *o, uint32_
     // queued on s have landed (their source is pageable: asynchronous).
     char msg[512];
     snprintf(msg, sizeof msg, "%s", nf_last_error());
-    for (uint64_t g = g0; g < g1; g++)
+    for (uint64_t g = g0; g < g1; g++) {
       for (int t = 0; t < 3 && nf__bit(c->mapped, g); t++) nf__unmap_run(p, c, g, g + 1);
+      if (nf__bit(c->mapped, g)) nf__bit_clr(NF_READY(c), g); // stays, unused: the next prefetch maps around it
+    }
     nf__error(st, "%s", msg);
     p->away_granules += o->n;
     return st;
