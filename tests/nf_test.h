@@ -345,6 +345,59 @@ static inline int nft_longest_run(uint64_t m) {
 // After faults from `mask`: cleanup calls are retried 3 times, so more than 2
 // failures in a row may leak a staging range or mapping (by design); fewer
 // must leave nothing behind (nft_destroy_all). test_fault_tier, test_fault_wait.
+// An offload whose copy may still run when it returns (test_fault_deferred,
+// test_tier_rules): a fault backend over a host backend with manual events,
+// a pool of 8 granules of g; b (4 granules, filled with `tag`), e (1) and c
+// (2) on stream A; 8 backend calls in a row fail from call k on while b is
+// offloaded to `tier` on stream B (returned: its status). nft_undrained_end
+// checks that freeing b on A, offloading c on A (a wait for A only) and then
+// stitching 6 granules on A unmapped or reused nothing under B's copy, and
+// that the pool is consistent; then destroys it all.
+typedef struct { nf_backend_t *host, *be; nf_pool_t *p; void *b, *c; } nft_undrained_t;
+#define NFT_A ((nf_stream_t)1)
+#define NFT_B ((nf_stream_t)2)
+static inline nf_status_t nft_undrained(nft_undrained_t *u, uint64_t g, uint64_t k, nf_tier_t tier, uint64_t tag) {
+  u->host = nft_host(1024 * g, g);
+  assert_int_equal(nf_backend_fault_create(&u->be, u->host, 0, 0, 1), NF_OK);
+  char conf[64];
+  snprintf(conf, sizeof conf, "limit:%llu,views:0", (unsigned long long)(8 * g));
+  u->p = nft_pool_on(u->be, conf);
+  nf_backend_host_set_manual_events(u->host, 1);
+  u->b = nf_alloc(u->p, 4 * g, NFT_A);
+  void *e = nf_alloc(u->p, g, NFT_A);
+  u->c = nf_alloc(u->p, 2 * g, NFT_A);
+  assert_true(u->b && e && u->c);
+  nft_fill(u->b, 4 * g, tag);
+  uint64_t base, failed;
+  nf_backend_fault_counts(u->be, &base, &failed);
+  nf__backend_fault_mask(u->be, base + k, 0xFF);
+  nf_status_t r = nf_offload(u->p, u->b, NFT_B, tier);
+  nf_backend_fault_set(u->be, 0, 0);
+  return r;
+}
+static inline void nft_undrained_end(nft_undrained_t *u, uint64_t g, const char *what) {
+  assert_int_equal(nf_free(u->p, u->b), NF_OK);                          // on A; B's copy may be in flight
+  assert_int_equal(nf_offload(u->p, u->c, NFT_A, NF_TIER_DISK), NF_OK); // something waits for A only
+  assert_non_null(nf_alloc(u->p, 6 * g, NFT_A)); // stitching unmaps what lies free: not b's range before B is done
+  if (nf_backend_host_violations(u->host)) fail_msg("%s: b's range unmapped or reused under its copy out", what);
+  assert_int_equal(nf_pool_check(u->p), NF_OK);
+  nf_backend_host_complete_events(u->host);
+  nf_backend_host_set_manual_events(u->host, 0);
+  nf_pool_destroy(u->p);
+  nf_backend_destroy(u->be); // and host, which it owns
+}
+
+// A block of n bytes of pool p (on the default stream), filled with `tag`
+// (0: left as it is), offloaded to `tier` and waited for.
+static inline void *nft_offloaded(nf_pool_t *p, size_t n, nf_tier_t tier, uint64_t tag) {
+  void *a = nf_alloc(p, n, NULL);
+  assert_non_null(a);
+  if (tag) nft_fill(a, n, tag);
+  assert_int_equal(nf_offload(p, a, NULL, tier), NF_OK);
+  assert_int_equal(nf_offload_wait(p), NF_OK);
+  return a;
+}
+
 static inline void nft_destroy_after(nf_pool_t *p, nf_backend_t *be, nf_backend_t *inner, uint64_t mask) {
   if (nft_longest_run(mask) <= 2) {
     nft_destroy_all(p, be, inner);

@@ -274,35 +274,17 @@ static void test_disk_offload_undrained_guards_free(void **state) {
   (void)state;
   int undrained = 0;
   for (int k = 1; k <= 12; k++) {
-    nf_backend_t *host = nft_host(1024 * G, G), *be;
-    assert_int_equal(nf_backend_fault_create(&be, host, 0, 0, 1), NF_OK);
-    nf_pool_t *p = nft_pool_on(be, "limit:512KiB,views:0");
-    nf_backend_host_set_manual_events(host, 1);
-    nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
-    void *b = nf_alloc(p, 4 * G, A), *e = nf_alloc(p, G, A), *c = nf_alloc(p, 2 * G, A);
-    assert_true(b && e && c);
-    nft_fill(b, 4 * G, 50 + k);
-    uint64_t base, failed;
-    nf_backend_fault_counts(be, &base, &failed);
-    nf__backend_fault_mask(be, base + k, 0xFF); // 8 calls in a row from call k
-    nf_status_t r = nf_offload(p, b, B, NF_TIER_DISK);
-    nf_backend_fault_set(be, 0, 0);
+    nft_undrained_t u;
+    nf_status_t r = nft_undrained(&u, G, (uint64_t)k, NF_TIER_DISK, 50 + (uint64_t)k); // 8 calls in a row fail
     if (r == NF_OK) { // the faults hit something else: bring it back
-      assert_int_equal(nf_prefetch(p, b, A), NF_OK);
+      assert_int_equal(nf_prefetch(u.p, u.b, NFT_A), NF_OK);
     } else {
       undrained += strstr(nf_last_error(), "waiting for the copy failed") != NULL;
     }
-    assert_true(nft_check(b, 4 * G, 50 + k));
-    assert_int_equal(nf_free(p, b), NF_OK);                     // on A; B's copy may be in flight
-    assert_int_equal(nf_offload(p, c, A, NF_TIER_DISK), NF_OK); // something waits for A only
-    void *d = nf_alloc(p, 6 * G, A); // stitching unmaps what lies free: not b's range before B is done
-    assert_non_null(d);
-    if (nf_backend_host_violations(host)) fail_msg("call %d: b's range unmapped or reused under its copy out", k);
-    assert_int_equal(nf_pool_check(p), NF_OK);
-    nf_backend_host_complete_events(host);
-    nf_backend_host_set_manual_events(host, 0);
-    nf_pool_destroy(p);
-    nf_backend_destroy(be); // and host, which it owns
+    assert_true(nft_check(u.b, 4 * G, 50 + (uint64_t)k));
+    char what[32];
+    snprintf(what, sizeof what, "call %d", k);
+    nft_undrained_end(&u, G, what);
   }
   assert_true(undrained >= 1);
 }

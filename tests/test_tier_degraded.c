@@ -166,11 +166,7 @@ static void test_prefetch_rollback_unmaps_fail(void **state) {
     w->ops.map = ss_map;
     w->ops.unmap = ss_unmap;
     nf_pool_t *p = nft_pool_on(&w->be, "limit:1MiB,views:0");
-    void *a = nf_alloc(p, 4 * G, NULL);
-    assert_non_null(a);
-    nft_fill(a, 4 * G, 6);
-    assert_int_equal(nf_offload(p, a, NULL, tiers[k & 1]), NF_OK);
-    assert_int_equal(nf_offload_wait(p), NF_OK);
+    void *a = nft_offloaded(p, 4 * G, tiers[k & 1], 6);
     w->arm = 1, w->unmaps = 1000;
     assert_int_equal(nf_prefetch(p, a, NULL), NF_ERR_BACKEND);
     w->arm = 0, w->unmaps = 0;

@@ -23,10 +23,7 @@ static void test_freed_offload_host_granules_swept(void **state) {
   (void)state;
   nf_backend_t *be;
   nf_pool_t *p = nft_pool64k(&be, "limit:1MiB,views:0");
-  void *a = nf_alloc(p, 4 * G, NULL);
-  assert_non_null(a);
-  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST), NF_OK);
-  assert_int_equal(nf_offload_wait(p), NF_OK);
+  void *a = nft_offloaded(p, 4 * G, NF_TIER_HOST, 0);
   assert_int_equal(nf_free(p, a), NF_OK);
   void *b = nf_alloc(p, 4 * G, NULL);
   assert_non_null(b);
@@ -70,10 +67,7 @@ static void test_destroy_with_blocks_offloaded(void **state) {
     w->ops.va_reserve = vs_reserve;
     w->ops.va_release = vs_release;
     nf_pool_t *p = nft_pool_on(&w->be, "limit:1MiB,views:0");
-    void *a = nf_alloc(p, 4 * G, NULL);
-    assert_non_null(a);
-    assert_int_equal(nf_offload(p, a, NULL, tiers[t]), NF_OK);
-    assert_int_equal(nf_offload_wait(p), NF_OK);
+    (void)nft_offloaded(p, 4 * G, tiers[t], 0);
     nf_pool_destroy(p);
     uint64_t gr = 1, maps = 1;
     nf_backend_host_usage(&w->be, &gr, &maps);
@@ -143,38 +137,19 @@ static void test_undrained_offload_guards_free(void **state) {
   for (int t = 0; t < 2; t++) {
     int undrained = 0;
     for (int k = 1; k <= 24; k++) {
-      nf_backend_t *host = nft_host(1024 * G, G), *be;
-      assert_int_equal(nf_backend_fault_create(&be, host, 0, 0, 1), NF_OK);
-      nf_pool_t *p = nft_pool_on(be, "limit:512KiB,views:0");
-      nf_backend_host_set_manual_events(host, 1);
-      nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
-      void *b = nf_alloc(p, 4 * G, A), *e = nf_alloc(p, G, A), *c = nf_alloc(p, 2 * G, A);
-      assert_true(b && e && c);
-      nft_fill(b, 4 * G, 50 + (uint64_t)k);
-      uint64_t base, failed;
-      nf_backend_fault_counts(be, &base, &failed);
-      nf__backend_fault_mask(be, base + (uint64_t)k, 0xFF);
-      nf_status_t r = nf_offload(p, b, B, tiers[t]);
-      nf_backend_fault_set(be, 0, 0);
+      nft_undrained_t u;
+      nf_status_t r = nft_undrained(&u, G, (uint64_t)k, tiers[t], 50 + (uint64_t)k);
       if (r != NF_OK) // the record after the copy (or its event) failed: the undrained path
         undrained += strstr(nf_last_error(), "event record failed") || strstr(nf_last_error(), "event create failed");
       else {
-        nf_backend_host_complete_events(host);
-        assert_int_equal(nf_offload_wait(p), NF_OK);
-        assert_int_equal(nf_prefetch(p, b, A), NF_OK);
+        nf_backend_host_complete_events(u.host);
+        assert_int_equal(nf_offload_wait(u.p), NF_OK);
+        assert_int_equal(nf_prefetch(u.p, u.b, NFT_A), NF_OK);
       }
-      assert_true(nft_check(b, 4 * G, 50 + (uint64_t)k));
-      assert_int_equal(nf_free(p, b), NF_OK);                     // on A; B's copy may be in flight
-      assert_int_equal(nf_offload(p, c, A, NF_TIER_DISK), NF_OK); // something waits for A only
-      void *d = nf_alloc(p, 6 * G, A); // stitching unmaps what lies free: not b's range before B is done
-      assert_non_null(d);
-      if (nf_backend_host_violations(host))
-        fail_msg("tier %d call %d: b's range unmapped or reused under its copy out", (int)tiers[t], k);
-      assert_int_equal(nf_pool_check(p), NF_OK);
-      nf_backend_host_complete_events(host);
-      nf_backend_host_set_manual_events(host, 0);
-      nf_pool_destroy(p);
-      nf_backend_destroy(be); // and host, which it owns
+      assert_true(nft_check(u.b, 4 * G, 50 + (uint64_t)k));
+      char what[64];
+      snprintf(what, sizeof what, "tier %d call %d", (int)tiers[t], k);
+      nft_undrained_end(&u, G, what);
     }
     if (!undrained) fail_msg("tier %d: no case reached the undrained path", (int)tiers[t]);
   }
@@ -292,10 +267,7 @@ static void test_check_catches_detached_granule_twice(void **state) {
   (void)state;
   nf_backend_t *be;
   nf_pool_t *p = nft_pool64k(&be, "limit:1MiB,views:0");
-  void *a = nf_alloc(p, 4 * G, NULL);
-  assert_non_null(a);
-  assert_int_equal(nf_offload(p, a, NULL, NF_TIER_HOST_DETACHED), NF_OK);
-  assert_int_equal(nf_offload_wait(p), NF_OK);
+  void *a = nft_offloaded(p, 4 * G, NF_TIER_HOST_DETACHED, 0);
   nf_offl_t *o = p->offl;
   assert_true(o && !o->next && o->n == 4 && o->hg);
   uint32_t keep = o->hg[1];

@@ -20,12 +20,7 @@ static nf_stats_t stats(nf_pool_t *p) { return nft_stats_of(p); }
 // in the host backend.
 static void done(nf_pool_t *p, nf_backend_t *be) {
   if (nf_pool_check(p) != NF_OK) fail_msg("%s", nf_last_error());
-  nf_pool_destroy(p);
-  uint64_t gr = 1, mp = 1;
-  nf_backend_host_usage(be, &gr, &mp);
-  assert_int_equal(gr, 0);
-  assert_int_equal(mp, 0);
-  nf_backend_destroy(be);
+  nft_destroy_all(p, be, be);
 }
 
 // physical == physical_created - physical_released: every device granule
