@@ -387,6 +387,13 @@ static inline void nft_undrained_end(nft_undrained_t *u, uint64_t g, const char 
   nf_backend_destroy(u->be); // and host, which it owns
 }
 
+// The end of a test on a plain host backend: the pool passes its check, then
+// goes, leaving nothing in the backend (test_vmm_rules, test_view_rules).
+static inline void nft_done(nf_pool_t *p, nf_backend_t *be) {
+  if (nf_pool_check(p) != NF_OK) fail_msg("%s", nf_last_error());
+  nft_destroy_all(p, be, be);
+}
+
 // A block of n bytes of pool p (on the default stream), filled with `tag`
 // (0: left as it is), offloaded to `tier` and waited for.
 static inline void *nft_offloaded(nf_pool_t *p, size_t n, nf_tier_t tier, uint64_t tag) {

@@ -12,13 +12,6 @@
 
 #define G (64 * 1024)
 
-static nf_stats_t stats(nf_pool_t *p) { return nft_stats_of(p); }
-
-// The pool passes its check, then goes, leaving nothing in the host backend.
-static void done(nf_pool_t *p, nf_backend_t *be) {
-  if (nf_pool_check(p) != NF_OK) fail_msg("%s", nf_last_error());
-  nft_destroy_all(p, be, be);
-}
 
 // Of the cached granules stitching may move, the one freed most recently
 // goes (in a repeating workload the place freed last is needed again
@@ -39,19 +32,19 @@ static void test_most_recently_freed_granule_moves(void **state) {
   assert_non_null(r0);
   assert_int_equal(nf_free(p, p1), NF_OK); // freed first
   assert_int_equal(nf_free(p, p2), NF_OK); // freed last
-  nf_stats_t s0 = stats(p);
+  nf_stats_t s0 = nft_stats_of(p);
   char *r = nf_alloc_at(p, 0, p1 + 8 * G, G, NULL); // at the limit: one cached granule moves here
   assert_non_null(r);
-  nf_stats_t s1 = stats(p);
+  nf_stats_t s1 = nft_stats_of(p);
   assert_int_equal(s1.view_moves - s0.view_moves, 1);
   char *q = nf_alloc_at(p, 0, p1, G, NULL); // p1's place kept its granule: no call
   assert_ptr_equal(q, p1);
-  nf_stats_t s2 = stats(p);
+  nf_stats_t s2 = nft_stats_of(p);
   assert_int_equal(s2.backend_calls, s1.backend_calls);
   nft_fill(q, G, 1), nft_fill(r, G, 2);
   assert_true(nft_check(q, G, 1) && nft_check(r, G, 2));
   nf_free(p, q), nf_free(p, r), nf_free(p, r0), nf_free(p, g1), nf_free(p, g2);
-  done(p, be);
+  nft_done(p, be);
 }
 
 // Placement prices a parked view as cheap (no map call) only where its
@@ -81,18 +74,18 @@ static void test_views_of_live_granules_priced_as_maps(void **state) {
   assert_int_equal(nf_free(p, w), NF_OK); // ... whose granules are cached now: takeable
   assert_int_equal(nf_free(p, b), NF_OK); // one free range [0,6): busy views, b's 2 mapped, takeable views
   nft_fill(z, 2 * G, 7);
-  assert_int_equal(stats(p).views, 4);
+  assert_int_equal(nft_stats_of(p).views, 4);
   assert_int_equal(nf_set_limit(p, 64 * G), NF_OK); // far from the limit: placement compares costs
-  nf_stats_t s0 = stats(p);
+  nf_stats_t s0 = nft_stats_of(p);
   char *q = nf_alloc(p, 3 * G, NULL); // [0,3): 2 maps; [3,6): b's granule and 2 views taken back
   assert_ptr_equal(q, a + 3 * G);
-  nf_stats_t s1 = stats(p);
+  nf_stats_t s1 = nft_stats_of(p);
   assert_int_equal(s1.view_reuses - s0.view_reuses, 2);
   assert_int_equal(s1.backend_calls, s0.backend_calls);
   nft_fill(q, 3 * G, 8);
   assert_true(nft_check(z, 2 * G, 7) && nft_check(q, 3 * G, 8));
   nf_free(p, q), nf_free(p, z), nf_free(p, y), nf_free(p, guard);
-  done(p, be);
+  nft_done(p, be);
 }
 
 // A spy whose next `fail` map calls fail.
@@ -123,15 +116,15 @@ static void test_failed_map_evicts_only_idle_views(void **state) {
   assert_int_equal(nf_free(p, x), NF_OK);
   char *z = nf_alloc_at(p, 0, y + G, 2 * G, A); // x's granules move here: views at x, its work in flight
   assert_non_null(z);
-  assert_int_equal(stats(p).views, 2);
+  assert_int_equal(nft_stats_of(p).views, 2);
   assert_int_equal(nf_set_limit(p, 16 * G), NF_OK);
-  nf_stats_t s0 = stats(p);
+  nf_stats_t s0 = nft_stats_of(p);
   spy->fail = 1;
   void *q = nf_alloc(p, 4 * G, B); // new granules; the first map fails
   spy->fail = 0;
   assert_null(q);
   assert_int_equal(nf_last_status(), NF_ERR_BACKEND);
-  nf_stats_t s1 = stats(p);
+  nf_stats_t s1 = nft_stats_of(p);
   assert_int_equal(s1.calls.event_sync, s0.calls.event_sync); // no host wait
   assert_int_equal(s1.views, 2);                              // the views in use stay
   assert_int_equal(nf_backend_host_violations(inner), 0);
@@ -184,10 +177,10 @@ static void test_edge_rest_keeps_its_own_users(void **state) {
   assert_non_null(z);
   assert_int_equal(nf_record_stream(p, z, A), NF_OK);
   assert_int_equal(nf_free(p, z), NF_OK); // a record on A, after x's free (z stays pending)
-  nf_stats_t s0 = stats(p);
+  nf_stats_t s0 = nft_stats_of(p);
   char *b = nf_alloc_at(p, 0, y + G / 2, 3 * G + 512, A); // x's 3 granules move to granules 4-6
   assert_non_null(b);
-  assert_int_equal(stats(p).view_moves - s0.view_moves, 3);
+  assert_int_equal(nft_stats_of(p).view_moves - s0.view_moves, 3);
   char *d = nf_alloc_at(p, 0, x + 7 * G, G, B); // in the free rest after b: granule 7, C's
   assert_non_null(d);
   nf_backend_host_use_new(be, B, d, G);
@@ -197,7 +190,7 @@ static void test_edge_rest_keeps_its_own_users(void **state) {
   nf_free(p, b), nf_free(p, d), nf_free(p, y);
   nf_backend_host_complete_events(be);
   nf_backend_host_set_manual_events(be, 0);
-  done(p, be);
+  nft_done(p, be);
 }
 
 int main(void) {

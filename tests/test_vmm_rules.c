@@ -14,14 +14,6 @@
 
 #define G (64 * 1024)
 
-static nf_stats_t stats(nf_pool_t *p) { return nft_stats_of(p); }
-
-// Both ends of a test: the pool passes its check, then goes, leaving nothing
-// in the host backend.
-static void done(nf_pool_t *p, nf_backend_t *be) {
-  if (nf_pool_check(p) != NF_OK) fail_msg("%s", nf_last_error());
-  nft_destroy_all(p, be, be);
-}
 
 // physical == physical_created - physical_released: every device granule
 // created is counted once, and trim's releases show as released (the
@@ -34,17 +26,17 @@ static void test_physical_created_and_released(void **state) {
   assert_non_null(p);
   void *a = nf_alloc(p, 3 * G, NULL);
   assert_non_null(a);
-  nf_stats_t s = stats(p);
+  nf_stats_t s = nft_stats_of(p);
   assert_int_equal(s.physical, 3 * G);
   assert_int_equal(s.physical_created, 3 * G);
   assert_int_equal(s.physical_released, 0);
   assert_int_equal(nf_free(p, a), NF_OK);
   assert_int_equal(nf_trim(p), NF_OK);
-  s = stats(p);
+  s = nft_stats_of(p);
   assert_int_equal(s.physical, 0);
   assert_int_equal(s.physical_created, 3 * G);
   assert_int_equal(s.physical_released, 3 * G);
-  done(p, be);
+  nft_done(p, be);
 }
 
 // Stitching that unmaps a single cached granule for a request is a reclaim
@@ -60,12 +52,12 @@ static void test_single_granule_reclaim_counted(void **state) {
   assert_int_equal(nf_free(p, a), NF_OK); // a's granule cached, in a 1-granule hole
   void *c = nf_alloc(p, 2 * G, NULL);     // one granule created, a's unmapped and mapped again
   assert_non_null(c);
-  nf_stats_t s = stats(p);
+  nf_stats_t s = nft_stats_of(p);
   assert_int_equal(s.reclaims, 1);
   assert_int_equal(s.reclaimed_granules, 1);
   assert_int_equal(s.physical, 3 * G);
   nf_free(p, b), nf_free(p, c);
-  done(p, be);
+  nft_done(p, be);
 }
 
 // A request larger than va_chunk gets an address range of its own, its size
@@ -82,9 +74,9 @@ static void test_range_rounded_up_for_a_large_request(void **state) {
   if (!a) fail_msg("%s", nf_last_error());
   nft_fill(a, n, 3);
   assert_true(nft_check(a, n, 3));
-  assert_int_equal(stats(p).mapped, 17 * G);
+  assert_int_equal(nft_stats_of(p).mapped, 17 * G);
   nf_free(p, a);
-  done(p, be);
+  nft_done(p, be);
 }
 
 // The release policy gives back a range a private pool handed back once it
@@ -101,17 +93,17 @@ static void test_release_policy_drops_handed_back_range(void **state) {
   void *x = nf_alloc_private(p, 1, 2 * G, NULL);
   assert_non_null(x);
   assert_int_equal(nf_free(p, x), NF_OK);
-  nf_stats_t s0 = stats(p);
+  nf_stats_t s0 = nft_stats_of(p);
   assert_int_equal(nf_private_release(p, 1), NF_OK); // handed back untrimmed: its granules stay mapped
-  assert_int_equal(stats(p).calls.va_release, s0.calls.va_release);
-  assert_int_equal(stats(p).mapped, 2 * G);
+  assert_int_equal(nft_stats_of(p).calls.va_release, s0.calls.va_release);
+  assert_int_equal(nft_stats_of(p).mapped, 2 * G);
   void *y = nf_alloc(p, G, NULL);
   assert_non_null(y);
   assert_int_equal(nf_free(p, y), NF_OK); // the release policy: everything cached is unmapped
-  nf_stats_t s1 = stats(p);
+  nf_stats_t s1 = nft_stats_of(p);
   assert_int_equal(s1.mapped, 0);
   assert_int_equal(s1.calls.va_release - s0.calls.va_release, 1); // the handed-back range went back
-  done(p, be);
+  nft_done(p, be);
 }
 
 // A handed-back range stays while parked views lie in it (they are
@@ -130,17 +122,17 @@ static void test_range_with_parked_views_kept(void **state) {
   assert_non_null(x);
   assert_int_equal(nf_free(p, x), NF_OK);
   assert_int_equal(nf_private_release(p, 1), NF_OK); // handed back, its 2 granules cached there
-  nf_stats_t s0 = stats(p);
+  nf_stats_t s0 = nft_stats_of(p);
   char *z = nf_alloc_at(p, 0, g + G, 2 * G, NULL); // at the limit: the 2 granules move here
   assert_non_null(z);
   nft_fill(z, 2 * G, 5);
-  nf_stats_t s1 = stats(p);
+  nf_stats_t s1 = nft_stats_of(p);
   assert_int_equal(s1.view_moves - s0.view_moves, 2);
   assert_int_equal(s1.views, 2); // parked at the handed-back range, nothing mapped there
   // Another hand-back looks for empty ranges: this one is not.
   assert_int_equal(nf_private_incref(p, 2), NF_OK);
   assert_int_equal(nf_private_release(p, 2), NF_OK);
-  nf_stats_t s2 = stats(p);
+  nf_stats_t s2 = nft_stats_of(p);
   assert_int_equal(s2.calls.va_release, s1.calls.va_release);
   assert_int_equal(s2.views, 2);
   if (nf_pool_check(p) != NF_OK) fail_msg("%s", nf_last_error());
@@ -148,11 +140,11 @@ static void test_range_with_parked_views_kept(void **state) {
   // Once trim unmaps the views, the range goes back.
   nf_free(p, z);
   assert_int_equal(nf_trim(p), NF_OK);
-  nf_stats_t s3 = stats(p);
+  nf_stats_t s3 = nft_stats_of(p);
   assert_int_equal(s3.views, 0);
   assert_int_equal(s3.calls.va_release - s2.calls.va_release, 1);
   nf_free(p, g);
-  done(p, be);
+  nft_done(p, be);
 }
 
 // Spilled granules left in a free range while its stream work is in flight
@@ -170,24 +162,24 @@ static void test_spilled_granules_swept_once_done(void **state) {
   nf_stream_t A = (nf_stream_t)1, B = (nf_stream_t)2;
   char *d = nf_alloc(p, 4 * G, A), *s = nf_alloc(p, 2 * G, A); // s: device full, spilled
   assert_true(d && s && s == d + 4 * G);
-  assert_int_equal(stats(p).spilled, 2 * G);
+  assert_int_equal(nft_stats_of(p).spilled, 2 * G);
   nf_backend_host_use(be, A, s, 2 * G); // A's work on s, in flight
   assert_int_equal(nf_free(p, s), NF_OK);
   assert_int_equal(nf_set_limit(p, 16 * G), NF_OK); // the device has room now
   void *e = nf_alloc_at(p, 0, s + 3 * G, G, B); // a sweep runs first: s's work is in flight, nothing goes
   assert_non_null(e);
-  assert_int_equal(stats(p).spilled, 2 * G);
+  assert_int_equal(nft_stats_of(p).spilled, 2 * G);
   nf_backend_host_complete_events(be);
   void *f = nf_alloc(p, 2 * G, B); // the sweep, due still, unmaps s's host granules first
   assert_non_null(f);
   uint64_t t[3];
   nft_tiers(p, f, t);
   assert_int_equal(t[NF_TIER_HOST], 0);
-  assert_int_equal(stats(p).spilled, 0);
+  assert_int_equal(nft_stats_of(p).spilled, 0);
   assert_int_equal(nf_backend_host_violations(be), 0);
   nf_free(p, d), nf_free(p, e), nf_free(p, f);
   nf_backend_host_set_manual_events(be, 0);
-  done(p, be);
+  nft_done(p, be);
 }
 
 // `tight` (no hard limit): a request that would grow the pool past the live
@@ -204,19 +196,19 @@ static void test_tight_moves_cached_granules_as_views(void **state) {
   char *x = nf_alloc(p, 10 * G, NULL), *g = nf_alloc(p, G, NULL);
   assert_true(x && g && g == x + 10 * G);
   assert_int_equal(nf_free(p, x), NF_OK); // 10 granules cached in a hole too small for the next request
-  nf_stats_t s0 = stats(p);
+  nf_stats_t s0 = nft_stats_of(p);
   // Peak 12 granules (guard + request) + slack (12/64 + 8): 20 may exist, 11
   // do, 11 are needed: 2 move as views, 9 are created.
   void *y = nf_alloc(p, 11 * G, NULL);
   assert_non_null(y);
-  nf_stats_t s1 = stats(p);
+  nf_stats_t s1 = nft_stats_of(p);
   assert_int_equal(s1.view_moves - s0.view_moves, 2);
   assert_int_equal(s1.calls.unmap - s0.calls.unmap, 0);
   assert_int_equal(s1.physical, 20 * G);
   nft_fill(y, 11 * G, 4);
   assert_true(nft_check(y, 11 * G, 4));
   nf_free(p, y), nf_free(p, g);
-  done(p, be);
+  nft_done(p, be);
 }
 
 // A spy whose map calls, once armed, succeed `ok` times, then fail `fail`
