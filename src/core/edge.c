@@ -182,13 +182,26 @@ static nf_block_t *shadow_carve(nf_pool_t *p, nf_chunk_t *c, uintptr_t a, uint64
 }
 
 // Granule xi mapped a second time, at g of c (map and set access). On failure
-// nothing changed.
+// nothing changed, or (a backend failing on: the mapping neither unmapped nor
+// given access after 6 tries each) the mapping stays as a parked view of xi,
+// with access, which the views unmap in time: never forgotten mapped.
 static nf_status_t guest_map(nf_pool_t *p, nf_chunk_t *c, uint64_t g, uint32_t xi) {
   uintptr_t va = c->base + (g << p->gshift);
   nf_status_t st = NF_BE(p, map, map, va, p->granule, p->gran[xi].handle);
   if (st != NF_OK && p->vw_count && nf__view_evict_all(p)) st = NF_BE(p, map, map, va, p->granule, p->gran[xi].handle);
-  if (st == NF_OK && (st = NF_BE(p, set_access, set_access, va, p->granule)) != NF_OK)
-    (void)NF_BE(p, unmap, unmap, va, p->granule); // nothing ran through it
+  if (st == NF_OK && (st = NF_BE(p, set_access, set_access, va, p->granule)) != NF_OK) {
+    char msg[NF_BACKEND_ERR_MAX];
+    snprintf(msg, sizeof msg, "%s", nf__backend_err());
+    for (int t = 0; t < 6; t++) { // nothing ran through it
+      if (NF_BE(p, unmap, unmap, va, p->granule) == NF_OK) break;
+      if (NF_BE(p, set_access, set_access, va, p->granule) == NF_OK) {
+        c->phys[g] = xi;
+        nf__view_park_at(p, c, g, xi, 0);
+        break;
+      }
+    }
+    return nf__error(st, "nofrag: set access failed: %s", msg);
+  }
   if (st != NF_OK) return nf__error(st, "nofrag: map failed: %s", nf__backend_err());
   c->phys[g] = xi;
   nf__bit_set(c->guest, g);
