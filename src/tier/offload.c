@@ -219,11 +219,11 @@ nf_status_t nf_offload(nf_pool_t *p, void *ptr, nf_stream_t stream, nf_tier_t ti
                    (unsigned long long)p->cfg.units);
     goto out;
   }
-  // Granules a failed tier operation left without access (note_ready): the
-  // copy out reads the block, so they get it first (on a GPU a copy from
-  // memory mapped without access is an illegal address, fatal to the context).
-  if (b->unready && (st = nf__set_ready(p, b->chunk, (b->addr - b->chunk->base) >> p->gshift,
-                                        (b->addr + b->size - b->chunk->base + p->granule - 1) >> p->gshift)) != NF_OK) {
+  // Granules a failed tier operation left without access (note_ready; only
+  // owned granules are remapped): the copy out reads the block, so they get
+  // it first (on a GPU a copy from memory mapped without access is an illegal
+  // address, fatal to the context).
+  if (b->unready && (st = nf__set_ready(p, b->chunk, g0, g1)) != NF_OK) {
     char msg[400];
     snprintf(msg, sizeof msg, "%s", nf__unprefixed(nf_last_error())); // (nf__error writes where it lies)
     st = nf__error(st, "nofrag: nf_offload of %p: part of the block is without access since an earlier failure, "
